@@ -1,0 +1,51 @@
+"""Options: environment variables with keyword overrides, in one dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How nncfuse fuses and runs a function.
+
+    min_group_size:      fusion groups with fewer nodes stay unfused.
+    profiling_runs:      calls profiled per input signature before optimizing.
+    max_specializations: input signatures optimized per function; others run unfused.
+    use_llvm:            compile kernels with LLVM (else the IR interpreter runs them);
+                         NNCFUSE_DONT_USE_LLVM=1 turns it off.
+    disable:             run everything unfused (NNCFUSE_DISABLE=1).
+    """
+
+    min_group_size: int = 2
+    profiling_runs: int = 1
+    max_specializations: int = 2
+    use_llvm: bool = True
+    disable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min_group_size < 1:
+            raise ValueError("min_group_size must be at least 1")
+        if self.profiling_runs < 1:
+            raise ValueError("profiling_runs must be at least 1")
+        if self.max_specializations < 0:
+            raise ValueError("max_specializations must be non-negative")
+
+    @staticmethod
+    def from_env(**overrides: object) -> "Options":
+        """Options from the environment, then `overrides` (unknown names raise TypeError)."""
+        names = {f.name for f in dataclasses.fields(Options)}
+        unknown = set(overrides) - names
+        if unknown:
+            raise TypeError(f"unknown nncfuse options: {sorted(unknown)}")
+        env = {
+            "use_llvm": not _env_flag("NNCFUSE_DONT_USE_LLVM"),
+            "disable": _env_flag("NNCFUSE_DISABLE"),
+        }
+        return Options(**{**env, **overrides})  # type: ignore[arg-type]

@@ -1,0 +1,367 @@
+"""llvm_codegen: a scheduled statement as an LLVM function, compiled to machine code.
+
+The function takes one argument per kernel parameter: a pointer per buffer
+(`noalias`: outputs are fresh and inputs only read) and a `double` or `i64`
+per scalar (bools as i64). Statements map directly: `For` to a counted loop
+with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free, vector
+loads of a unit-stride `Ramp` to one wide load. Arithmetic follows the
+interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating
+max/min, defined float-to-int conversion. bfloat16, which llvmlite cannot
+spell, is carried as its 16 bits and converted with round-to-nearest-even.
+
+With `>>llvm_codegen` in NNCFUSE_LOG_LEVEL the IR before and after
+optimization and the assembly are logged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Sequence
+
+import llvmlite.ir as ir
+
+from ... import log
+from .. import expr as E
+from .. import stmt as S
+from ..buffer import Buf
+from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
+from . import llvm_math
+from .llvm_jit import JitFunction, compile_ir, vector_bits
+
+_log = log.get_logger(__file__)
+
+I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+F32, F64 = ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+_SCALAR = {
+    "bool": I1, "uint8": I8, "int8": I8, "int16": I16, "int32": I32, "int64": I64,
+    "float16": ir.HalfType(), "bfloat16": I16, "float32": F32, "float64": F64,
+}
+_FCMP = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def ll_type(dtype: Dtype) -> ir.Type:
+    """The LLVM type of values of `dtype` (bool as i1, bfloat16 as its bits)."""
+    t = _SCALAR[dtype.name]
+    return t if dtype.lanes == 1 else ir.VectorType(t, dtype.lanes)
+
+
+def _memory_type(dtype: Dtype) -> ir.Type:
+    """The LLVM type elements of `dtype` have in memory (bool as a byte)."""
+    return I8 if dtype.is_bool else _SCALAR[dtype.name]
+
+
+def param_ctype(p: Buf | E.Var) -> Any:
+    if isinstance(p, Buf):
+        return ctypes.c_void_p
+    return ctypes.c_double if p.dtype.is_float else ctypes.c_int64
+
+
+def _param_type(p: Buf | E.Var) -> ir.Type:
+    if isinstance(p, Buf):
+        return PTR
+    return F64 if p.dtype.is_float else I64
+
+
+class LLVMCodeGen:
+    """Emits LLVM IR for `stmt` as a function `name` over `params`."""
+
+    def __init__(self, stmt: S.Stmt, params: Sequence[Buf | E.Var], name: str = "fused"):
+        self.name = name
+        self.params = list(params)
+        self.module = ir.Module(name=name)
+        fnty = ir.FunctionType(ir.VoidType(), [_param_type(p) for p in self.params])
+        self.fn = ir.Function(self.module, fnty, name=name)
+        self.fn.attributes.add("nounwind")
+        self.builder = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.bufs: dict[Buf, ir.Value] = {}
+        self.vars: dict[E.Var, ir.Value] = {}
+        self.decls: dict[str, ir.Function] = {}
+        self.vector_bits = vector_bits()
+        for p, arg in zip(self.params, self.fn.args):
+            arg.name = p.name
+            if isinstance(p, Buf):
+                arg.add_attribute("noalias")
+                self.bufs[p.root] = arg
+            else:
+                self.vars[p] = self.convert_param(arg, p.dtype)
+        self.stmt(stmt)
+        self.builder.ret_void()
+
+    def ir_text(self) -> str:
+        return str(self.module)
+
+    # -- helpers ------------------------------------------------------------
+    def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
+        fn = self.decls.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, list(args)), name=name)
+            self.decls[name] = fn
+        return fn
+
+    def intrinsic(self, name: str, value_type: ir.Type, args: Sequence[ir.Value]) -> ir.Value:
+        suffix = _type_suffix(value_type)
+        fn = self.declare(f"llvm.{name}.{suffix}", value_type, [a.type for a in args])
+        return self.builder.call(fn, list(args))
+
+    def convert_param(self, arg: ir.Value, dtype: Dtype) -> ir.Value:
+        b = self.builder
+        if dtype.is_float:
+            return arg if dtype.name == "float64" else self.cast_value(arg, FLOAT64, dtype)
+        if dtype.is_bool:
+            return b.icmp_unsigned("!=", arg, ir.Constant(I64, 0))
+        return arg if dtype.name == "int64" else b.trunc(arg, ll_type(dtype))
+
+    def splat(self, value: ir.Value, lanes: int) -> ir.Value:
+        vt = ir.VectorType(value.type, lanes)
+        one = self.builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(I32, 0))
+        mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
+        return self.builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask)
+
+    def const(self, dtype: Dtype, value: Any) -> ir.Value:
+        scalar = dtype.scalar
+        if scalar.name == "bfloat16":
+            c = ir.Constant(I16, _bf16_bits(float(value)))
+        elif scalar.is_bool:
+            c = ir.Constant(I1, int(bool(value)))
+        else:
+            c = ir.Constant(ll_type(scalar), value)
+        return c if dtype.lanes == 1 else ir.Constant(ll_type(dtype), [c.constant] * dtype.lanes)
+
+    # -- bfloat16 -----------------------------------------------------------
+    def bf16_to_f32(self, v: ir.Value, lanes: int) -> ir.Value:
+        b = self.builder
+        i32 = I32 if lanes == 1 else ir.VectorType(I32, lanes)
+        f32 = F32 if lanes == 1 else ir.VectorType(F32, lanes)
+        return b.bitcast(b.shl(b.zext(v, i32), self.const(INT32.with_lanes(lanes), 16)), f32)
+
+    def f32_to_bf16(self, v: ir.Value, lanes: int) -> ir.Value:
+        """Round to nearest even, keeping NaN a (quiet) NaN."""
+        b = self.builder
+        dt = INT32.with_lanes(lanes)
+        i32 = ll_type(dt)
+        bits = b.bitcast(v, i32)
+        lsb = b.and_(b.lshr(bits, self.const(dt, 16)), self.const(dt, 1))
+        rounded = b.add(b.add(bits, self.const(dt, 0x7FFF)), lsb)
+        rounded = b.lshr(rounded, self.const(dt, 16))
+        quiet_nan = b.or_(b.lshr(bits, self.const(dt, 16)), self.const(dt, 0x40))
+        is_nan = b.fcmp_unordered("uno", v, v)
+        i16 = ll_type(INT16.with_lanes(lanes))
+        return b.trunc(b.select(is_nan, quiet_nan, rounded), i16)
+
+    def to_compute(self, v: ir.Value, dtype: Dtype) -> tuple[ir.Value, Dtype]:
+        """bfloat16 values as float32 for arithmetic; others unchanged."""
+        if dtype.scalar.name == "bfloat16":
+            return self.bf16_to_f32(v, dtype.lanes), FLOAT32.with_lanes(dtype.lanes)
+        return v, dtype
+
+    # -- expressions ----------------------------------------------------------
+    def expr(self, e: E.Expr) -> ir.Value:
+        method = getattr(self, "expr_" + type(e).__name__, None)
+        if method is None:
+            if isinstance(e, E.BinaryOp):
+                return self.binary(e)
+            raise NotImplementedError(f"llvm_codegen: {type(e).__name__}")
+        return method(e)
+
+    def expr_Imm(self, e: E.Imm) -> ir.Value:
+        return self.const(e.dtype, e.value)
+
+    def expr_Var(self, e: E.Var) -> ir.Value:
+        return self.vars[e]
+
+    def expr_Broadcast(self, e: E.Broadcast) -> ir.Value:
+        if isinstance(e.value, E.Imm):
+            return self.const(e.dtype, e.value.value)
+        return self.splat(self.expr(e.value), e.lanes)
+
+    def expr_Ramp(self, e: E.Ramp) -> ir.Value:
+        b = self.builder
+        base = self.splat(self.expr(e.base), e.lanes)
+        steps = ir.Constant(ir.VectorType(I64, e.lanes), list(range(e.lanes)))
+        if E.is_const(e.stride, 1):
+            return b.add(base, steps)
+        return b.add(base, b.mul(steps, self.splat(self.expr(e.stride), e.lanes)))
+
+    def binary(self, e: E.BinaryOp) -> ir.Value:
+        a, dtype = self.to_compute(self.expr(e.a), e.a.dtype)
+        bv, _ = self.to_compute(self.expr(e.b), e.b.dtype)
+        out = _binary(self.builder, self, e, a, bv, dtype)
+        if e.dtype.scalar.name == "bfloat16":
+            return self.f32_to_bf16(out, e.dtype.lanes)
+        return out
+
+    def expr_Cmp(self, e: E.Cmp) -> ir.Value:
+        a, dtype = self.to_compute(self.expr(e.a), e.a.dtype)
+        bv, _ = self.to_compute(self.expr(e.b), e.b.dtype)
+        if dtype.is_float:
+            if e.op == "!=":
+                return self.builder.fcmp_unordered("!=", a, bv)
+            return self.builder.fcmp_ordered(_FCMP[e.op], a, bv)
+        if dtype.is_signed:
+            return self.builder.icmp_signed(e.op, a, bv)
+        return self.builder.icmp_unsigned(e.op, a, bv)
+
+    def expr_Select(self, e: E.Select) -> ir.Value:
+        return self.builder.select(
+            self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value)
+        )
+
+    def expr_Cast(self, e: E.Cast) -> ir.Value:
+        return self.cast_value(self.expr(e.value), e.value.dtype, e.dtype)
+
+    def expr_Bitcast(self, e: E.Bitcast) -> ir.Value:
+        return self.builder.bitcast(self.expr(e.value), ll_type(e.dtype))
+
+    def cast_value(self, v: ir.Value, src: Dtype, dst: Dtype) -> ir.Value:
+        return llvm_math.emit_cast(self, v, src, dst)
+
+    def expr_Call(self, e: E.Call) -> ir.Value:
+        return llvm_math.emit_call(self, e)
+
+    def address(self, buf: Buf, index: ir.Value) -> ir.Value:
+        return self.builder.gep(self.bufs[buf.root], [index], source_etype=_memory_type(buf.dtype))
+
+    def expr_Load(self, e: E.Load) -> ir.Value:
+        (index,) = e.indices
+        b = self.builder
+        mem = _memory_type(e.buf.dtype)
+        lanes = e.dtype.lanes
+        if lanes == 1:
+            v = b.load(self.address(e.buf, self.expr(index)), typ=mem)
+        elif isinstance(index, E.Ramp) and E.is_const(index.stride, 1):
+            ptr = self.address(e.buf, self.expr(index.base))
+            v = b.load(ptr, typ=ir.VectorType(mem, lanes), align=e.buf.dtype.itemsize)
+        else:
+            indices = self.expr(index)
+            v = ir.Constant(ir.VectorType(mem, lanes), ir.Undefined)
+            for lane in range(lanes):
+                k = ir.Constant(I32, lane)
+                ptr = self.address(e.buf, b.extract_element(indices, k))
+                v = b.insert_element(v, b.load(ptr, typ=mem), k)
+        if e.buf.dtype.is_bool:
+            zero = ir.Constant(v.type, None)
+            return b.icmp_unsigned("!=", v, zero)
+        return v
+
+    # -- statements -----------------------------------------------------------
+    def stmt(self, s: S.Stmt) -> None:
+        getattr(self, "stmt_" + type(s).__name__)(s)
+
+    def stmt_Block(self, s: S.Block) -> None:
+        for c in s.stmts:
+            self.stmt(c)
+
+    def stmt_Let(self, s: S.Let) -> None:
+        self.vars[s.var] = self.expr(s.value)
+
+    def stmt_Store(self, s: S.Store) -> None:
+        (index,) = s.indices
+        b = self.builder
+        value = self.expr(s.value)
+        lanes = s.value.dtype.lanes
+        if s.buf.dtype.is_bool:
+            value = b.zext(value, I8 if lanes == 1 else ir.VectorType(I8, lanes))
+        if lanes == 1:
+            b.store(value, self.address(s.buf, self.expr(index)))
+        elif isinstance(index, E.Ramp) and E.is_const(index.stride, 1):
+            b.store(value, self.address(s.buf, self.expr(index.base)), align=s.buf.dtype.itemsize)
+        else:
+            indices = self.expr(index)
+            for lane in range(lanes):
+                k = ir.Constant(I32, lane)
+                ptr = self.address(s.buf, b.extract_element(indices, k))
+                b.store(b.extract_element(value, k), ptr)
+
+    def stmt_For(self, s: S.For) -> None:
+        b = self.builder
+        start, stop = self.expr(s.start), self.expr(s.stop)
+        pre = b.block
+        header = self.fn.append_basic_block(f"{s.var.name}.header")
+        body = self.fn.append_basic_block(f"{s.var.name}.body")
+        exit_ = self.fn.append_basic_block(f"{s.var.name}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=s.var.name)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), body, exit_)
+        b.position_at_end(body)
+        self.vars[s.var] = i
+        self.stmt(s.body)
+        i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
+        b.branch(header)
+        b.position_at_end(exit_)
+
+    def stmt_Allocate(self, s: S.Allocate) -> None:
+        malloc = self.declare("malloc", PTR, [I64])
+        size = self.builder.mul(self.expr(s.buf.extent()), ir.Constant(I64, s.buf.dtype.itemsize))
+        # malloc(0) may return NULL; ask for at least one byte.
+        size = self.builder.select(
+            self.builder.icmp_signed("<", size, ir.Constant(I64, 1)), ir.Constant(I64, 1), size
+        )
+        self.bufs[s.buf.root] = self.builder.call(malloc, [size])
+
+    def stmt_Free(self, s: S.Free) -> None:
+        free = self.declare("free", ir.VoidType(), [PTR])
+        self.builder.call(free, [self.bufs[s.buf.root]])
+
+
+def _type_suffix(t: ir.Type) -> str:
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_type_suffix(t.element)}"
+    if isinstance(t, ir.IntType):
+        return f"i{t.width}"
+    return {"float": "f32", "double": "f64", "half": "f16"}[str(t)]
+
+
+def _bf16_bits(value: float) -> int:
+    import numpy as np
+
+    from .ir_eval import _bf16_bits as bits
+
+    return int(bits(np.float32(value)))
+
+
+def _binary(b: ir.IRBuilder, cg: LLVMCodeGen, e: E.BinaryOp, x: Any, y: Any, dt: Dtype) -> Any:
+    f, signed = dt.is_float, dt.is_signed
+    if isinstance(e, E.Add):
+        return b.fadd(x, y) if f else b.add(x, y)
+    if isinstance(e, E.Sub):
+        return b.fsub(x, y) if f else b.sub(x, y)
+    if isinstance(e, E.Mul):
+        return b.fmul(x, y) if f else b.mul(x, y)
+    if isinstance(e, E.Div):
+        return b.fdiv(x, y) if f else (b.sdiv(x, y) if signed else b.udiv(x, y))
+    if isinstance(e, E.Mod):
+        return b.frem(x, y) if f else (b.srem(x, y) if signed else b.urem(x, y))
+    if isinstance(e, (E.Max, E.Min)):
+        lhs, rhs = (x, y) if isinstance(e, E.Max) else (y, x)
+        if f:
+            out = b.select(b.fcmp_ordered("<", lhs, rhs), y, x)
+            return b.select(b.fcmp_unordered("uno", y, y), y, out)
+        less = b.icmp_signed("<", lhs, rhs) if signed else b.icmp_unsigned("<", lhs, rhs)
+        return b.select(less, y, x)
+    if isinstance(e, E.And):
+        return b.and_(x, y)
+    if isinstance(e, E.Or):
+        return b.or_(x, y)
+    if isinstance(e, E.Xor):
+        return b.xor(x, y)
+    if isinstance(e, E.Shl):
+        return b.shl(x, y)
+    if isinstance(e, E.Shr):
+        return b.ashr(x, y) if signed else b.lshr(x, y)
+    raise NotImplementedError(f"llvm_codegen: {type(e).__name__}")
+
+
+def compile_stmt(stmt: S.Stmt, params: Sequence[Buf | E.Var], name: str = "fused") -> JitFunction:
+    """Generate, optimize and JIT `stmt`; log the stages at `>>llvm_codegen`."""
+    cg = LLVMCodeGen(stmt, params, name)
+    text = cg.ir_text()
+    _log.debug("LLVM module before optimizations\n", text)
+    want_asm = _log.enabled(log.DEBUG)
+    fn = compile_ir(text, name, None, [param_ctype(p) for p in params], want_asm)
+    _log.debug("LLVM module after optimizations\n", fn.optimized_ir)
+    if want_asm:
+        _log.debug("LLVM generated assembly code\n", fn.assembly)
+    return fn

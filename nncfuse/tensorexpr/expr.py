@@ -1,0 +1,452 @@
+"""Expression nodes of the loop IR.
+
+Every node is an immutable dataclass whose constructor checks its typing
+invariants: operands of a binary op share one dtype, indices are `int64`,
+lane counts agree. There are no implicit casts between expressions; type
+promotion is decided when an aten op is lowered and written as `Cast`.
+For convenience the arithmetic operators build nodes, and a Python number
+next to an expression becomes an immediate of that expression's dtype.
+
+Structural equality holds for all nodes but `Var` (and `Buf`, see
+`buffer.py`), which are compared by identity: two loop variables that print
+alike are still different variables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from .dtype import BOOL, INDEX, Dtype
+
+if TYPE_CHECKING:
+    from .buffer import Buf
+
+Number = Union[int, float, bool]
+
+
+class Expr:
+    """Base class of expressions; subclasses define `dtype`."""
+
+    dtype: Dtype
+
+    # Arithmetic sugar for building trees; see module docstring.
+    def __add__(self, other: ExprLike) -> Expr:
+        return Add(self, as_expr(other, self.dtype))
+
+    def __radd__(self, other: ExprLike) -> Expr:
+        return Add(as_expr(other, self.dtype), self)
+
+    def __sub__(self, other: ExprLike) -> Expr:
+        return Sub(self, as_expr(other, self.dtype))
+
+    def __rsub__(self, other: ExprLike) -> Expr:
+        return Sub(as_expr(other, self.dtype), self)
+
+    def __mul__(self, other: ExprLike) -> Expr:
+        return Mul(self, as_expr(other, self.dtype))
+
+    def __rmul__(self, other: ExprLike) -> Expr:
+        return Mul(as_expr(other, self.dtype), self)
+
+    def __truediv__(self, other: ExprLike) -> Expr:
+        return Div(self, as_expr(other, self.dtype))
+
+    def __rtruediv__(self, other: ExprLike) -> Expr:
+        return Div(as_expr(other, self.dtype), self)
+
+    def __mod__(self, other: ExprLike) -> Expr:
+        return Mod(self, as_expr(other, self.dtype))
+
+    def __neg__(self) -> Expr:
+        # -0. - x negates every float exactly (0. - x would turn -0. into +0.).
+        zero = -0.0 if self.dtype.is_float else 0
+        return Sub(as_expr(zero, self.dtype), self)
+
+    def __str__(self) -> str:
+        from .ir_printer import print_expr
+
+        return print_expr(self)
+
+
+ExprLike = Union[Expr, Number]
+
+
+def as_expr(value: ExprLike, dtype: Dtype) -> Expr:
+    """`value` if it is an Expr, else an immediate of `dtype` (broadcast to its lanes)."""
+    if isinstance(value, Expr):
+        return value
+    imm = Imm.make(value, dtype.scalar)
+    return imm if dtype.lanes == 1 else Broadcast(imm, dtype.lanes)
+
+
+def _check_value(dtype: Dtype, value: Number) -> None:
+    if dtype.is_bool:
+        ok = isinstance(value, bool)
+    elif dtype.is_int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok:
+            lo, hi = _int_range(dtype)
+            ok = lo <= value <= hi
+    else:
+        ok = isinstance(value, float)
+    if not ok:
+        raise TypeError(f"immediate {value!r} does not fit {dtype}")
+
+
+def _int_range(dtype: Dtype) -> tuple[int, int]:
+    if dtype.is_signed:
+        return -(1 << (dtype.bits - 1)), (1 << (dtype.bits - 1)) - 1
+    return 0, (1 << dtype.bits) - 1
+
+
+def _round_float(value: float, dtype: Dtype) -> float:
+    """`value` rounded to the precision of a float dtype (NaN and Inf kept)."""
+    if math.isnan(value) or math.isinf(value) or dtype.name == "float64":
+        return float(value)
+    if dtype.name == "bfloat16":
+        import torch
+
+        return float(torch.tensor(value, dtype=torch.float64).to(torch.bfloat16).item())
+    with np.errstate(over="ignore"):
+        return float(np.dtype(dtype.name).type(value))
+
+
+@dataclass(frozen=True)
+class Imm(Expr):
+    """A scalar constant. Float values are stored rounded to their dtype."""
+
+    dtype: Dtype
+    value: Number
+
+    def __post_init__(self) -> None:
+        if self.dtype.lanes != 1:
+            raise TypeError("immediates are scalar; use Broadcast for vectors")
+        _check_value(self.dtype, self.value)
+
+    @staticmethod
+    def make(value: Number, dtype: Dtype) -> Imm:
+        """An immediate of `dtype` from any Python number, converted as C would."""
+        if dtype.is_bool:
+            return Imm(dtype, bool(value))
+        if dtype.is_int:
+            lo, hi = _int_range(dtype)
+            v = int(value)
+            return Imm(dtype, (v - lo) % (hi - lo + 1) + lo)
+        return Imm(dtype, _round_float(float(value), dtype))
+
+
+@dataclass(frozen=True, eq=False)
+class Var(Expr):
+    """A named scalar variable: a loop index, a `Let` binding or a kernel argument."""
+
+    name: str
+    dtype: Dtype = INDEX
+
+    def __repr__(self) -> str:
+        return f"Var({self.name!r}, {self.dtype!r})"
+
+
+@dataclass(frozen=True)
+class BinaryOp(Expr):
+    """Base of arithmetic and bitwise ops: both operands and the result share one dtype."""
+
+    a: Expr
+    b: Expr
+
+    def __post_init__(self) -> None:
+        if self.a.dtype != self.b.dtype:
+            raise TypeError(
+                f"{type(self).__name__} operands differ in type: {self.a.dtype} vs {self.b.dtype}"
+            )
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.a.dtype
+
+
+@dataclass(frozen=True)
+class Add(BinaryOp):
+    """a + b; integers wrap around."""
+
+
+@dataclass(frozen=True)
+class Sub(BinaryOp):
+    """a - b; integers wrap around."""
+
+
+@dataclass(frozen=True)
+class Mul(BinaryOp):
+    """a * b; integers wrap around."""
+
+
+@dataclass(frozen=True)
+class Div(BinaryOp):
+    """a / b: IEEE division for floats, truncation toward zero for integers."""
+
+
+@dataclass(frozen=True)
+class Mod(BinaryOp):
+    """C remainder: for integers the sign follows `a`; for floats, fmod."""
+
+
+@dataclass(frozen=True)
+class Max(BinaryOp):
+    """`b if a < b else a`, and NaN if either operand is NaN (torch.maximum)."""
+
+
+@dataclass(frozen=True)
+class Min(BinaryOp):
+    """`b if b < a else a`, and NaN if either operand is NaN (torch.minimum)."""
+
+
+@dataclass(frozen=True)
+class And(BinaryOp):
+    """Bitwise and; logical and on bool."""
+
+
+@dataclass(frozen=True)
+class Or(BinaryOp):
+    """Bitwise or; logical or on bool."""
+
+
+@dataclass(frozen=True)
+class Xor(BinaryOp):
+    """Bitwise exclusive or."""
+
+
+@dataclass(frozen=True)
+class Shl(BinaryOp):
+    """a << b for integers; `b` must be in [0, bits)."""
+
+
+@dataclass(frozen=True)
+class Shr(BinaryOp):
+    """a >> b for integers, arithmetic for signed types; `b` must be in [0, bits)."""
+
+
+CMP_OPS = ("==", "!=", "<", "<=", ">", ">=")
+
+
+@dataclass(frozen=True)
+class Cmp(Expr):
+    """A comparison yielding bool. Ordered for floats: NaN compares false, except `!=`."""
+
+    op: str
+    a: Expr
+    b: Expr
+
+    def __post_init__(self) -> None:
+        if self.op not in CMP_OPS:
+            raise ValueError(f"unknown comparison {self.op!r}")
+        if self.a.dtype != self.b.dtype:
+            raise TypeError(f"Cmp operands differ in type: {self.a.dtype} vs {self.b.dtype}")
+
+    @property
+    def dtype(self) -> Dtype:
+        return BOOL.with_lanes(self.a.dtype.lanes)
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """`true_value if cond else false_value`, lane by lane."""
+
+    cond: Expr
+    true_value: Expr
+    false_value: Expr
+
+    def __post_init__(self) -> None:
+        if self.cond.dtype.scalar != BOOL:
+            raise TypeError(f"Select condition must be bool, got {self.cond.dtype}")
+        if self.true_value.dtype != self.false_value.dtype:
+            raise TypeError("Select branches differ in type")
+        if self.cond.dtype.lanes != self.true_value.dtype.lanes:
+            raise TypeError("Select condition and branches differ in lanes")
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.true_value.dtype
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    """Conversion to `dtype` with C semantics (float to int truncates; to bool is `!= 0`)."""
+
+    dtype: Dtype
+    value: Expr
+
+    def __post_init__(self) -> None:
+        if self.dtype.lanes != self.value.dtype.lanes:
+            raise TypeError("Cast cannot change the number of lanes")
+
+
+@dataclass(frozen=True)
+class Bitcast(Expr):
+    """Reinterpret the bits of `value` as `dtype` of the same width."""
+
+    dtype: Dtype
+    value: Expr
+
+    def __post_init__(self) -> None:
+        if self.dtype.lanes != self.value.dtype.lanes or self.dtype.bits != self.value.dtype.bits:
+            raise TypeError(f"Bitcast from {self.value.dtype} to {self.dtype} changes width")
+
+
+#: Intrinsic functions: name -> arity. All take and return one float dtype,
+#: except `abs`, which also takes integers.
+INTRINSICS: dict[str, int] = {
+    **{
+        name: 1
+        for name in (
+            "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh",
+            "asinh", "acosh", "atanh", "exp", "exp2", "expm1", "log", "log2", "log10",
+            "log1p", "sqrt", "abs", "floor", "ceil", "trunc", "rint", "erf", "erfc",
+            "lgamma",
+        )
+    },
+    **{name: 2 for name in ("pow", "atan2", "fmod", "copysign", "nextafter")},
+}
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    """An intrinsic math function applied lane by lane, e.g. `sin(x)`."""
+
+    name: str
+    args: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        arity = INTRINSICS.get(self.name)
+        if arity is None:
+            raise ValueError(f"unknown intrinsic {self.name!r}")
+        if len(self.args) != arity:
+            raise TypeError(f"{self.name} takes {arity} arguments, got {len(self.args)}")
+        dtype = self.args[0].dtype
+        if any(a.dtype != dtype for a in self.args):
+            raise TypeError(f"{self.name} arguments differ in type")
+        if not dtype.is_float and self.name != "abs":
+            raise TypeError(f"{self.name} needs a float argument, got {dtype}")
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.args[0].dtype
+
+
+def _check_index(value: Expr, what: str) -> None:
+    if value.dtype.scalar != INDEX:
+        raise TypeError(f"{what} must be {INDEX}, got {value.dtype}")
+
+
+@dataclass(frozen=True)
+class Ramp(Expr):
+    """The index vector `[base, base + stride, ..., base + (lanes-1) * stride]`."""
+
+    base: Expr
+    stride: Expr
+    lanes: int
+
+    def __post_init__(self) -> None:
+        for part in (self.base, self.stride):
+            _check_index(part, "Ramp base and stride")
+            if part.dtype.lanes != 1:
+                raise TypeError("Ramp base and stride are scalars")
+        if self.lanes < 2:
+            raise ValueError("a Ramp has at least two lanes")
+
+    @property
+    def dtype(self) -> Dtype:
+        return INDEX.with_lanes(self.lanes)
+
+
+@dataclass(frozen=True)
+class Broadcast(Expr):
+    """A scalar repeated in every lane."""
+
+    value: Expr
+    lanes: int
+
+    def __post_init__(self) -> None:
+        if self.value.dtype.lanes != 1:
+            raise TypeError("only scalars are broadcast")
+        if self.lanes < 2:
+            raise ValueError("a Broadcast has at least two lanes")
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.value.dtype.with_lanes(self.lanes)
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """Element `indices` of `buf`: one index per dimension, or vectors of indices.
+
+    Vector indices (all with the same lanes) load one element per lane.
+    """
+
+    buf: Buf
+    indices: tuple[Expr, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        _check_access(self.buf, self.indices)
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.buf.dtype.with_lanes(_access_lanes(self.indices))
+
+
+def _access_lanes(indices: tuple[Expr, ...]) -> int:
+    return max((i.dtype.lanes for i in indices), default=1)
+
+
+def _check_access(buf: Buf, indices: tuple[Expr, ...]) -> None:
+    if len(indices) != buf.ndim:
+        raise TypeError(f"{buf.name} has {buf.ndim} dimensions, accessed with {len(indices)}")
+    lanes = _access_lanes(indices)
+    for index in indices:
+        _check_index(index, f"index of {buf.name}")
+        if index.dtype.lanes not in (1, lanes):
+            raise TypeError(f"indices of {buf.name} differ in lanes")
+
+
+def imm(value: Number, dtype: Dtype = INDEX) -> Imm:
+    """Shorthand for `Imm.make`."""
+    return Imm.make(value, dtype)
+
+
+def cast(dtype: Dtype, value: Expr) -> Expr:
+    """`value` converted to `dtype` (its lanes kept); no node when already of that type."""
+    dtype = dtype.with_lanes(value.dtype.lanes)
+    return value if value.dtype == dtype else Cast(dtype, value)
+
+
+def broadcast(value: Expr, lanes: int) -> Expr:
+    """`value` widened to `lanes` (no-op for a vector of that width)."""
+    if value.dtype.lanes == lanes:
+        return value
+    return Broadcast(value, lanes)
+
+
+def cmp(op: str, a: ExprLike, b: ExprLike) -> Cmp:
+    if not isinstance(a, Expr):
+        a = as_expr(a, b.dtype)  # type: ignore[union-attr]
+    return Cmp(op, a, as_expr(b, a.dtype))
+
+
+def select(cond: Expr, true_value: ExprLike, false_value: ExprLike) -> Select:
+    if not isinstance(true_value, Expr):
+        true_value = as_expr(true_value, false_value.dtype)  # type: ignore[union-attr]
+    return Select(cond, true_value, as_expr(false_value, true_value.dtype))
+
+
+def call(name: str, *args: Expr) -> Call:
+    return Call(name, tuple(args))
+
+
+def is_const(e: Expr, value: Number | None = None) -> bool:
+    """Whether `e` is an immediate (or a broadcast one), optionally equal to `value`."""
+    if isinstance(e, Broadcast):
+        e = e.value
+    return isinstance(e, Imm) and (value is None or e.value == value)

@@ -1,0 +1,63 @@
+"""fuse_loops: merge adjacent loop nests over the same iteration space into one sweep.
+
+    for i: for j: y[i, j] = sin(x[i, j]);          for i: for j: {
+    for i: for j: z[i, j] = y[i, j] * 2.f;    ->     y[i, j] = sin(x[i, j]);
+                                                     z[i, j] = y[i, j] * 2.f;
+                                                   }
+Two top-level nests fuse when their loops have the same bounds and every
+element the second reads from a buffer the first writes is the element the
+first wrote in the same iteration (so no iteration reads ahead of a write).
+The loads of `y` after the store are then removed by
+`eliminate_common_subexpressions`.
+"""
+
+from __future__ import annotations
+
+from .. import stmt as S
+from ..ir_visitor import substitute
+from ..loopnest import Nest, as_block, loads, stores
+
+
+def _same_space(a: Nest, b: Nest) -> bool:
+    return len(a.loops) == len(b.loops) and all(
+        x.start == y.start and x.stop == y.stop and x.parallel == y.parallel
+        for x, y in zip(a.loops, b.loops)
+    )
+
+
+def _independent(first: Nest, second: S.Stmt) -> bool:
+    """Whether each read in `second` of what `first` writes is of the same iteration's element."""
+    written: dict = {}
+    for st in stores(first.body):
+        written.setdefault(st.buf.root, set()).add(st.indices)
+    for ld in loads(second):
+        if ld.buf.root in written and ld.indices not in written[ld.buf.root]:
+            return False
+    for st in stores(second):
+        if st.buf.root in {ld.buf.root for ld in loads(first.body)}:
+            return False
+    return True
+
+
+def _fuse(a: S.Stmt, b: S.Stmt) -> S.Stmt | None:
+    na, nb = Nest.of(a), Nest.of(b)
+    if not na.loops or not _same_space(na, nb):
+        return None
+    body_b = substitute(nb.body, dict(zip(nb.vars, na.vars)))
+    if not _independent(na, body_b):
+        return None
+    return na.build(S.Block.make(*as_block(na.body).stmts, *as_block(body_b).stmts))
+
+
+def fuse_loops(stmt: S.Stmt) -> S.Stmt:
+    """Fuse each run of adjacent, compatible top-level nests; see the module docstring."""
+    out: list[S.Stmt] = []
+    changed = False
+    for nest in as_block(stmt).stmts:
+        fused = _fuse(out[-1], nest) if out else None
+        if fused is None:
+            out.append(nest)
+        else:
+            out[-1] = fused
+            changed = True
+    return S.Block(tuple(out)) if changed else stmt

@@ -1,0 +1,69 @@
+"""inline_intermediates: replace loads of temporaries by the expressions that define them.
+
+    for i: aten_mul[i] = t0[i] * t0[i];
+    for i: aten_sin[i] = sin(aten_mul[i]);          for i: aten_sin[i] = sin(t0[i] * t0[i]);
+    for i: out[i] = aten_sin[i] * aten_sin[i];  ->  for i: out[i] = sin(t0[i] * t0[i]) *
+                                                                     sin(t0[i] * t0[i]);
+(`aten_sin` was an output here, so it stays.) Each temporary defined by a
+`compute` nest and not a kernel output is substituted into every later nest,
+and its nest is dropped. Repeated subexpressions this creates are bound once
+by `eliminate_common_subexpressions`.
+
+One exception: an expensive definition (a transcendental call) read by a
+nest that runs more often than the temporary has elements (a broadcast)
+would be recomputed for every reuse, so that temporary stays a buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from .. import expr as E
+from .. import stmt as S
+from ..buffer import Buf
+from ..ir_visitor import Mutator, substitute, walk
+from ..loopnest import as_block, buffers_loaded, definition, extent
+
+_CHEAP_CALLS = {"abs", "floor", "ceil", "trunc", "rint", "copysign"}
+
+
+def _expensive(value: E.Expr) -> bool:
+    return any(isinstance(n, E.Call) and n.name not in _CHEAP_CALLS for n in walk(value))
+
+
+class _Inline(Mutator):
+    def __init__(self, buf: Buf, indices: tuple[E.Var, ...], value: E.Expr):
+        self.buf, self.indices, self.value = buf, indices, value
+
+    def mutate_Load(self, e: E.Load) -> E.Expr:
+        e = self.generic_mutate(e)
+        if e.buf.root is not self.buf:
+            return e
+        return substitute(self.value, dict(zip(self.indices, e.indices)))
+
+
+def inline_intermediates(stmt: S.Stmt, outputs: Iterable[Buf] = ()) -> S.Stmt:
+    """Inline every temporary defined by a `compute` nest; see the module docstring."""
+    keep = {b.root for b in outputs}
+    nests = list(as_block(stmt).stmts)
+    result: list[S.Stmt] = []
+    changed = False
+    for k, nest in enumerate(nests):
+        found = definition(nest)
+        if found is None or found[0] in keep:
+            result.append(nest)
+            continue
+        buf, indices, value = found
+        consumers = [n for n in nests[k + 1 :] if buf in buffers_loaded(n)]
+        size = extent(nest)
+        if _expensive(value) and any(
+            (extent(c) or 0) > (size or 0) for c in consumers
+        ):
+            result.append(nest)
+            continue
+        inline = _Inline(buf, indices, value)
+        nests[k + 1 :] = [inline.mutate(n) for n in nests[k + 1 :]]
+        changed = True
+    if not changed:
+        return stmt
+    return S.Block(tuple(result))

@@ -1,0 +1,101 @@
+"""Statement nodes of the loop IR.
+
+A kernel body is one `Stmt`: loop nests (`For`) over `Store`s of expressions
+into buffers, `Let` bindings that name a value once per iteration, and
+`Allocate`/`Free` around temporaries. Statements are immutable; passes build
+new trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .buffer import Buf
+from .dtype import INDEX
+from .expr import Expr, Var, _access_lanes, _check_access
+
+
+class Stmt:
+    """Base class of statements."""
+
+    def __str__(self) -> str:
+        from .ir_printer import print_stmt
+
+        return print_stmt(self)
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    """`buf[indices] = value`; vector indices store one element per lane."""
+
+    buf: Buf
+    indices: tuple[Expr, ...]
+    value: Expr
+
+    def __post_init__(self) -> None:
+        _check_access(self.buf, self.indices)
+        lanes = _access_lanes(self.indices)
+        if self.value.dtype != self.buf.dtype.with_lanes(lanes):
+            raise TypeError(
+                f"storing {self.value.dtype} into {self.buf.name} of {self.buf.dtype} x {lanes}"
+            )
+
+
+@dataclass(frozen=True)
+class Let(Stmt):
+    """Binds `var` to `value` for the statements that follow it in the enclosing Block."""
+
+    var: Var
+    value: Expr
+
+    def __post_init__(self) -> None:
+        if self.var.dtype != self.value.dtype:
+            raise TypeError(f"Let {self.var.name}: {self.var.dtype} bound to {self.value.dtype}")
+
+
+@dataclass(frozen=True)
+class Block(Stmt):
+    """Statements run in order."""
+
+    stmts: tuple[Stmt, ...]
+
+    @staticmethod
+    def make(*stmts: Stmt) -> Block:
+        """A Block of `stmts`, splicing in the contents of nested Blocks that hold no Let."""
+        out: list[Stmt] = []
+        for s in stmts:
+            if isinstance(s, Block) and not any(isinstance(c, Let) for c in s.stmts):
+                out.extend(s.stmts)
+            else:
+                out.append(s)
+        return Block(tuple(out))
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    """`for (var = start; var < stop; var++) body`; `parallel` runs iterations on threads."""
+
+    var: Var
+    start: Expr
+    stop: Expr
+    body: Stmt
+    parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for e in (self.var, self.start, self.stop):
+            if e.dtype != INDEX:
+                raise TypeError(f"loop bounds and variables are {INDEX}, got {e.dtype}")
+
+
+@dataclass(frozen=True)
+class Allocate(Stmt):
+    """Reserves memory for a temporary buffer until the matching `Free`."""
+
+    buf: Buf
+
+
+@dataclass(frozen=True)
+class Free(Stmt):
+    """Releases a buffer reserved by `Allocate`."""
+
+    buf: Buf
