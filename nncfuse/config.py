@@ -38,7 +38,7 @@ class Options:
             raise ValueError("max_specializations must be non-negative")
 
     @staticmethod
-    def from_env(**overrides: object) -> "Options":
+    def from_env(**overrides: object) -> Options:
         """Options from the environment, then `overrides` (unknown names raise TypeError)."""
         names = {f.name for f in dataclasses.fields(Options)}
         unknown = set(overrides) - names

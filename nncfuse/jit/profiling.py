@@ -15,8 +15,9 @@ requires_grad is recorded as eager autograd would see it: false under
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -92,6 +93,7 @@ class Profiler:
         self.values: list[Any] = []
         self.seen: dict[int, TensorMeta | None] = {}
         self.nodes: list[Any] = []
+        self.runs = 0
         self._instrument(graph.block() if hasattr(graph, "block") else graph)
 
     def _instrument(self, block: Any) -> None:
@@ -141,6 +143,7 @@ class Profiler:
             return fn(*args)
         finally:
             _active.profiler = previous
+            self.runs += 1
 
     def observed(self) -> dict[int, TensorMeta]:
         """Value `unique()` -> consistent metadata, for every value seen."""
@@ -168,14 +171,8 @@ def _on(meta: TensorMeta, device: torch.device) -> TensorMeta:
 
 
 def run_graph(graph: torch._C.Graph, inputs: tuple[Any, ...]) -> Any:
-    """Run `graph` in the TorchScript interpreter without TorchScript's own optimizations."""
-    fn = torch._C._create_function_from_graph("nncfuse_graph", graph)
-    previous = torch._C._get_graph_executor_optimize()
-    torch._C._set_graph_executor_optimize(False)
-    try:
-        return fn(*inputs)
-    finally:
-        torch._C._set_graph_executor_optimize(previous)
+    """Run `graph` once in the TorchScript interpreter, exactly as it is."""
+    return torch._C._jit_interpret_graph(graph, inputs)
 
 
 def infer_types(graph: torch._C.Graph, example: Callable[[Any], Any]) -> dict[int, TensorMeta]:

@@ -9,13 +9,13 @@ codegen binds to a pointer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 from .dtype import INDEX, Dtype
 from .expr import Expr, Imm, imm
 
-DimLike = Union[Expr, int]
+DimLike = Expr | int
 
 
 def _as_index(d: DimLike) -> Expr:
@@ -67,9 +67,7 @@ class Buf:
         """A buffer from ints or expressions; contiguous unless `strides` are given."""
         dims_e = tuple(_as_index(d) for d in dims)
         strides_e = (
-            contiguous_strides(dims_e)
-            if strides is None
-            else tuple(_as_index(s) for s in strides)
+            contiguous_strides(dims_e) if strides is None else tuple(_as_index(s) for s in strides)
         )
         return Buf(name, dtype, dims_e, strides_e)
 

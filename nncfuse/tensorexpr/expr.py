@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from .dtype import BOOL, INDEX, Dtype
 if TYPE_CHECKING:
     from .buffer import Buf
 
-Number = Union[int, float, bool]
+Number = int | float | bool
 
 
 class Expr:
@@ -72,7 +72,7 @@ class Expr:
         return print_expr(self)
 
 
-ExprLike = Union[Expr, Number]
+ExprLike = Expr | Number
 
 
 def as_expr(value: ExprLike, dtype: Dtype) -> Expr:
@@ -301,9 +301,33 @@ INTRINSICS: dict[str, int] = {
     **{
         name: 1
         for name in (
-            "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh",
-            "asinh", "acosh", "atanh", "exp", "exp2", "expm1", "log", "log2", "log10",
-            "log1p", "sqrt", "abs", "floor", "ceil", "trunc", "rint", "erf", "erfc",
+            "sin",
+            "cos",
+            "tan",
+            "asin",
+            "acos",
+            "atan",
+            "sinh",
+            "cosh",
+            "tanh",
+            "asinh",
+            "acosh",
+            "atanh",
+            "exp",
+            "exp2",
+            "expm1",
+            "log",
+            "log2",
+            "log10",
+            "log1p",
+            "sqrt",
+            "abs",
+            "floor",
+            "ceil",
+            "trunc",
+            "rint",
+            "erf",
+            "erfc",
             "lgamma",
         )
     },

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from . import expr as E
 from . import stmt as S

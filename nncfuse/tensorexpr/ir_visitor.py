@@ -13,12 +13,13 @@ Children are the dataclass fields that hold expressions or statements
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Union
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .expr import Expr, Var
 from .stmt import Stmt
 
-Node = Union[Expr, Stmt]
+Node = Expr | Stmt
 
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 

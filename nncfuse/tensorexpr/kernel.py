@@ -21,9 +21,10 @@ every stage is logged.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -39,7 +40,14 @@ from .dtype import BOOL, FLOAT64, INT64, from_torch
 from .ir_verifier import verify
 from .loopnest import compute
 from .lowerings import (
-    Arg, ConstArg, Ctx, LoweringError, ScalarArg, TensorArg, lowering_for, scalar_dtype,
+    Arg,
+    ConstArg,
+    Ctx,
+    LoweringError,
+    ScalarArg,
+    TensorArg,
+    lowering_for,
+    scalar_dtype,
 )
 from .passes.collapse_loops import collapse_loops
 from .passes.cse import eliminate_common_subexpressions
@@ -51,6 +59,7 @@ from .passes.simplify import simplify
 from .passes.vectorize import vectorize_inner_loops
 
 _log = log.get_logger(__file__)
+
 
 @dataclass
 class Lowered:
@@ -141,8 +150,9 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         names.add(name)
         return name
 
-    for value in graph.inputs():
-        name = unique(_sanitize(value.debugName()))
+    for k, value in enumerate(graph.inputs()):
+        debug = value.debugName()
+        name = unique(f"t{k}" if debug.isdigit() else _sanitize(debug))
         if is_tensor(value):
             meta = metas[value.unique()]
             if meta.device.type != "cpu":
@@ -217,9 +227,15 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         outputs.append(("buf", arg.buf))
     out_bufs = list(dict.fromkeys(b for kind, b in outputs if kind == "buf"))
     params = params + [b for b, _ in constants] + out_bufs
-    name = "fused_" + "_".join(dict.fromkeys(ops)) if ops else "fused"
+    name = "fused_" + "_".join(ops[:4]) if ops else "fused"
     return Lowered(
-        S.Block(tuple(nests)), params, inputs, constants, outputs, output_metas, input_metas,
+        S.Block(tuple(nests)),
+        params,
+        inputs,
+        constants,
+        outputs,
+        output_metas,
+        input_metas,
         _sanitize(name[:60]),
     )
 
@@ -310,9 +326,7 @@ class TensorExprKernel:
             self.jit.cfunc(*(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in bound))
         else:
             self.evaluator.run(bound)  # type: ignore[union-attr]
-        return [
-            results[ref] if kind == "buf" else inputs[ref] for kind, ref in lowered.outputs
-        ]
+        return [results[ref] if kind == "buf" else inputs[ref] for kind, ref in lowered.outputs]
 
     def fallback(self, inputs: Sequence[Any]) -> Any:
         """The graph's outputs computed by the TorchScript interpreter, unfused."""

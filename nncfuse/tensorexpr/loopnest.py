@@ -15,8 +15,8 @@ as its loops and its body; `Nest.build` puts one back together.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from . import expr as E
 from . import stmt as S
@@ -64,8 +64,10 @@ class Nest:
         while isinstance(stmt, S.For):
             loops.append(stmt)
             stmt = stmt.body
-            if isinstance(stmt, S.Block) and len(stmt.stmts) == 1 and isinstance(
-                stmt.stmts[0], S.For
+            if (
+                isinstance(stmt, S.Block)
+                and len(stmt.stmts) == 1
+                and isinstance(stmt.stmts[0], S.For)
             ):
                 stmt = stmt.stmts[0]
         return Nest(tuple(loops), stmt)

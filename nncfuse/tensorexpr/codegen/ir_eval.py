@@ -14,7 +14,8 @@ yielding that type's minimum when out of range or NaN, then wraps.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,24 +83,60 @@ def _torch_fn(name: str) -> Callable[..., Any]:
 
 
 _CALLS: dict[str, Callable[..., Any]] = {
-    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
-    "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh,
-    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "exp": np.exp,
-    "exp2": np.exp2, "expm1": np.expm1, "log": np.log, "log2": np.log2, "log10": np.log10,
-    "log1p": np.log1p, "sqrt": np.sqrt, "abs": np.abs, "floor": np.floor, "ceil": np.ceil,
-    "trunc": np.trunc, "rint": np.rint, "erf": _torch_fn("erf"), "erfc": _torch_fn("erfc"),
-    "lgamma": _torch_fn("lgamma"), "pow": np.power, "atan2": np.arctan2, "fmod": np.fmod,
-    "copysign": np.copysign, "nextafter": np.nextafter,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "tanh": np.tanh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "exp": np.exp,
+    "exp2": np.exp2,
+    "expm1": np.expm1,
+    "log": np.log,
+    "log2": np.log2,
+    "log10": np.log10,
+    "log1p": np.log1p,
+    "sqrt": np.sqrt,
+    "abs": np.abs,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "trunc": np.trunc,
+    "rint": np.rint,
+    "erf": _torch_fn("erf"),
+    "erfc": _torch_fn("erfc"),
+    "lgamma": _torch_fn("lgamma"),
+    "pow": np.power,
+    "atan2": np.arctan2,
+    "fmod": np.fmod,
+    "copysign": np.copysign,
+    "nextafter": np.nextafter,
 }
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    E.Add: np.add, E.Sub: np.subtract, E.Mul: np.multiply, E.Max: _max, E.Min: _min,
-    E.And: np.bitwise_and, E.Or: np.bitwise_or, E.Xor: np.bitwise_xor,
-    E.Shl: np.left_shift, E.Shr: np.right_shift,
+    E.Add: np.add,
+    E.Sub: np.subtract,
+    E.Mul: np.multiply,
+    E.Max: _max,
+    E.Min: _min,
+    E.And: np.bitwise_and,
+    E.Or: np.bitwise_or,
+    E.Xor: np.bitwise_xor,
+    E.Shl: np.left_shift,
+    E.Shr: np.right_shift,
 }
 _CMP: dict[str, Callable[[Any, Any], Any]] = {
-    "==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
-    ">": np.greater, ">=": np.greater_equal,
+    "==": np.equal,
+    "!=": np.not_equal,
+    "<": np.less,
+    "<=": np.less_equal,
+    ">": np.greater,
+    ">=": np.greater_equal,
 }
 
 
@@ -173,8 +210,10 @@ class _Compiler:
             return self._bitcast(v, src, e.dtype)
         if isinstance(e, E.Call):
             fn, args = _CALLS[e.name], [self.expr(a) for a in e.args]
-            return lambda env: nd.type(fn(*(a(env) for a in args))) if e.dtype.lanes == 1 else (
-                np.asarray(fn(*(a(env) for a in args)), dtype=nd)
+            return lambda env: (
+                nd.type(fn(*(a(env) for a in args)))
+                if e.dtype.lanes == 1
+                else (np.asarray(fn(*(a(env) for a in args)), dtype=nd))
             )
         if isinstance(e, E.Ramp):
             base, stride, lanes = self.expr(e.base), self.expr(e.stride), e.lanes
@@ -191,8 +230,10 @@ class _Compiler:
         a, b = self.expr(e.a), self.expr(e.b)
         if isinstance(e, (E.Div, E.Mod)) and not e.dtype.is_float:
             if isinstance(e, E.Div):
-                return lambda env: nd.type(_trunc_div(a(env), b(env))) if e.dtype.lanes == 1 else (
-                    _trunc_div(a(env), b(env))
+                return lambda env: (
+                    nd.type(_trunc_div(a(env), b(env)))
+                    if e.dtype.lanes == 1
+                    else (_trunc_div(a(env), b(env)))
                 )
             return lambda env: np.fmod(a(env), b(env))
         if isinstance(e, E.Div):
@@ -321,8 +362,7 @@ class IREvaluator:
         slots: dict[E.Var, int] = {}
         compiler = _Compiler(buffers, slots)
         self.param_slots = [
-            compiler.buffer_slot(p) if isinstance(p, Buf) else compiler.slot(p)
-            for p in self.params
+            compiler.buffer_slot(p) if isinstance(p, Buf) else compiler.slot(p) for p in self.params
         ]
         self.run_stmt = compiler.stmt(stmt)
 

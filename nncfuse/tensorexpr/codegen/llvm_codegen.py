@@ -16,7 +16,8 @@ optimization and the assembly are logged.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import llvmlite.ir as ir
 
@@ -34,8 +35,16 @@ I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32, F64 = ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 _SCALAR = {
-    "bool": I1, "uint8": I8, "int8": I8, "int16": I16, "int32": I32, "int64": I64,
-    "float16": ir.HalfType(), "bfloat16": I16, "float32": F32, "float64": F64,
+    "bool": I1,
+    "uint8": I8,
+    "int8": I8,
+    "int16": I16,
+    "int32": I32,
+    "int64": I64,
+    "float16": ir.HalfType(),
+    "bfloat16": I16,
+    "float32": F32,
+    "float64": F64,
 }
 _FCMP = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 

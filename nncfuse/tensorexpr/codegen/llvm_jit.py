@@ -20,7 +20,7 @@ import llvmlite.binding as llvm
 import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _initialize() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
@@ -32,7 +32,7 @@ def torch_library() -> str:
     return os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_cpu() -> tuple[str, str]:
     """The host CPU's LLVM name and feature string."""
     _initialize()
@@ -43,7 +43,7 @@ def host_features() -> set[str]:
     return {f[1:] for f in host_cpu()[1].split(",") if f.startswith("+")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def vector_bits() -> int:
     """Width in bits of the host's widest SIMD registers that LLVM will use."""
     features = host_features()
@@ -64,7 +64,7 @@ def target_machine() -> llvm.TargetMachine:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_symbol(name: str) -> bool:
     """Whether the process or libtorch_cpu.so exports `name`."""
     _initialize()

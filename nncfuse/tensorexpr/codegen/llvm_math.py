@@ -36,8 +36,9 @@ def emit_cast(cg: LLVMCodeGen, v: Any, src: Dtype, dst: Dtype) -> Any:
     if src == dst:
         return v
     if src.name == "bfloat16":
-        return emit_cast(cg, cg.bf16_to_f32(v, lanes), FLOAT32.with_lanes(lanes),
-                         dst.with_lanes(lanes))
+        return emit_cast(
+            cg, cg.bf16_to_f32(v, lanes), FLOAT32.with_lanes(lanes), dst.with_lanes(lanes)
+        )
     if dst.name == "bfloat16":
         f = emit_cast(cg, v, src.with_lanes(lanes), FLOAT32.with_lanes(lanes))
         return cg.f32_to_bf16(f, lanes)

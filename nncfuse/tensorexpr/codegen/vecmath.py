@@ -14,18 +14,43 @@ from .llvm_jit import has_symbol
 
 #: SLEEF accuracy suffix per intrinsic (u10 = 1.0 ULP, u15 = 1.5 ULP, "" = exact).
 SLEEF_SUFFIX = {
-    "sin": "_u10", "cos": "_u10", "tan": "_u10", "asin": "_u10", "acos": "_u10",
-    "atan": "_u10", "sinh": "_u10", "cosh": "_u10", "tanh": "_u10", "asinh": "_u10",
-    "acosh": "_u10", "atanh": "_u10", "exp": "_u10", "exp2": "_u10", "expm1": "_u10",
-    "log": "_u10", "log2": "_u10", "log10": "_u10", "log1p": "_u10", "erf": "_u10",
-    "erfc": "_u15", "lgamma": "_u10", "pow": "_u10", "atan2": "_u10", "fmod": "",
+    "sin": "_u10",
+    "cos": "_u10",
+    "tan": "_u10",
+    "asin": "_u10",
+    "acos": "_u10",
+    "atan": "_u10",
+    "sinh": "_u10",
+    "cosh": "_u10",
+    "tanh": "_u10",
+    "asinh": "_u10",
+    "acosh": "_u10",
+    "atanh": "_u10",
+    "exp": "_u10",
+    "exp2": "_u10",
+    "expm1": "_u10",
+    "log": "_u10",
+    "log2": "_u10",
+    "log10": "_u10",
+    "log1p": "_u10",
+    "erf": "_u10",
+    "erfc": "_u15",
+    "lgamma": "_u10",
+    "pow": "_u10",
+    "atan2": "_u10",
+    "fmod": "",
     "nextafter": "",
 }
 
 #: Intrinsics LLVM turns into instructions, for scalars and vectors alike.
 LLVM_NATIVE = {
-    "sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
-    "rint": "rint", "copysign": "copysign",
+    "sqrt": "sqrt",
+    "abs": "fabs",
+    "floor": "floor",
+    "ceil": "ceil",
+    "trunc": "trunc",
+    "rint": "rint",
+    "copysign": "copysign",
 }
 
 #: Scalar transcendentals with an LLVM intrinsic (lowered to libm by LLVM).

@@ -50,9 +50,12 @@ def _exprs(stmt: S.Stmt) -> list[E.Expr]:
     return [c for c in children(stmt) if isinstance(c, E.Expr)]
 
 
-def _forward_stores(stmts: list[S.Stmt], names: "_Namer") -> list[S.Stmt]:
+def _forward_stores(stmts: list[S.Stmt], names: _Namer) -> list[S.Stmt]:
     reloaded = {
-        (n.buf.root, n.indices) for s in stmts for e in _exprs(s) for n in walk(e)
+        (n.buf.root, n.indices)
+        for s in stmts
+        for e in _exprs(s)
+        for n in walk(e)
         if isinstance(n, E.Load)
     }
     known: dict[Any, E.Expr] = {}

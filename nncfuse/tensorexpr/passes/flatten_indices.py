@@ -1,8 +1,9 @@
 """flatten_indices: address every buffer with one element offset computed from its strides.
 
-    for i: for j: out[i, j] = a[i, j] + b[j];        for i: for j: out[8 * i + j] = a[i + 4 * j] + b[0 * i + j];
-where `a` is a transposed 8x4 input (strides 1, 4) and `b` broadcasts along
-`i`; simplification then drops the zero terms. After this pass every access
+    for i: for j:                           for i: for j:
+      out[i, j] = a[i, j] + b[j];    ->       out[4 * i + j] = a[i + 8 * j] + b[j];
+where `out` is 8x4, `a` a transposed 8x4 input (strides 1, 8) and `b`
+broadcasts along `i` (after `simplify` drops the zero terms). After this pass every access
 is to a one-dimensional, unit-stride view (`Buf.flat`) of the same memory,
 which is what codegen expects.
 """

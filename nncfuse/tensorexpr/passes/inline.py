@@ -16,7 +16,7 @@ would be recomputed for every reuse, so that temporary stays a buffer.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .. import expr as E
 from .. import stmt as S
@@ -56,9 +56,7 @@ def inline_intermediates(stmt: S.Stmt, outputs: Iterable[Buf] = ()) -> S.Stmt:
         buf, indices, value = found
         consumers = [n for n in nests[k + 1 :] if buf in buffers_loaded(n)]
         size = extent(nest)
-        if _expensive(value) and any(
-            (extent(c) or 0) > (size or 0) for c in consumers
-        ):
+        if _expensive(value) and any((extent(c) or 0) > (size or 0) for c in consumers):
             result.append(nest)
             continue
         inline = _Inline(buf, indices, value)

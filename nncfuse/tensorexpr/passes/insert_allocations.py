@@ -11,7 +11,7 @@ last one.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .. import stmt as S
 from ..buffer import Buf

@@ -18,7 +18,7 @@ are not folded.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from .. import expr as E
 from .. import stmt as S
@@ -26,7 +26,7 @@ from ..codegen.ir_eval import evaluate
 from ..dtype import INDEX
 from ..ir_visitor import Mutator, children, substitute
 
-Bounds = Optional[tuple[int, int]]
+Bounds = tuple[int, int] | None
 
 # Identities: (node type, constant side, constant value, applies to floats) -> keep other side.
 _IDENTITIES = [
@@ -223,10 +223,7 @@ class Simplifier(Mutator):
                 if isinstance(e, (E.Add, E.Sub, E.Mul)):
                     rebuilt = self.rebuild(self.linear(e))
                     return e if rebuilt == e else rebuilt
-            if (
-                isinstance(e, (E.Max, E.Min))
-                and e.a == e.b
-            ):
+            if isinstance(e, (E.Max, E.Min)) and e.a == e.b:
                 return e.a
         if isinstance(e, E.Cast):
             inner = e.value

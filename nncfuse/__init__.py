@@ -1,0 +1,39 @@
+"""nncfuse: a JIT tensor-expression fuser for PyTorch on the CPU.
+
+    import nncfuse
+
+    @nncfuse.jit
+    def f(a, b):
+        return torch.sin(a * b) * b
+
+    f(x, y)                     # profiles, then fuses and compiles with LLVM
+    f.graph_for(x, y)           # the optimized TorchScript graph
+    nncfuse.fusion_groups(g)    # the fusion-group nodes of a graph
+
+Set NNCFUSE_LOG_LEVEL (e.g. "tensorexpr_fuser:>>kernel:>>llvm_codegen") to
+watch every stage, NNCFUSE_DONT_USE_LLVM=1 to run kernels in the IR
+interpreter, NNCFUSE_DISABLE=1 to run everything unfused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import Options
+from .jit.function import FusedFunction
+from .jit.tensorexpr_fuser import fusion_groups
+from .tensorexpr.kernel import TensorExprKernel
+
+__all__ = ["jit", "fusion_groups", "FusedFunction", "TensorExprKernel", "Options"]
+__version__ = "0.1.0"
+
+
+def jit(fn: Any = None, **options: Any) -> Any:
+    """Fuse `fn`: a Python function, a ScriptFunction (scripted or traced) or a module.
+
+    Options (see `Options`): min_group_size (2), profiling_runs (1),
+    max_specializations (2). Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
+    """
+    if fn is None:
+        return lambda f: jit(f, **options)
+    return FusedFunction(fn, Options.from_env(**options))

@@ -1,0 +1,265 @@
+"""FusedFunction: what `nncfuse.jit` returns. Profile, then optimize, then run.
+
+Calls are keyed by their input signature: each tensor's dtype, sizes,
+strides, device and requires_grad, the type of every other argument, and
+whether grad mode is on. Number values are not part of the key: they are
+kernel arguments. For a new signature:
+
+1. the function's graph, with profile nodes, runs `profiling_runs` times
+   (each call returns its real result);
+2. the profiled graph is fused (`tensorexpr_fuser`): groups are formed,
+   compiled and guarded;
+3. the optimized graph becomes this signature's plan. When the whole graph
+   is one guarded kernel over the function's inputs, the plan calls the
+   kernel directly, skipping the interpreter (the key already implies the
+   TypeCheck); otherwise the TorchScript interpreter runs the graph.
+
+At most `max_specializations` signatures are optimized; calls with further
+signatures run the unfused scripted function. Failures to optimize are
+logged and also fall back to it: a call is never wrong and never crashes
+where the unfused function would not.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import log
+from ..config import Options
+from . import runtime
+from .profiling import Profiler
+from .tensorexpr_fuser import fuse_tensor_exprs
+
+_log = log.get_logger(__file__)
+
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    key: list[Any] = [torch.is_grad_enabled()]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.shape, a.stride(), a.device, a.requires_grad))
+        else:
+            key.append(type(a))
+    return tuple(key)
+
+
+class _NoTorchScriptOptimizations:
+    """Run graphs exactly as built: TorchScript's own optimizing passes off (thread-local)."""
+
+    def __enter__(self) -> None:
+        self.previous = torch._C._get_graph_executor_optimize()
+        torch._C._set_graph_executor_optimize(False)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch._C._set_graph_executor_optimize(self.previous)
+
+
+_as_built = _NoTorchScriptOptimizations()
+
+
+class GraphPlan:
+    """Runs an optimized graph in the TorchScript interpreter."""
+
+    def __init__(self, graph: torch._C.Graph, receiver: Any):
+        self.graph = graph
+        self.receiver = receiver
+        self.fn = torch._C._create_function_from_graph("nncfuse_fused", graph)
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        full = args if self.receiver is None else (self.receiver, *args)
+        with _as_built:
+            return self.fn(*full)
+
+
+class KernelPlan:
+    """Calls one kernel directly: the optimized graph is a single guarded fusion group."""
+
+    def __init__(self, graph: torch._C.Graph, kernel: Any, sources: list, outputs: Any):
+        self.graph = graph
+        self.call = kernel.call
+        self.sources = sources  # per kernel input: ("arg", position) or ("const", value)
+        self.outputs = outputs  # an output index, or a tuple of them
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        outs = self.call([args[v] if kind == "arg" else v for kind, v in self.sources])
+        if isinstance(self.outputs, tuple):
+            return tuple(outs[k] for k in self.outputs)
+        return outs[self.outputs]
+
+
+class UnfusedPlan:
+    """The scripted function itself."""
+
+    def __init__(self, script: Callable[..., Any], graph: torch._C.Graph | None):
+        self.script = script
+        self.graph = graph
+
+    def __call__(self, args: tuple[Any, ...]) -> Any:
+        return self.script(*args)
+
+
+def _kernel_plan(graph: torch._C.Graph, offset: int) -> KernelPlan | None:
+    """A KernelPlan if `graph` is TypeCheck + If(kernel) over its inputs, else None."""
+    nodes = [n for n in graph.nodes() if n.kind() != "prim::Constant"]
+    tuple_out = None
+    if nodes and nodes[-1].kind() == "prim::TupleConstruct":
+        tuple_out = nodes.pop()
+    if [n.kind() for n in nodes] != ["prim::TypeCheck", "prim::If"]:
+        return None
+    check, branch = nodes
+    fused_nodes = list(next(iter(branch.blocks())).nodes())
+    if len(fused_nodes) != 1 or not runtime.is_fused_op(fused_nodes[0]):
+        return None
+    fused = fused_nodes[0]
+    position = {v.unique(): k - offset for k, v in enumerate(graph.inputs())}
+    checked = {out.unique(): inp for inp, out in zip(check.inputs(), check.outputs())}
+    sources: list[tuple[str, Any]] = []
+    for v in fused.inputs():
+        v = checked.get(v.unique(), v)
+        if v.unique() in position and position[v.unique()] >= 0:
+            sources.append(("arg", position[v.unique()]))
+        elif v.node().kind() == "prim::Constant":
+            sources.append(("const", v.toIValue()))
+        else:
+            return None
+    results = {v.unique(): k for k, v in enumerate(branch.outputs())}
+    returned = list(tuple_out.inputs()) if tuple_out is not None else list(graph.outputs())
+    if tuple_out is not None and list(graph.outputs()) != [tuple_out.output()]:
+        return None
+    if any(v.unique() not in results for v in returned):
+        return None
+    indices = tuple(results[v.unique()] for v in returned)
+    outputs: Any = indices if tuple_out is not None or len(indices) != 1 else indices[0]
+    return KernelPlan(graph, runtime.kernel_of(fused), sources, outputs)
+
+
+class FusedFunction:
+    """A function, ScriptFunction or ScriptModule that runs with fused kernels."""
+
+    def __init__(self, fn: Any, options: Options):
+        self.options = options
+        self.target = fn
+        self._script: Any = None
+        self._receiver: Any = None
+        self._graph: torch._C.Graph | None = None
+        self._plans: dict[tuple[Any, ...], Any] = {}
+        self._profiles: dict[tuple[Any, ...], tuple[Profiler, Any]] = {}
+        self._broken = False
+        if callable(fn) and not isinstance(fn, torch.nn.Module):
+            functools.update_wrapper(self, fn, updated=())
+
+    # -- set-up -------------------------------------------------------------------
+    def _prepare(self) -> bool:
+        if self._graph is not None or self._broken:
+            return not self._broken
+        fn = self.target
+        with warnings.catch_warnings():
+            # torch.jit.script/trace warn that TorchScript is deprecated; that is our substrate.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.jit")
+            return self._script_and_prepare(fn)
+
+    def _script_and_prepare(self, fn: Any) -> bool:
+        try:
+            if isinstance(fn, torch.nn.Module) and not isinstance(fn, torch.jit.ScriptModule):
+                fn = torch.jit.script(fn)
+            if isinstance(fn, torch.jit.ScriptModule):
+                self._script, self._receiver = fn.forward, fn._c
+                graph = fn.forward.graph.copy()
+            elif isinstance(fn, torch.jit.ScriptFunction):
+                self._script, graph = fn, fn.graph.copy()
+            else:
+                self._script = torch.jit.script(fn)
+                graph = self._script.graph.copy()
+        except Exception as e:  # noqa: BLE001
+            warnings.warn(f"nncfuse: cannot script {fn!r}, running it unfused: {e}", stacklevel=3)
+            self._broken = True
+            return False
+        torch._C._jit_pass_inline(graph)
+        torch._C._jit_pass_remove_mutation(graph)
+        torch._C._jit_pass_dce(graph)
+        self._graph = graph
+        return True
+
+    @property
+    def graph(self) -> torch._C.Graph | None:
+        """The function's graph as nncfuse starts from it (inlined, in-place ops removed)."""
+        self._prepare()
+        return self._graph
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        schema_args = self._script.schema.arguments[1 if self._receiver is not None else 0 :]
+        if len(args) > len(schema_args):
+            return None
+        bound = list(args)
+        for arg in schema_args[len(args) :]:
+            if arg.name in kwargs:
+                bound.append(kwargs.pop(arg.name))
+            elif arg.has_default_value():
+                bound.append(arg.default_value)
+            else:
+                return None
+        return None if kwargs else tuple(bound)
+
+    # -- calls ----------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.options.disable or not self._prepare():
+            return self.target(*args, **kwargs)
+        bound = self._bind(args, dict(kwargs))
+        if bound is None:
+            return self._script(*args, **kwargs)  # let TorchScript report the error
+        key = _signature(bound)
+        plan = self._plans.get(key)
+        if plan is None:
+            return self._profile(key, bound)
+        return plan(bound)
+
+    def _profile(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+        if len(self._plans) >= self.options.max_specializations:
+            _log.update("Too many input signatures; running unfused")
+            self._plans[key] = UnfusedPlan(self._script, None)
+            return self._script(*args)
+        if key not in self._profiles:
+            graph = self._graph.copy()  # type: ignore[union-attr]
+            profiler = Profiler(graph)
+            fn = torch._C._create_function_from_graph("nncfuse_profile", graph)
+            self._profiles[key] = (profiler, fn)
+        profiler, fn = self._profiles[key]
+        full = args if self._receiver is None else (self._receiver, *args)
+        with _as_built:
+            result = profiler.run(fn, *full)
+        if profiler.runs >= self.options.profiling_runs:
+            del self._profiles[key]
+            self._plans[key] = self._optimize(profiler)
+        return result
+
+    def _optimize(self, profiler: Profiler) -> Any:
+        graph = profiler.graph
+        try:
+            profiler.finish()
+            fuse_tensor_exprs(graph, self.options)
+            offset = 0 if self._receiver is None else 1
+            plan = _kernel_plan(graph, offset) if self._receiver is None else None
+            return plan or GraphPlan(graph, self._receiver)
+        except Exception as e:  # noqa: BLE001
+            _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
+            warnings.warn(f"nncfuse: optimization failed, running unfused: {e}", stacklevel=4)
+            return UnfusedPlan(self._script, graph)
+
+    def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:
+        """The optimized graph that runs for these inputs (profiling and compiling if needed)."""
+        if self.options.disable or not self._prepare():
+            return None
+        bound = self._bind(args, dict(kwargs))
+        if bound is None:
+            raise TypeError("arguments do not match the function's signature")
+        key = _signature(bound)
+        for _ in range(self.options.profiling_runs + 1):
+            if key in self._plans:
+                break
+            self(*args, **kwargs)
+        return self._plans[key].graph

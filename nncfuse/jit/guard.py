@@ -1,0 +1,98 @@
+"""guard: compile each fusion group and run it only on the inputs it was compiled for.
+
+    %25 : Float(1, 1, 128, 128), %26 : bool = prim::TypeCheck[types=[...]](%b.1)
+    %27 : Tensor = prim::If(%26)
+      block0():
+        %z.3 : Float(1, 1, 128, 128) = nncfuse::fused_mul_sin_mul_0(%25)
+        -> (%z.3)
+      block1():
+        %x.2 : Tensor = aten::mul(%b.1, %b.1)
+        ...
+        -> (%z.2)
+
+`prim::TypeCheck` compares the group's tensor inputs with the profiled types
+(dtype, sizes, strides, device, requires_grad); when they match, the
+compiled kernel runs; otherwise the group's original nodes (the fallback)
+do. Numbers are kernel arguments and need no guard. A group whose kernel
+fails to lower or compile is logged and replaced by its nodes, unguarded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import log
+from ..config import Options
+from ..tensorexpr.kernel import TensorExprKernel
+from . import runtime
+from .profiling import is_tensor
+
+_log = log.get_logger(__file__)
+is_fused_op = runtime.is_fused_op
+
+
+def guard_fusion_groups(graph: torch._C.Graph, groups: list[Any], options: Options) -> None:
+    """Replace each `prim::TensorExprGroup` in `groups` by a guarded kernel (or its nodes)."""
+    from .tensorexpr_fuser import unmerge
+
+    for group in groups:
+        subgraph = group.g("Subgraph")
+        try:
+            kernel = TensorExprKernel(subgraph.copy(), options)
+        except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
+            _log.dump(
+                "Fusion group not compiled, running it unfused: ",
+                type(e).__name__,
+                ": ",
+                e,
+                "\n",
+                subgraph,
+            )
+            unmerge(graph, group)
+            continue
+        kind = runtime.register_kernel(kernel, list(group.inputs()), group.outputsSize())
+        _guard(graph, group, kind)
+
+
+def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:
+    subgraph = group.g("Subgraph")
+    outer = list(group.inputs())
+    checked = [v for v in outer if is_tensor(v)]
+    types = [inner.type() for inner, v in zip(subgraph.inputs(), outer) if is_tensor(v)]
+    check = graph.create("prim::TypeCheck", checked, len(checked) + 1)
+    check.tys_("types", types)
+    check_outs = list(check.outputs())
+    for value, ty in zip(check_outs, types):
+        value.setType(ty)
+    check_outs[-1].setType(torch._C.BoolType.get())
+    check.insertBefore(group)
+
+    branch = graph.create("prim::If", [check_outs[-1]], group.outputsSize())
+    branch.insertBefore(group)
+    fused_block, fallback_block = branch.addBlock(), branch.addBlock()
+
+    typed = dict(zip((v.unique() for v in checked), check_outs[:-1]))
+    fused = graph.create(kind, [typed.get(v.unique(), v) for v in outer], group.outputsSize())
+    fused.g_("Subgraph", subgraph)
+    fused.insertBefore(fused_block.returnNode())
+    for new, old in zip(fused.outputs(), group.outputs()):
+        new.setType(old.type())
+        fused_block.registerOutput(new)
+
+    env = {inner.unique(): v for inner, v in zip(subgraph.inputs(), outer)}
+    for node in subgraph.nodes():
+        clone = graph.createClone(node, lambda v: env[v.unique()])
+        clone.insertBefore(fallback_block.returnNode())
+        for out, new in zip(node.outputs(), clone.outputs()):
+            if is_tensor(out):
+                new.setType(torch._C.TensorType.get())
+            env[out.unique()] = new
+    for inner in subgraph.outputs():
+        fallback_block.registerOutput(env[inner.unique()])
+
+    for new, old in zip(branch.outputs(), group.outputs()):
+        new.setType(old.type())
+        old.replaceAllUsesWith(new)
+    group.destroy()

@@ -1,0 +1,63 @@
+"""runtime: each compiled fusion group as a custom op the TorchScript interpreter can run.
+
+For a kernel named `fused_mul_sin_mul` this registers, through
+`torch.library`, an op `nncfuse::fused_mul_sin_mul(Tensor i0, ...) -> Tensor`
+whose Python implementation allocates the outputs (with the strides eager
+PyTorch would give them) and calls the kernel's machine code. A graph node of
+that kind runs the kernel; it keeps the group's graph as its `Subgraph`
+attribute, so the graph prints `with nncfuse::fused_mul_sin_mul_0 = graph(...)`.
+Op names are unique in the process: a second kernel with the same name gets
+a `_k<n>` suffix.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..tensorexpr.kernel import TensorExprKernel
+
+_lib = torch.library.Library("nncfuse", "FRAGMENT")
+_kinds: set[str] = set()
+_kernels: dict[str, TensorExprKernel] = {}
+_serial = itertools.count(1)
+_SCHEMA_TYPES = {"TensorType": "Tensor", "FloatType": "float", "IntType": "int", "BoolType": "bool"}
+
+
+def is_fused_op(node: Any) -> bool:
+    return node.kind() in _kinds
+
+
+def kernel_of(node: Any) -> TensorExprKernel:
+    """The kernel a fused-op node runs."""
+    return _kernels[node.kind()]
+
+
+def register_kernel(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: int) -> str:
+    """Register an op running `kernel` on values typed like `inputs`; return its node kind."""
+    name = kernel.name
+    while f"nncfuse::{name}" in _kinds:
+        name = f"{kernel.name}_k{next(_serial)}"
+    args = ", ".join(f"{_SCHEMA_TYPES[v.type().kind()]} i{k}" for k, v in enumerate(inputs))
+    rets = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
+    _lib.define(f"{name}({args}) -> {rets}")
+    call = kernel.call
+
+    if n_outputs == 1:
+
+        def run(*args: Any) -> torch.Tensor:
+            return call(args)[0]
+
+    else:
+
+        def run(*args: Any) -> tuple[torch.Tensor, ...]:
+            return tuple(call(args))
+
+    _lib.impl(name, run, "CompositeExplicitAutograd")
+    kind = f"nncfuse::{name}"
+    _kinds.add(kind)
+    _kernels[kind] = kernel
+    return kind

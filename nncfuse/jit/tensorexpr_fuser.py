@@ -1,0 +1,258 @@
+"""tensorexpr_fuser: gather fusible nodes of a profiled graph into guarded fusion groups.
+
+NNC's algorithm. Each block (and, recursively, each `prim::If`/`prim::Loop`
+body) is walked from its end to its start; a fusible node, or a group, pulls
+in the fusible nodes that produce its inputs, when the producer can be moved
+next to its consumer without changing what any other node sees. The walk
+repeats until nothing changes. Then adjacent groups merge, and groups with
+fewer than `min_group_size` nodes are taken apart again. A group is a
+`prim::TensorExprGroup` node holding its nodes in a `Subgraph` attribute:
+
+    %z : Float(128) = prim::TensorExprGroup_0(%b)
+    with prim::TensorExprGroup_0 = graph(%0 : Float(128)):
+      %x : Float(128) = aten::mul(%0, %0)
+      ...
+
+Alias safety: only nodes whose inputs nothing writes to (per the graph's
+AliasDb, taken before fusion) are fused, so moving them never reorders a
+read across a write. `guard.py` then compiles each group and guards it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from .. import log
+from ..config import Options
+from . import guard
+from .supported import why_not_fusible
+
+_log = log.get_logger(__file__)
+GROUP = "prim::TensorExprGroup"
+
+
+def is_group(node: Any) -> bool:
+    return node.kind() == GROUP
+
+
+def _body_size(group: Any) -> int:
+    return sum(1 for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant")
+
+
+class _Fuser:
+    def __init__(self, graph: torch._C.Graph, options: Options):
+        self.graph = graph
+        self.options = options
+        aliases = graph.alias_db()
+        # Values some node writes to (or that alias such): their readers are never moved.
+        self.written: set[int] = set()
+        self._find_written(graph.block(), aliases)
+        self.reasons: dict[int, str | None] = {}
+
+    def _find_written(self, block: Any, aliases: Any) -> None:
+        values = list(block.inputs())
+        for node in block.nodes():
+            values += list(node.outputs())
+            for sub in node.blocks():
+                self._find_written(sub, aliases)
+        self.written.update(v.unique() for v in values if aliases.has_writers(v))
+
+    # -- what may fuse ----------------------------------------------------------
+    def why_not(self, node: Any) -> str | None:
+        if is_group(node):
+            return None
+        key = node.output().unique() if node.outputsSize() == 1 else None
+        if key is not None and key in self.reasons:
+            return self.reasons[key]
+        reason = why_not_fusible(node)
+        if reason is None and any(v.unique() in self.written for v in node.inputs()):
+            reason = "an input is written to by another node"
+        if reason is None and node.output().unique() in self.written:
+            reason = "its output is written to by another node"
+        if key is not None:
+            self.reasons[key] = reason
+            if reason is not None and node.kind() != "prim::Constant":
+                _log.debug("Considering node: ", node, "Not fused: ", reason)
+        return reason
+
+    # -- the walk ---------------------------------------------------------------
+    def run(self, block: Any) -> None:
+        for node in list(block.nodes()):
+            for sub in node.blocks():
+                self.run(sub)
+        changed = True
+        while changed:
+            changed = False
+            node = block.returnNode().prev()
+            while node.kind() != "prim::Param":
+                merged = self.scan(node)
+                if merged is not None:
+                    changed = True
+                    node = merged
+                else:
+                    node = node.prev()
+        self.merge_adjacent(block)
+        for node in list(block.nodes()):
+            if is_group(node) and _body_size(node) < self.options.min_group_size:
+                _log.update("Undoing a group of ", _body_size(node), " node(s)")
+                unmerge(self.graph, node)
+
+    def scan(self, node: Any) -> Any | None:
+        """Pull one producer into `node`; the group if that happened, else None."""
+        if not is_group(node) and self.why_not(node) is not None:
+            return None
+        block = node.owningBlock()
+        producers = [
+            v.node()
+            for v in node.inputs()
+            if v.node().owningBlock() == block
+            and v.node().kind() not in ("prim::Param", "prim::Constant")
+        ]
+        for producer in sorted(set(producers), key=functools.cmp_to_key(_order), reverse=True):
+            if self.why_not(producer) is not None or not _move_together(producer, node):
+                continue
+            group = node if is_group(node) else make_group(self.graph, node)
+            _log.update("Merging ", producer.kind(), " into ", group.kind())
+            merge_into(self.graph, group, producer)
+            return group
+        return None
+
+    def merge_adjacent(self, block: Any) -> None:
+        nodes = [n for n in block.nodes() if n.kind() != "prim::Constant"]
+        for first, second in zip(nodes, nodes[1:]):
+            if is_group(first) and is_group(second):
+                merge_into(self.graph, second, first)
+
+
+def _order(a: Any, b: Any) -> int:
+    return 0 if a == b else (-1 if a.isBefore(b) else 1)
+
+
+def _move_together(producer: Any, consumer: Any) -> bool:
+    """Make `producer` immediately precede `consumer` if data dependences allow."""
+    if not producer.isBefore(consumer):
+        return False
+    if consumer.prev() == producer:
+        return True
+    users_between = any(use.user.isBefore(consumer) for v in producer.outputs() for use in v.uses())
+    if not users_between:
+        producer.moveBefore(consumer)
+        return True
+    defined_between = any(
+        v.node().isAfter(producer)
+        for v in consumer.inputs()
+        if v.node().owningBlock() == consumer.owningBlock()
+    )
+    if not defined_between:
+        consumer.moveAfter(producer)
+        return True
+    return False
+
+
+def make_group(graph: Any, node: Any) -> Any:
+    """Wrap `node` alone in a new fusion group in its place."""
+    group = graph.create(GROUP, 0)
+    group.insertBefore(node)
+    group.g_("Subgraph", torch._C.Graph())
+    _absorb(group, node)
+    return group
+
+
+def merge_into(graph: Any, group: Any, producer: Any) -> None:
+    """Move `producer` (a node or a group), which precedes `group`, into it."""
+    nodes = unmerge(graph, producer) if is_group(producer) else [producer]
+    for node in reversed(nodes):
+        if node.kind() != "prim::Constant":
+            _absorb(group, node)
+
+
+def _absorb(group: Any, node: Any) -> None:
+    """Clone `node` into the start of `group`'s subgraph and route its values through."""
+    subgraph = group.g("Subgraph")
+    inner_inputs = list(subgraph.inputs())
+    index = {v.unique(): k for k, v in enumerate(group.inputs())}
+    first = next(iter(subgraph.nodes()), None)
+
+    def place(clone: Any) -> Any:
+        if first is None:
+            subgraph.appendNode(clone)
+        else:
+            clone.insertBefore(first)
+        return clone
+
+    def lookup(v: Any) -> Any:
+        if v.node().kind() == "prim::Constant":
+            return place(subgraph.createClone(v.node(), lambda x: x)).output()
+        if v.unique() not in index:
+            group.addInput(v)
+            inner = subgraph.addInput()
+            inner.setType(v.type())
+            inner_inputs.append(inner)
+            index[v.unique()] = len(inner_inputs) - 1
+        return inner_inputs[index[v.unique()]]
+
+    clone = place(subgraph.createClone(node, lookup))
+    pairs = list(zip(node.outputs(), clone.outputs()))
+    consumed = []
+    for out, inner in pairs:
+        inner.setType(out.type())
+        if out.unique() in index:
+            inner_inputs[index[out.unique()]].replaceAllUsesWith(inner)
+            consumed.append(index[out.unique()])
+    for k in sorted(consumed, reverse=True):
+        group.removeInput(k)
+        subgraph.eraseInput(k)
+    for out, inner in pairs:
+        if list(out.uses()):
+            subgraph.registerOutput(inner)
+            new = group.addOutput()
+            new.setType(out.type())
+            out.replaceAllUsesWith(new)
+    node.destroy()
+
+
+def unmerge(graph: Any, group: Any) -> list[Any]:
+    """Replace `group` by copies of its nodes, in place; return them in order."""
+    subgraph = group.g("Subgraph")
+    env = {v.unique(): outer for v, outer in zip(subgraph.inputs(), group.inputs())}
+    moved: list[Any] = []
+    for node in subgraph.nodes():
+        clone = graph.createClone(node, lambda v: env[v.unique()])
+        clone.insertBefore(group)
+        for out, new in zip(node.outputs(), clone.outputs()):
+            new.setType(out.type())
+            env[out.unique()] = new
+        moved.append(clone)
+    for inner, outer in zip(subgraph.outputs(), group.outputs()):
+        outer.replaceAllUsesWith(env[inner.unique()])
+    group.destroy()
+    return moved
+
+
+def fusion_groups(graph: Any) -> list[Any]:
+    """Every fusion-group node of `graph`, nested blocks included, in order."""
+    found: list[Any] = []
+
+    def visit(block: Any) -> None:
+        for node in block.nodes():
+            if is_group(node) or guard.is_fused_op(node):
+                found.append(node)
+            for sub in node.blocks():
+                visit(sub)
+
+    visit(graph.block())
+    return found
+
+
+def fuse_tensor_exprs(graph: torch._C.Graph, options: Options) -> None:
+    """Form, compile and guard fusion groups in `graph`, in place."""
+    _log.dump("Before TExprFuser:\n", graph)
+    _Fuser(graph, options).run(graph.block())
+    _log.dump("After creating fusion groups:\n", graph)
+    guard.guard_fusion_groups(graph, [n for n in fusion_groups(graph) if is_group(n)], options)
+    _log.dump("After guarding fusion groups:\n", graph)
+    torch._C._jit_pass_dce(graph)
+    _log.dump("After TExprFuser:\n", graph)

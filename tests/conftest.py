@@ -1,0 +1,18 @@
+import os
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_env(monkeypatch):
+    """Deterministic inputs; no log or switches leaking in from the environment."""
+    torch.manual_seed(0)
+    for name in ("NNCFUSE_LOG_LEVEL", "NNCFUSE_DONT_USE_LLVM", "NNCFUSE_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+
+
+def slow_sample(n_full: int) -> int:
+    """How many cases a slow sweep runs: all locally, NNCFUSE_SLOW_SAMPLE in CI."""
+    return int(os.environ.get("NNCFUSE_SLOW_SAMPLE", n_full))

@@ -1,0 +1,209 @@
+"""Each schedule pass: its text before and after on a small nest, and same interpreter results."""
+
+import torch
+
+from nncfuse.tensorexpr import expr as E
+from nncfuse.tensorexpr import stmt as S
+from nncfuse.tensorexpr.dtype import FLOAT32, INT64
+from nncfuse.tensorexpr.loopnest import compute
+from nncfuse.tensorexpr.passes.collapse_loops import collapse_loops
+from nncfuse.tensorexpr.passes.cse import eliminate_common_subexpressions
+from nncfuse.tensorexpr.passes.flatten_indices import flatten_indices
+from nncfuse.tensorexpr.passes.fuse_loops import fuse_loops
+from nncfuse.tensorexpr.passes.inline import inline_intermediates
+from nncfuse.tensorexpr.passes.insert_allocations import insert_allocations
+from nncfuse.tensorexpr.passes.simplify import simplify
+from nncfuse.tensorexpr.passes.vectorize import vectorize_inner_loops
+
+from .helpers import buf, same_results, text, var
+
+
+def seed_program(n=4, m=8):
+    """The walkthrough's mul -> sin -> mul as three compute nests."""
+    t0 = buf("t0", [n, m])
+    mul, s1 = compute(
+        "aten_mul", FLOAT32, [n, m], lambda i, j: E.Load(t0, (i, j)) * E.Load(t0, (i, j))
+    )
+    sin, s2 = compute("aten_sin", FLOAT32, [n, m], lambda i, j: E.call("sin", E.Load(mul, (i, j))))
+    out, s3 = compute(
+        "aten_mul_1", FLOAT32, [n, m], lambda i, j: E.Load(sin, (i, j)) * E.Load(sin, (i, j))
+    )
+    return t0, out, S.Block((s1, s2, s3))
+
+
+def rand_args(*shapes):
+    return lambda: [torch.randn(s if isinstance(s, tuple) else (s,)) for s in shapes]
+
+
+def test_inline_removes_temporaries_and_keeps_outputs():
+    t0, out, prog = seed_program()
+    after = inline_intermediates(prog, outputs=[out])
+    assert text(after) == "\n".join(
+        [
+            "{",
+            "  for (int64_t i = 0; i < 4; i++) {",
+            "    for (int64_t j = 0; j < 8; j++) {",
+            "      aten_mul_1[i, j] = sin(t0[i, j] * t0[i, j]) * sin(t0[i, j] * t0[i, j]);",
+            "    }",
+            "  }",
+            "}",
+        ]
+    )
+    prog_alloc = insert_allocations(prog, params=[t0, out])
+    same_results(prog_alloc, after, [t0, out], rand_args((4, 8), (4, 8)))
+
+
+def test_inline_keeps_expensive_values_that_a_broadcast_reuses():
+    b, a = buf("b", [8]), buf("a", [4, 8])
+    e, s1 = compute("e", FLOAT32, [8], lambda j: E.call("exp", E.Load(b, (j,))))
+    out, s2 = compute("out", FLOAT32, [4, 8], lambda i, j: E.Load(e, (j,)) * E.Load(a, (i, j)))
+    prog = S.Block((s1, s2))
+    assert inline_intermediates(prog, outputs=[out]) is prog
+    cheap, s1c = compute("c", FLOAT32, [8], lambda j: E.Load(b, (j,)) * 2.0)
+    out2, s2c = compute(
+        "out", FLOAT32, [4, 8], lambda i, j: E.Load(cheap, (j,)) * E.Load(a, (i, j))
+    )
+    assert "c[" not in text(inline_intermediates(S.Block((s1c, s2c)), outputs=[out2]))
+
+
+def test_fuse_loops_merges_same_space_elementwise_nests():
+    x = buf("x", [4, 8])
+    y, s1 = compute("y", FLOAT32, [4, 8], lambda i, j: E.call("sin", E.Load(x, (i, j))))
+    z, s2 = compute("z", FLOAT32, [4, 8], lambda i, j: E.Load(y, (i, j)) * 2.0)
+    fused = fuse_loops(S.Block((s1, s2)))
+    assert text(fused).count("for (") == 2
+    assert "y[i, j] = sin(x[i, j]);" in text(fused) and "z[i, j] = y[i, j] * 2.f;" in text(fused)
+    same_results(S.Block((s1, s2)), fused, [x, y, z], rand_args((4, 8), (4, 8), (4, 8)))
+
+
+def test_fuse_loops_refuses_reads_of_other_iterations():
+    x = buf("x", [8])
+    y, s1 = compute("y", FLOAT32, [8], lambda i: E.Load(x, (i,)))
+    z, s2 = compute("z", FLOAT32, [8], lambda i: E.Load(y, (E.imm(7) - i,)))
+    prog = S.Block((s1, s2))
+    assert fuse_loops(prog) is prog
+
+
+def test_cse_forwards_stores_and_binds_repeats():
+    x = buf("x", [16])
+    i = var()
+    y, z = buf("y", [16]), buf("z", [16])
+    body = S.Block(
+        (
+            S.Store(y, (i,), E.call("sin", E.Load(x, (i,)) * E.Load(x, (i,)))),
+            S.Store(z, (i,), E.Load(y, (i,)) * E.Load(y, (i,))),
+        )
+    )
+    prog = S.For(i, E.imm(0), E.imm(16), body)
+    after = eliminate_common_subexpressions(prog)
+    assert text(after).splitlines() == [
+        "for (int64_t i = 0; i < 16; i++) {",
+        "  float v = x[i];",
+        "  float v_1 = sin(v * v);",
+        "  y[i] = v_1;",
+        "  z[i] = v_1 * v_1;",
+        "}",
+    ]
+    same_results(prog, after, [x, y, z], rand_args(16, 16, 16))
+
+
+def test_flatten_indices_uses_strides_and_broadcasts():
+    a = buf("a", [8, 4], strides=[1, 8])  # a transposed input
+    b = buf("b", [4])
+    out, nest = compute("out", FLOAT32, [8, 4], lambda i, j: E.Load(a, (i, j)) + E.Load(b, (j,)))
+    flat = simplify(flatten_indices(nest))
+    assert "out[4 * i + j] = a[i + 8 * j] + b[j];" in text(flat)
+    same_results(
+        nest, flat, [a, b, out], lambda: [torch.randn(4, 8).t(), torch.randn(4), torch.empty(8, 4)]
+    )
+
+
+def test_collapse_loops_only_when_dense():
+    a, out = buf("a", [16, 8]), buf("out", [16, 8])
+    _, nest = compute("out", FLOAT32, [16, 8], lambda i, j: E.Load(a, (i, j)) * 2.0, out=out)
+    flat = simplify(flatten_indices(nest))
+    collapsed = collapse_loops(flat)
+    assert text(collapsed).splitlines()[0] == "for (int64_t i = 0; i < 128; i++) {"
+    assert "out[i] = a[i] * 2.f;" in text(collapsed)
+    same_results(flat, collapsed, [a, out], rand_args((16, 8), (16, 8)))
+    bias = buf("bias", [8])
+    _, bnest = compute("out", FLOAT32, [16, 8], lambda i, j: E.Load(bias, (j,)) * 2.0, out=out)
+    bflat = simplify(flatten_indices(bnest))
+    assert collapse_loops(bflat) is bflat
+
+
+def test_vectorize_splits_main_and_tail():
+    a, out = buf("a", [100]), buf("out", [100])
+    _, nest = compute(
+        "out", FLOAT32, [100], lambda i: E.call("exp", E.Load(a, (i,))) * 2.0, out=out
+    )
+    flat = simplify(flatten_indices(nest))
+    vec = simplify(vectorize_inner_loops(flat, vector_bits=512))
+    lines = text(vec).splitlines()
+    assert lines[1] == "  for (int64_t i = 0; i < 6; i++) {"
+    assert "out[Ramp(16 * i, 1, 16)] = exp(a[Ramp(16 * i, 1, 16)]) * Broadcast(2.f, 16);" in text(
+        vec
+    )
+    assert "for (int64_t i_1 = 96; i_1 < 100; i_1++) {" in text(vec)
+    same_results(flat, vec, [a, out], rand_args(100, 100))
+
+
+def test_vectorize_lanes_follow_the_widest_type_and_gathers_strided():
+    a = buf("a", [32], dtype=E.Dtype("float64"))
+    out = buf("out", [16], dtype=E.Dtype("float64"))
+    i = var()
+    nest = S.For(i, E.imm(0), E.imm(16), S.Store(out, (i,), E.Load(a, (i * 2,))))
+    vec = simplify(vectorize_inner_loops(nest, vector_bits=512))
+    assert "a[Ramp(16 * i, 2, 8)]" in text(vec)
+    same_results(
+        nest,
+        vec,
+        [a, out],
+        lambda: [torch.randn(32, dtype=torch.float64), torch.zeros(16, dtype=torch.float64)],
+    )
+
+
+def test_vectorize_leaves_loop_invariant_stores_scalar():
+    out, a = buf("out", [1]), buf("a", [8])
+    i = var()
+    nest = S.For(i, E.imm(0), E.imm(16), S.Store(out, (E.imm(0),), E.Load(a, (i,))))
+    assert vectorize_inner_loops(nest) is nest
+
+
+def test_insert_allocations_brackets_temporaries():
+    b, a = buf("b", [8]), buf("a", [4, 8])
+    e, s1 = compute("e", FLOAT32, [8], lambda j: E.call("exp", E.Load(b, (j,))))
+    out, s2 = compute("out", FLOAT32, [4, 8], lambda i, j: E.Load(e, (j,)) * E.Load(a, (i, j)))
+    lines = text(insert_allocations(S.Block((s1, s2)), params=[a, b, out])).splitlines()
+    assert lines[1] == "  Allocate(e, float, {8});"
+    assert lines[-2] == "  Free(e);"
+
+
+def test_simplify_rules():
+    i, j = var("i"), var("j")
+    x = E.Var("x", FLOAT32)
+    assert text(simplify((E.imm(1.0, FLOAT32) + E.imm(2.0, FLOAT32)) * x)) == "3.f * x"
+    assert text(simplify(x + 0.0)) == "x + 0.f"  # would turn -0. into +0.
+    assert text(simplify(x + (-0.0))) == "x"
+    assert text(simplify(x * 1.0)) == "x"
+    assert text(simplify((i * 4 + 1) * 2 + j - 2)) == "8 * i + j"
+    loop = S.For(
+        i,
+        E.imm(0),
+        E.imm(4),
+        S.For(
+            j, E.imm(0), E.imm(3), S.Store(buf("o", [64]), ((j * 4 + i) / 4 + (j * 4 + i) % 4,), x)
+        ),
+    )
+    assert "o[j + i] = x;" in text(simplify(loop))
+    assert (
+        text(simplify(S.For(i, E.imm(0), E.imm(1), S.Store(buf("o", [1]), (i,), x)))) == "o[0] = x;"
+    )
+    assert text(simplify(S.For(i, E.imm(0), E.imm(0), S.Store(buf("o", [1]), (i,), x)))) == "{\n}"
+
+
+def test_simplify_folds_with_interpreter_semantics():
+    assert simplify(E.imm(-7, INT64) / E.imm(2, INT64)).value == -3  # truncation
+    assert simplify(E.imm(-7, INT64) % E.imm(2, INT64)).value == -1
+    nan = E.imm(float("nan"), FLOAT32)
+    assert str(simplify(E.Max(E.imm(1.0, FLOAT32), nan))) == "NAN"
