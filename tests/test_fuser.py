@@ -143,3 +143,34 @@ def test_requires_grad_inputs_stay_unfused_and_correct():
     with torch.no_grad():
         _, graph2 = optimized(f, a, b)
         assert len(nncfuse.fusion_groups(graph2)) == 1
+
+
+def test_adjacent_independent_groups_merge_into_one_kernel():
+    def f(a, b):
+        x = torch.exp(a) * 2.0
+        y = torch.sin(b) - 1.0
+        return x, y
+
+    a, b = torch.randn(16), torch.randn(16)
+    fused, graph = optimized(f, a, b)
+    (group,) = nncfuse.fusion_groups(graph)
+    assert sorted(group_ops(group)) == ["aten::exp", "aten::mul", "aten::sin", "aten::sub"]
+    for got, want in zip(fused(a, b), f(a, b)):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_group_that_fails_to_compile_runs_unfused(monkeypatch, capsys):
+    from nncfuse.tensorexpr import lowerings
+
+    def broken(ctx):
+        raise RuntimeError("lowering exploded")
+
+    lowering = lowerings.REGISTRY["aten::sin"]
+    monkeypatch.setitem(lowerings.REGISTRY, "aten::sin", lowering.__class__(
+        lowering.kind, broken, lowering.overloads))
+    monkeypatch.setenv("NNCFUSE_LOG_LEVEL", "guard")
+    fused, graph = optimized(seed, torch.randn(1, 1, 8, 8))
+    assert nncfuse.fusion_groups(graph) == []
+    assert "lowering exploded" in capsys.readouterr().err
+    a = torch.randn(1, 1, 8, 8)
+    torch.testing.assert_close(fused(a), seed(a))

@@ -19,6 +19,7 @@ fails to lower or compile is logged and replaced by its nodes, unguarded.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch

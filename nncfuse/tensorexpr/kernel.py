@@ -73,6 +73,7 @@ class Lowered:
     output_metas: dict[Buf, TensorMeta]
     input_metas: list[TensorMeta | None]
     name: str
+    checks: list  # NonzeroCheck: run before the kernel
 
 
 def _sanitize(name: str) -> str:
@@ -170,6 +171,8 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
             input_metas.append(None)
 
     graph_outputs = {v.unique() for v in graph.outputs()}
+    kernel_inputs = frozenset(p for p in params if p is not None)
+    checks: list = []
     constants: list[tuple[Buf, torch.Tensor]] = []
     nests: list[S.Stmt] = []
     output_metas: dict[Buf, TensorMeta] = {}
@@ -198,7 +201,7 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         if meta is None:
             raise LoweringError(f"no type for the output of {node.kind()}")
         args = [env[v.unique()] for v in node.inputs()]
-        ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes)
+        ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes, (), kernel_inputs, checks)
         op = node.kind().split("::")[-1]
         ops.append(op)
         is_output = out.unique() in graph_outputs
@@ -237,6 +240,7 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         output_metas,
         input_metas,
         _sanitize(name[:60]),
+        checks,
     )
 
 
@@ -318,6 +322,8 @@ class TensorExprKernel:
     def call(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         """Outputs for `inputs`, which must match the graph's input types (unchecked)."""
         lowered = self.lowered
+        for check in lowered.checks:
+            self._run_check(check, inputs)
         results = {b: lowered.output_metas[b].empty() for b in self._out_bufs}
         bound: list[Any] = [x for x, p in zip(inputs, lowered.inputs) if p is not None]
         bound += [t for _, t in lowered.constants]
@@ -327,6 +333,12 @@ class TensorExprKernel:
         else:
             self.evaluator.run(bound)  # type: ignore[union-attr]
         return [results[ref] if kind == "buf" else inputs[ref] for kind, ref in lowered.outputs]
+
+    def _run_check(self, check: Any, inputs: Sequence[Any]) -> None:
+        value = inputs[self.lowered.inputs.index(check.param)]
+        zero = (value == 0).any() if isinstance(value, torch.Tensor) else value == 0
+        if zero:
+            raise RuntimeError(check.message)
 
     def fallback(self, inputs: Sequence[Any]) -> Any:
         """The graph's outputs computed by the TorchScript interpreter, unfused."""

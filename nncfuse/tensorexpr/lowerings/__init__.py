@@ -83,15 +83,51 @@ def scalar_dtype(value: Any) -> Dtype:
     return FLOAT64
 
 
+@dataclass(frozen=True)
+class NonzeroCheck:
+    """Before the kernel runs: raise eager's error if kernel parameter `param` has a zero."""
+
+    param: Buf | E.Var
+    message: str = "ZeroDivisionError"
+
+
 @dataclass
 class Ctx:
-    """What a lowering sees: the node, its operands, and the output element being computed."""
+    """What a lowering sees: the node, its operands, and the output element being computed.
+
+    `inputs` are the kernel's input buffers and parameters (for run-time checks),
+    `checks` collects the checks the kernel runs before its code.
+    """
 
     node: Any
     args: list[Arg]
     out_dtype: Dtype
     out_shape: tuple[int, ...]
     indices: tuple[E.Expr, ...] = field(default=())
+    inputs: frozenset = field(default=frozenset())
+    checks: list = field(default_factory=list)
+
+    def arg(self, k: int) -> Arg | None:
+        """Operand `k`, or None when the node has fewer operands."""
+        return self.args[k] if k < len(self.args) else None
+
+    def is_none(self, k: int) -> bool:
+        """Whether operand `k` is absent or the constant None."""
+        a = self.arg(k)
+        return a is None or (isinstance(a, ConstArg) and a.value is None)
+
+    def require_nonzero(self, arg: Arg) -> None:
+        """Integer division by `arg`: eager raises on a zero divisor, so must the kernel."""
+        if isinstance(arg, ScalarArg) and arg.const is not None:
+            if arg.const == 0:
+                raise LoweringError("division by a constant zero")
+            return
+        param = arg.buf.root if isinstance(arg, TensorArg) else getattr(arg, "expr", None)
+        if param not in self.inputs:
+            raise LoweringError("integer division by a value computed inside the group")
+        check = NonzeroCheck(param)
+        if check not in self.checks:
+            self.checks.append(check)
 
     def load(self, arg: Arg, dtype: Dtype | None = None) -> E.Expr:
         """The element of `arg` that broadcasts to the current output index, as `dtype`."""
