@@ -4,7 +4,8 @@ NNC's algorithm. Each block (and, recursively, each `prim::If`/`prim::Loop`
 body) is walked from its end to its start; a fusible node, or a group, pulls
 in the fusible nodes that produce its inputs, when the producer can be moved
 next to its consumer without changing what any other node sees. The walk
-repeats until nothing changes. Then adjacent groups merge, and groups with
+repeats until nothing changes. Then (with `min_group_size=1`) lone fusible
+nodes become groups of their own, adjacent groups merge, and groups with
 fewer than `min_group_size` nodes are taken apart again. A group is a
 `prim::TensorExprGroup` node holding its nodes in a `Subgraph` attribute:
 
@@ -94,6 +95,10 @@ class _Fuser:
                     node = merged
                 else:
                     node = node.prev()
+        if self.options.min_group_size <= 1:
+            for node in list(block.nodes()):
+                if not is_group(node) and node.kind() != "prim::Constant" and not self.why_not(node):
+                    make_group(self.graph, node)
         self.merge_adjacent(block)
         for node in list(block.nodes()):
             if is_group(node) and _body_size(node) < self.options.min_group_size:

@@ -255,4 +255,4 @@ def lowering_for(node: Any) -> tuple[Lowering | None, str]:
 
 
 # Register the op families.
-from . import activation, arithmetic, unary  # noqa: E402,F401
+from . import activation, arithmetic, bitwise, casts, compare, unary  # noqa: E402,F401

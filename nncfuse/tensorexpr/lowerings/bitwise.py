@@ -1,0 +1,3 @@
+"""Bitwise ops: and, or, xor, not, shifts."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Conversions and views: to(dtype), type_as, expand."""
+
+from __future__ import annotations
