@@ -9,6 +9,7 @@ which does what every elementwise op shares: type promotion as eager
 PyTorch does it (`torch._prims_common.elementwise_dtypes`), loading and
 casting operands to the computation type (float32 for float16/bfloat16), and
 rounding the result to the output type, which must match what profiling saw.
+Type promotion (`elementwise_dtypes`) follows `torch._prims_common`.
 
 Importing this package registers the op families (one module each).
 """
@@ -20,15 +21,77 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import enum
+
 import torch
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promotion
-from torch._prims_common import elementwise_dtypes
 
 from .. import expr as E
 from ..buffer import Buf
 from ..dtype import BOOL, FLOAT32, FLOAT64, INT64, Dtype, from_torch
 
 __all__ = ["Promotion", "register", "pointwise", "lowering_for", "LoweringError"]
+
+
+class Promotion(enum.Enum):
+    """How an elementwise op types its result (the kinds of `torch._prims_common`)."""
+
+    DEFAULT = 0  # the promoted type
+    NO_OPMATH = 1  # the promoted type, computed in it even when float16/bfloat16
+    INT_TO_FLOAT = 2  # integer and bool results become the default float type
+    ALWAYS_BOOL = 3  # comparisons: computed in the promoted type, result bool
+    COMPLEX_TO_FLOAT = 4  # abs: as DEFAULT for the real types the IR has
+    BOOL_TO_LONG = 5  # bool results become int64
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    return 2 if dtype.is_floating_point else 1
+
+
+def _python_category(value: Any) -> int:
+    return 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
+
+
+def elementwise_dtypes(
+    operands: Sequence[tuple[torch.dtype, int] | bool | int | float], kind: Promotion
+) -> tuple[torch.dtype, torch.dtype]:
+    """(computation dtype, result dtype) of an elementwise op, as eager PyTorch decides them.
+
+    `operands` are tensors as `(dtype, ndim)` and Python numbers as themselves.
+    Tensors with dimensions outrank 0-dim tensors, which outrank numbers, unless
+    a lower rank has a higher category (bool < integer < float): then a
+    number gives the default dtype of its category. This is
+    `torch._prims_common.elementwise_dtypes`, without importing it (it pulls in
+    sympy, a quarter of a second at start-up).
+    """
+    tensors = [op for op in operands if isinstance(op, tuple)]
+    highest = max(
+        [_category(d) for d, _ in tensors] + [_python_category(op) for op in operands
+                                              if not isinstance(op, tuple)]
+    )
+
+    def highest_dtype(ndim_filter: Callable[[int], bool]) -> torch.dtype | None:
+        out = None
+        for d, ndim in tensors:
+            if _category(d) == highest and ndim_filter(ndim):
+                out = d if out is None else torch.promote_types(out, d)
+        return out
+
+    if highest == 0:
+        result = torch.bool
+    else:
+        result = highest_dtype(lambda n: n > 0) or highest_dtype(lambda n: n == 0) or (
+            torch.get_default_dtype() if highest == 2 else torch.int64
+        )
+    if kind is Promotion.INT_TO_FLOAT and not result.is_floating_point:
+        result = torch.get_default_dtype()
+    if kind is Promotion.BOOL_TO_LONG and result == torch.bool:
+        return torch.int64, torch.int64
+    compute = result
+    if kind is not Promotion.NO_OPMATH and result in (torch.float16, torch.bfloat16):
+        compute = torch.float32
+    return compute, torch.bool if kind is Promotion.ALWAYS_BOOL else result
 
 
 class LoweringError(Exception):
@@ -48,8 +111,8 @@ class TensorArg(Arg):
     def dtype(self) -> Dtype:
         return self.buf.dtype
 
-    def example(self) -> torch.Tensor:
-        return torch.empty(self.shape, dtype=self.dtype.torch, device="meta")
+    def example(self) -> tuple[torch.dtype, int]:
+        return self.dtype.torch, len(self.shape)
 
 
 @dataclass(frozen=True)
@@ -159,8 +222,7 @@ class Ctx:
 
     def promote(self, operands: Sequence[Arg], kind: Promotion) -> tuple[Dtype, Dtype]:
         """(computation dtype, result dtype) for `operands` as eager PyTorch promotes them."""
-        examples = [a.example() for a in operands]
-        compute, result = elementwise_dtypes(*examples, type_promotion_kind=kind)
+        compute, result = elementwise_dtypes([a.example() for a in operands], kind)
         return from_torch(compute), from_torch(result)
 
 
