@@ -1,0 +1,177 @@
+"""The suite's workloads: plain PyTorch functions that eager, TorchScript, torch.compile and
+nncfuse all run unchanged, with their input builders and sizes.
+
+Every function is written out with elementwise ops (no fused library calls such
+as `F.gelu`), so that each contender sees the same chain of ops. The
+`element_*` families follow NNC's microbenchmarks (pytorch/pytorch
+`benchmarks/tensorexpr/elementwise.py`): a binary op (mul, div) between
+identity-mapped inputs, or a unary op (exp, sin) summed pairwise; "split"
+reads four distinct inputs, "shared" derives all four from one input
+(`a + 0.001`, ...), so a fuser reads memory once instead of four times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Inputs = tuple[torch.Tensor, ...]
+
+
+# -- the walkthrough's chain and common activations --------------------------------------------
+
+def seed_chain(x):
+    # As in the NNC walkthrough: mul, sin, mul, with the sin's result squared.
+    y = torch.mul(x, x)
+    z = torch.sin(y)
+    return torch.mul(z, z)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x**3)))
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def swish(x):
+    # NNC's swish benchmark, x * (min(relu(x), 6) + 3) / 6; NNC spells the constants as
+    # full tensors (torch.min against a tensor of sixes), here they are scalars.
+    return x * (torch.clamp(torch.relu(x), max=6.0) + 3.0) / 6.0
+
+
+def bias_relu_residual(x, b, r):
+    return torch.relu(x + b) + r
+
+
+def bcast_add_mul(x, row, col):
+    return (x + row) * col
+
+
+def bcast_sigmoid(x, row, col):
+    return torch.sigmoid(x * row + col)
+
+
+def tiny_tanh(x):
+    return torch.tanh(x * 2.0 + 1.0)
+
+
+# -- NNC's element_{split,shared}_{mul,div,exp,sin} ---------------------------------------------
+# TorchScript cannot take the op as an argument, so each member is written out.
+
+def split_mul(a, b, c, d):
+    return a * b + c * d
+
+
+def shared_mul(a):
+    return a * (a + 0.001) + (a + 0.002) * (a + 0.003)
+
+
+def split_div(a, b, c, d):
+    return a / (b + 1e-4) + c / (d + 1e-4)
+
+
+def shared_div(a):
+    return a / (a + 0.001 + 1e-4) + (a + 0.002) / (a + 0.003 + 1e-4)
+
+
+def split_exp(a, b, c, d):
+    return torch.exp(a) + torch.exp(b) + (torch.exp(c) + torch.exp(d))
+
+
+def shared_exp(a):
+    return torch.exp(a) + torch.exp(a + 0.001) + (torch.exp(a + 0.002) + torch.exp(a + 0.003))
+
+
+def split_sin(a, b, c, d):
+    return torch.sin(a) + torch.sin(b) + (torch.sin(c) + torch.sin(d))
+
+
+def shared_sin(a):
+    return torch.sin(a) + torch.sin(a + 0.001) + (torch.sin(a + 0.002) + torch.sin(a + 0.003))
+
+
+# -- input builders: each takes the main tensor's shape --------------------------------------------
+
+def _randn(shape: tuple[int, ...]) -> Inputs:
+    return (torch.randn(shape),)
+
+
+def _rand4(shape: tuple[int, ...]) -> Inputs:
+    # NNC's element benchmarks draw uniform [0, 1) inputs (keeps div's denominators >= 1e-4).
+    return tuple(torch.rand(shape) for _ in range(4))
+
+
+def _rand1(shape: tuple[int, ...]) -> Inputs:
+    return (torch.rand(shape),)
+
+
+def _bias_residual(shape: tuple[int, ...]) -> Inputs:
+    return torch.randn(shape), torch.randn(shape[-1]), torch.randn(shape)
+
+
+def _row_col(shape: tuple[int, ...]) -> Inputs:
+    m, n = shape
+    return torch.randn(shape), torch.randn(n), torch.randn(m, 1)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark: `fn(*build(shape))`; `quick_shape` replaces `shape` in --quick runs."""
+
+    name: str
+    fn: Callable[..., torch.Tensor]
+    build: Callable[[tuple[int, ...]], Inputs]
+    shape: tuple[int, ...]
+    quick_shape: tuple[int, ...]
+
+    def numel(self, quick: bool = False) -> int:
+        """Elements of the output (the main input's shape: broadcasts never grow it)."""
+        return math.prod(self.quick_shape if quick else self.shape)
+
+    def inputs(self, quick: bool = False) -> Inputs:
+        return self.build(self.quick_shape if quick else self.shape)
+
+
+_N = 1 << 22
+_Q1 = (4096,)  # quick-mode shapes: tiny, so a smoke run is about compile and call overhead
+_Q2 = (64, 64)
+
+
+def _element_family() -> list[Workload]:
+    family = []
+    for op, split, shared in [
+        ("mul", split_mul, shared_mul),
+        ("div", split_div, shared_div),
+        ("exp", split_exp, shared_exp),
+        ("sin", split_sin, shared_sin),
+    ]:
+        family.append(Workload(f"element_split_{op}", split, _rand4, (_N,), _Q1))
+        family.append(Workload(f"element_shared_{op}", shared, _rand1, (_N,), _Q1))
+    return family
+
+
+WORKLOADS: list[Workload] = [
+    Workload("seed_1x1x128x128", seed_chain, _randn, (1, 1, 128, 128), (1, 1, 16, 16)),
+    Workload("seed_1024x1024", seed_chain, _randn, (1024, 1024), _Q2),
+    Workload("seed_4096x4096", seed_chain, _randn, (4096, 4096), _Q2),
+    Workload("gelu_tanh", gelu_tanh, _randn, (_N,), _Q1),
+    Workload("silu", silu, _randn, (_N,), _Q1),
+    Workload("bias_relu_residual", bias_relu_residual, _bias_residual, (2048, 2048), _Q2),
+    Workload("swish", swish, _randn, (_N,), _Q1),
+    *_element_family(),
+    Workload("bcast_add_mul", bcast_add_mul, _row_col, (2048, 2048), _Q2),
+    Workload("bcast_sigmoid", bcast_sigmoid, _row_col, (2048, 2048), _Q2),
+    Workload("tiny_tanh_16", tiny_tanh, _randn, (16,), (16,)),
+]
+
+
+def select(patterns: list[str] | None) -> list[Workload]:
+    """Workloads whose name contains any of `patterns` (all of them when None or empty)."""
+    if not patterns:
+        return list(WORKLOADS)
+    return [w for w in WORKLOADS if any(p in w.name for p in patterns)]
