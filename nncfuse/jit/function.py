@@ -221,7 +221,7 @@ class FusedFunction:
     def _profile(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
         if len(self._plans) >= self.options.max_specializations:
             _log.update("Too many input signatures; running unfused")
-            self._plans[key] = UnfusedPlan(self._script, None)
+            self._plans[key] = UnfusedPlan(self._script, self._graph)
             return self._script(*args)
         if key not in self._profiles:
             graph = self._graph.copy()  # type: ignore[union-attr]

@@ -55,6 +55,7 @@ from .passes.flatten_indices import flatten_indices
 from .passes.fuse_loops import fuse_loops
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
+from .passes.parallelize import parallelize_outer_loops
 from .passes.simplify import simplify
 from .passes.vectorize import vectorize_inner_loops
 
@@ -258,6 +259,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
         ("vectorize_inner_loops", partial(vectorize_inner_loops, vector_bits=vector_width)),
         ("simplify", simplify),
+        ("parallelize_outer_loops", parallelize_outer_loops),
         ("insert_allocations", partial(insert_allocations, params=bufs)),
     ]
 

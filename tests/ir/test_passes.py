@@ -207,3 +207,13 @@ def test_simplify_folds_with_interpreter_semantics():
     assert simplify(E.imm(-7, INT64) % E.imm(2, INT64)).value == -1
     nan = E.imm(float("nan"), FLOAT32)
     assert str(simplify(E.Max(E.imm(1.0, FLOAT32), nan))) == "NAN"
+
+
+def test_parallelize_marks_only_large_outer_loops():
+    from nncfuse.tensorexpr.passes.parallelize import parallelize_outer_loops
+
+    a, out = buf("a", [1 << 16]), buf("out", [1 << 16])
+    _, nest = compute("out", FLOAT32, [1 << 16], lambda i: E.call("sin", E.Load(a, (i,))), out=out)
+    big = parallelize_outer_loops(S.Block((nest,)), grain=1000)
+    assert "/* parallel */" in text(big)
+    assert parallelize_outer_loops(S.Block((nest,)), grain=10**9) == S.Block((nest,))

@@ -15,8 +15,9 @@ optimization and the assembly are logged.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import llvmlite.ir as ir
@@ -26,7 +27,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
-from . import llvm_math
+from . import llvm_math, llvm_parallel
 from .llvm_jit import JitFunction, compile_ir, vector_bits
 
 _log = log.get_logger(__file__)
@@ -96,6 +97,17 @@ class LLVMCodeGen:
                 self.vars[p] = self.convert_param(arg, p.dtype)
         self.stmt(stmt)
         self.builder.ret_void()
+
+    @contextlib.contextmanager
+    def inside(self, fn: ir.Function) -> Iterator[None]:
+        """Emit into `fn` (a new function) for the duration, then come back."""
+        saved = (self.fn, self.builder, dict(self.vars), dict(self.bufs))
+        self.fn = fn
+        self.builder = ir.IRBuilder(fn.append_basic_block("entry"))
+        try:
+            yield
+        finally:
+            self.fn, self.builder, self.vars, self.bufs = saved
 
     def ir_text(self) -> str:
         return str(self.module)
@@ -283,20 +295,26 @@ class LLVMCodeGen:
                 b.store(b.extract_element(value, k), ptr)
 
     def stmt_For(self, s: S.For) -> None:
+        if s.parallel:
+            llvm_parallel.emit_parallel_for(self, s)
+        else:
+            self.loop(s.var, self.expr(s.start), self.expr(s.stop), s.body)
+
+    def loop(self, var: E.Var, start: ir.Value, stop: ir.Value, body_stmt: S.Stmt) -> None:
+        """A counted loop `for (var = start; var < stop; var++) body_stmt`."""
         b = self.builder
-        start, stop = self.expr(s.start), self.expr(s.stop)
         pre = b.block
-        header = self.fn.append_basic_block(f"{s.var.name}.header")
-        body = self.fn.append_basic_block(f"{s.var.name}.body")
-        exit_ = self.fn.append_basic_block(f"{s.var.name}.exit")
+        header = self.fn.append_basic_block(f"{var.name}.header")
+        body = self.fn.append_basic_block(f"{var.name}.body")
+        exit_ = self.fn.append_basic_block(f"{var.name}.exit")
         b.branch(header)
         b.position_at_end(header)
-        i = b.phi(I64, name=s.var.name)
+        i = b.phi(I64, name=var.name)
         i.add_incoming(start, pre)
         b.cbranch(b.icmp_signed("<", i, stop), body, exit_)
         b.position_at_end(body)
-        self.vars[s.var] = i
-        self.stmt(s.body)
+        self.vars[var] = i
+        self.stmt(body_stmt)
         i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
         b.branch(header)
         b.position_at_end(exit_)

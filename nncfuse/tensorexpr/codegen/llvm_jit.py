@@ -4,8 +4,9 @@ The target machine is built from the host CPU's name and features (as numba
 does), so the code uses AVX-512 where the machine has it. Each compiled
 module gets its own MCJIT engine, which takes ownership of a fresh target
 machine; the engine lives as long as the `JitFunction` that holds it.
-External symbols resolve against the process and `libtorch_cpu.so`, whose
-SLEEF vector math the codegen calls.
+External symbols resolve against the process, `libtorch_cpu.so`, whose
+SLEEF vector math the codegen calls, and torch's `libgomp.so.1`, whose
+GOMP_parallel runs parallel loops on the threads torch uses.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import torch
 def _initialize() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    llvm.load_library_permanently(torch_library())
+    for name in ("libtorch_cpu.so", "libgomp.so.1"):
+        path = torch_library(name)
+        if os.path.exists(path):
+            llvm.load_library_permanently(path)
 
 
-def torch_library() -> str:
-    """Path of libtorch_cpu.so, which exports SLEEF."""
-    return os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+def torch_library(name: str = "libtorch_cpu.so") -> str:
+    """Path of a library torch ships: libtorch_cpu.so exports SLEEF, libgomp.so.1 OpenMP."""
+    return os.path.join(os.path.dirname(torch.__file__), "lib", name)
 
 
 @functools.cache

@@ -1,0 +1,65 @@
+"""parallelize_outer_loops: run a loop nest's outermost loop on threads when the work pays.
+
+    for (i = 0; i < 65536; i++)              for (i = 0; i < 65536; i++) /* parallel */
+      out[Ramp(16 * i, 1, 16)] = ...;   ->     out[Ramp(16 * i, 1, 16)] = ...;
+Each top-level nest (and each loop of a top-level Block, as the vectorizer's
+main loop and tail) whose estimated work reaches `grain` gets its outermost
+loop marked parallel; codegen splits it into one contiguous chunk per
+thread. Work is the number of elements the nest stores times a per-element
+cost: 1 per operation, `CALL_COST` per transcendental call. Forking threads
+costs a few microseconds, so small nests stay serial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .. import expr as E
+from .. import stmt as S
+from ..ir_visitor import walk
+from ..loopnest import Nest, as_block
+
+#: Relative cost of an intrinsic call (a SLEEF routine) against a simple operation.
+CALL_COST = 20
+#: Work (in simple operations) from which a nest runs in parallel; measured with
+#: benchmarks/grain.py: below it, forking costs more than the second thread saves.
+GRAIN = 1 << 17
+
+
+def work(stmt: S.Stmt) -> int | None:
+    """Estimated operations a nest performs, or None if its bounds are not constant."""
+    nest = Nest.of(stmt)
+    iterations = 1
+    for loop in nest.loops:
+        if not (isinstance(loop.start, E.Imm) and isinstance(loop.stop, E.Imm)):
+            return None
+        iterations *= max(0, loop.stop.value - loop.start.value)  # type: ignore[operator]
+    per_iteration = 0
+    for node in walk(nest.body):
+        if isinstance(node, E.Call):
+            per_iteration += CALL_COST * node.dtype.lanes
+        elif isinstance(node, E.Expr) and not isinstance(node, (E.Var, E.Imm)):
+            per_iteration += node.dtype.lanes
+    return iterations * max(per_iteration, 1)
+
+
+def _parallel(stmt: S.Stmt, grain: int) -> S.Stmt:
+    if not isinstance(stmt, S.For) or stmt.parallel:
+        return stmt
+    amount = work(stmt)
+    if amount is None or amount < grain:
+        return stmt
+    return dataclasses.replace(stmt, parallel=True)
+
+
+def parallelize_outer_loops(stmt: S.Stmt, grain: int = GRAIN) -> S.Stmt:
+    """Mark the outer loops of large top-level nests parallel; see the module docstring."""
+    out: list[S.Stmt] = []
+    for top in as_block(stmt).stmts:
+        if isinstance(top, S.Block):
+            top = S.Block(tuple(_parallel(s, grain) for s in top.stmts))
+        else:
+            top = _parallel(top, grain)
+        out.append(top)
+    new = S.Block(tuple(out))
+    return stmt if new == as_block(stmt) else new

@@ -1,0 +1,43 @@
+"""Parallel loops: large kernels run on torch's threads with results identical to one thread."""
+
+import pytest
+import torch
+
+import nncfuse
+from nncfuse.jit.runtime import kernel_of
+
+
+def chain(a, b):
+    return torch.sin(a * b) * torch.exp(-a) + b
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("shape", [(1 << 20,), (777, 1031), (3, 5, 70001)])
+def test_parallel_kernel_equals_serial_and_eager(threads, shape):
+    f = nncfuse.jit(chain)
+    a, b = torch.randn(shape), torch.randn(shape)
+    results = []
+    for n in (1, 2, 3):
+        threads(n)
+        f(a, b)
+        results.append(f(a, b))
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    torch.testing.assert_close(results[0], chain(a, b))
+    (group,) = nncfuse.fusion_groups(f.graph_for(a, b))
+    stmt = str(kernel_of(group).stmt)
+    assert "/* parallel */" in stmt
+    assert "GOMP_parallel" in kernel_of(group).get_code_text("ir")
+
+
+def test_small_kernels_stay_serial():
+    f = nncfuse.jit(chain)
+    a, b = torch.randn(100), torch.randn(100)
+    f(a, b)
+    (group,) = nncfuse.fusion_groups(f.graph_for(a, b))
+    assert "/* parallel */" not in str(kernel_of(group).stmt)
