@@ -39,13 +39,12 @@ _log = log.get_logger(__file__)
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    key: list[Any] = [torch.is_grad_enabled()]
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.shape, a.stride(), a.device, a.requires_grad))
-        else:
-            key.append(type(a))
-    return tuple(key)
+    """What a plan is specialized to: tensor metadata, other arguments' types, grad mode."""
+    return (torch.is_grad_enabled(), *[
+        (a.dtype, a.shape, a.stride(), a.device, a.requires_grad)
+        if isinstance(a, torch.Tensor) else type(a)
+        for a in args
+    ])
 
 
 class _NoTorchScriptOptimizations:
@@ -70,36 +69,33 @@ class GraphPlan:
         self.receiver = receiver
         self.fn = torch._C._create_function_from_graph("nncfuse_fused", graph)
 
-    def __call__(self, args: tuple[Any, ...]) -> Any:
+    def run(self, args: tuple[Any, ...]) -> Any:
         full = args if self.receiver is None else (self.receiver, *args)
         with _as_built:
             return self.fn(*full)
 
 
 class KernelPlan:
-    """Calls one kernel directly: the optimized graph is a single guarded fusion group."""
+    """Calls one kernel directly: the optimized graph is a single guarded fusion group.
 
-    def __init__(self, graph: torch._C.Graph, kernel: Any, sources: list, outputs: Any):
+    `run` is generated code (`codegen/entry.py`) that takes the function's
+    arguments, allocates the outputs, calls the machine code and returns what
+    the function returns.
+    """
+
+    def __init__(self, graph: torch._C.Graph, kernel: Any, sources: list, returns: Any):
         self.graph = graph
-        self.call = kernel.call
-        self.sources = sources  # per kernel input: ("arg", position) or ("const", value)
-        self.outputs = outputs  # an output index, or a tuple of them
-
-    def __call__(self, args: tuple[Any, ...]) -> Any:
-        outs = self.call([args[v] if kind == "arg" else v for kind, v in self.sources])
-        if isinstance(self.outputs, tuple):
-            return tuple(outs[k] for k in self.outputs)
-        return outs[self.outputs]
+        self.run = kernel.entry(sources, returns)
 
 
 class UnfusedPlan:
     """The scripted function itself."""
 
     def __init__(self, script: Callable[..., Any], graph: torch._C.Graph | None):
-        self.script = script
         self.graph = graph
+        self.script = script
 
-    def __call__(self, args: tuple[Any, ...]) -> Any:
+    def run(self, args: tuple[Any, ...]) -> Any:
         return self.script(*args)
 
 
@@ -134,8 +130,8 @@ def _kernel_plan(graph: torch._C.Graph, offset: int) -> KernelPlan | None:
     if any(v.unique() not in results for v in returned):
         return None
     indices = tuple(results[v.unique()] for v in returned)
-    outputs: Any = indices if tuple_out is not None or len(indices) != 1 else indices[0]
-    return KernelPlan(graph, runtime.kernel_of(fused), sources, outputs)
+    returns: Any = indices if tuple_out is not None or len(indices) != 1 else indices[0]
+    return KernelPlan(graph, runtime.kernel_of(fused), sources, returns)
 
 
 class FusedFunction:
@@ -150,6 +146,7 @@ class FusedFunction:
         self._plans: dict[tuple[Any, ...], Any] = {}
         self._profiles: dict[tuple[Any, ...], tuple[Profiler, Any]] = {}
         self._broken = False
+        self._arity = -1  # number of arguments once prepared: enables the fast path
         if callable(fn) and not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn, updated=())
 
@@ -183,6 +180,7 @@ class FusedFunction:
         torch._C._jit_pass_remove_mutation(graph)
         torch._C._jit_pass_dce(graph)
         self._graph = graph
+        self._arity = len(self._script.schema.arguments) - (self._receiver is not None)
         return True
 
     @property
@@ -207,6 +205,14 @@ class FusedFunction:
 
     # -- calls ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The common case first and in few steps: all arguments given, a plan exists.
+        if not kwargs and len(args) == self._arity:
+            plan = self._plans.get(_signature(args))
+            if plan is not None:
+                return plan.run(args)
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.options.disable or not self._prepare():
             return self.target(*args, **kwargs)
         bound = self._bind(args, dict(kwargs))
@@ -216,7 +222,7 @@ class FusedFunction:
         plan = self._plans.get(key)
         if plan is None:
             return self._profile(key, bound)
-        return plan(bound)
+        return plan.run(bound)
 
     def _profile(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
         if len(self._plans) >= self.options.max_specializations:

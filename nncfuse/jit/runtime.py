@@ -44,19 +44,11 @@ def register_kernel(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: 
     args = ", ".join(f"{_SCHEMA_TYPES[v.type().kind()]} i{k}" for k, v in enumerate(inputs))
     rets = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
     _lib.define(f"{name}({args}) -> {rets}")
-    call = kernel.call
-
-    if n_outputs == 1:
-
-        def run(*args: Any) -> torch.Tensor:
-            return call(args)[0]
-
-    else:
-
-        def run(*args: Any) -> tuple[torch.Tensor, ...]:
-            return tuple(call(args))
-
-    _lib.impl(name, run, "CompositeExplicitAutograd")
+    entry = kernel.entry(
+        [("arg", k) for k in range(len(inputs))],
+        0 if n_outputs == 1 else tuple(range(n_outputs)),
+    )
+    _lib.impl(name, lambda *args: entry(args), "CompositeExplicitAutograd")
     kind = f"nncfuse::{name}"
     _kinds.add(kind)
     _kernels[kind] = kernel

@@ -97,7 +97,8 @@ class _Fuser:
                     node = node.prev()
         if self.options.min_group_size <= 1:
             for node in list(block.nodes()):
-                if not is_group(node) and node.kind() != "prim::Constant" and not self.why_not(node):
+                lone = not is_group(node) and node.kind() != "prim::Constant"
+                if lone and self.why_not(node) is None:
                     make_group(self.graph, node)
         self.merge_adjacent(block)
         for node in list(block.nodes()):

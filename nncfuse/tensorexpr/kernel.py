@@ -34,10 +34,12 @@ from ..jit.profiling import TensorMeta, infer_types, is_tensor
 from . import expr as E
 from . import stmt as S
 from .buffer import Buf
+from .codegen.entry import Source, make_entry
 from .codegen.ir_eval import IREvaluator
 from .codegen.llvm_jit import vector_bits
 from .dtype import BOOL, FLOAT64, INT64, from_torch
 from .ir_verifier import verify
+from .ir_visitor import walk
 from .loopnest import compute
 from .lowerings import (
     Arg,
@@ -55,7 +57,7 @@ from .passes.flatten_indices import flatten_indices
 from .passes.fuse_loops import fuse_loops
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
-from .passes.parallelize import parallelize_outer_loops
+from .passes.parallelize import GRAIN, parallelize_outer_loops, work
 from .passes.simplify import simplify
 from .passes.vectorize import vectorize_inner_loops
 
@@ -264,6 +266,13 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
     ]
 
 
+def _long_running(stmt: S.Stmt) -> bool:
+    """Whether calls should release the GIL: the kernel has parallel loops or much work."""
+    if any(isinstance(n, S.For) and n.parallel for n in walk(stmt)):
+        return True
+    return sum(work(s) or 0 for s in stmt.stmts) >= GRAIN if isinstance(stmt, S.Block) else False
+
+
 class TensorExprKernel:
     """A fusion group's graph compiled to one loop nest program; see the module docstring."""
 
@@ -292,10 +301,11 @@ class TensorExprKernel:
         if self.options.use_llvm:
             from .codegen.llvm_codegen import compile_stmt
 
-            self.jit = compile_stmt(stmt, lowered.params, lowered.name)
+            self.jit = compile_stmt(stmt, lowered.params, lowered.name, _long_running(stmt))
         else:
             self.evaluator = IREvaluator(stmt, lowered.params)
-        self._out_bufs = [p for p in lowered.params if p in lowered.output_metas]
+        #: outputs (a list) for inputs that match the graph's types, unchecked: for the runtime
+        self.call = self.entry([("arg", k) for k in range(len(lowered.inputs))], "list")
 
     @property
     def name(self) -> str:
@@ -321,26 +331,29 @@ class TensorExprKernel:
         outs = self.call(inputs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def call(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        """Outputs for `inputs`, which must match the graph's input types (unchecked)."""
+    def entry(self, sources: Sequence[Source], returns: Any) -> Callable[[Sequence[Any]], Any]:
+        """A generated function that calls this kernel; see `codegen/entry.py`."""
         lowered = self.lowered
-        for check in lowered.checks:
-            self._run_check(check, inputs)
-        results = {b: lowered.output_metas[b].empty() for b in self._out_bufs}
-        bound: list[Any] = [x for x, p in zip(inputs, lowered.inputs) if p is not None]
-        bound += [t for _, t in lowered.constants]
-        bound += [results[b] for b in self._out_bufs]
-        if self.jit is not None:
-            self.jit.cfunc(*(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in bound))
-        else:
-            self.evaluator.run(bound)  # type: ignore[union-attr]
-        return [results[ref] if kind == "buf" else inputs[ref] for kind, ref in lowered.outputs]
-
-    def _run_check(self, check: Any, inputs: Sequence[Any]) -> None:
-        value = inputs[self.lowered.inputs.index(check.param)]
-        zero = (value == 0).any() if isinstance(value, torch.Tensor) else value == 0
-        if zero:
-            raise RuntimeError(check.message)
+        position = {p: k for k, p in enumerate(lowered.inputs)}
+        constants = dict(lowered.constants)
+        params: list[tuple[str, Any]] = []
+        out_number: dict[Buf, int] = {}
+        for p in lowered.params:
+            if p in position:
+                params.append(("tensor" if isinstance(p, Buf) else "number", position[p]))
+            elif p in constants:
+                params.append(("const", constants[p]))
+            else:
+                out_number[p] = len(out_number)  # type: ignore[index]
+                params.append(("output", lowered.output_metas[p]))  # type: ignore[index]
+        outputs = [
+            ("buf", out_number[ref]) if kind == "buf" else ("input", ref)
+            for kind, ref in lowered.outputs
+        ]
+        checks = [(position[c.param], c.message) for c in lowered.checks]
+        cfunc = self.jit.cfunc if self.jit is not None else None
+        run = self.evaluator.run if self.evaluator is not None else None
+        return make_entry(params, outputs, checks, sources, returns, cfunc, run)
 
     def fallback(self, inputs: Sequence[Any]) -> Any:
         """The graph's outputs computed by the TorchScript interpreter, unfused."""

@@ -100,8 +100,12 @@ def compile_ir(
     restype: Any,
     argtypes: list[Any],
     want_assembly: bool = False,
+    release_gil: bool = True,
 ) -> JitFunction:
-    """Parse, verify, optimize and JIT `ir_text`; return its function `name`."""
+    """Parse, verify, optimize and JIT `ir_text`; return its function `name`.
+
+    The ctypes wrapper releases the GIL during calls unless `release_gil` is False.
+    """
     _initialize()
     module = llvm.parse_assembly(ir_text)
     module.verify()
@@ -114,5 +118,6 @@ def compile_ir(
     engine = llvm.create_mcjit_compiler(module, tm)
     engine.finalize_object()
     address = engine.get_function_address(name)
-    cfunc = ctypes.CFUNCTYPE(restype, *argtypes)(address)
+    prototype = ctypes.CFUNCTYPE if release_gil else ctypes.PYFUNCTYPE
+    cfunc = prototype(restype, *argtypes)(address)
     return JitFunction(name, address, cfunc, engine, optimized, assembly)
