@@ -174,3 +174,25 @@ def test_a_group_that_fails_to_compile_runs_unfused(monkeypatch, capsys):
     assert "lowering exploded" in capsys.readouterr().err
     a = torch.randn(1, 1, 8, 8)
     torch.testing.assert_close(fused(a), seed(a))
+
+
+def test_identical_groups_compile_once(monkeypatch):
+    from nncfuse.jit import guard
+
+    compiled = []
+    real = guard.TensorExprKernel
+    monkeypatch.setattr(guard, "TensorExprKernel", lambda *a: compiled.append(1) or real(*a))
+
+    def f(a, b):
+        return torch.cos(a * 3.0) - b, torch.cos(b * 3.0) - a
+
+    def g(x, y):  # the same computation with other names: the same kernel
+        return torch.cos(x * 3.0) - y, torch.cos(y * 3.0) - x
+
+    a, b = torch.randn(7, 3), torch.randn(7, 3)
+    optimized(f, a, b)
+    before = len(compiled)
+    fg, graph = optimized(g, a, b)
+    assert len(compiled) == before and before >= 1
+    for got, want in zip(fg(a, b), g(a, b)):
+        torch.testing.assert_close(got, want)

@@ -34,26 +34,46 @@ _log = log.get_logger(__file__)
 is_fused_op = runtime.is_fused_op
 
 
+# Kernels by the text of their graph, names aside: identical groups compile once per process.
+_compiled: dict[tuple[str, bool], str | Exception] = {}
+
+
+def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool]:
+    names: dict[str, str] = {}
+    text = re.sub(
+        r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), subgraph.str(False)
+    )
+    return text, options.use_llvm
+
+
+def _compile(group: Any, options: Options) -> str | Exception:
+    """The op kind running `group`'s kernel, or the exception that compiling it raised."""
+    subgraph = group.g("Subgraph")
+    key = _cache_key(subgraph, options)
+    if key in _compiled:
+        _log.update("Reusing the kernel of an identical group: ", _compiled[key])
+        return _compiled[key]
+    try:
+        kernel = TensorExprKernel(subgraph.copy(), options)
+        _compiled[key] = runtime.register_kernel(kernel, list(group.inputs()), group.outputsSize())
+    except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
+        _compiled[key] = e
+    return _compiled[key]
+
+
 def guard_fusion_groups(graph: torch._C.Graph, groups: list[Any], options: Options) -> None:
     """Replace each `prim::TensorExprGroup` in `groups` by a guarded kernel (or its nodes)."""
     from .tensorexpr_fuser import unmerge
 
     for group in groups:
-        subgraph = group.g("Subgraph")
-        try:
-            kernel = TensorExprKernel(subgraph.copy(), options)
-        except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
+        kind = _compile(group, options)
+        if isinstance(kind, Exception):
             _log.dump(
                 "Fusion group not compiled, running it unfused: ",
-                type(e).__name__,
-                ": ",
-                e,
-                "\n",
-                subgraph,
+                type(kind).__name__, ": ", kind, "\n", group.g("Subgraph"),
             )
             unmerge(graph, group)
             continue
-        kind = runtime.register_kernel(kernel, list(group.inputs()), group.outputsSize())
         _guard(graph, group, kind)
 
 
