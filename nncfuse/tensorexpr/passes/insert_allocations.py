@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from .. import stmt as S
 from ..buffer import Buf
+from ..ir_visitor import walk
 from ..loopnest import as_block, buffers_loaded, buffers_stored
 
 
@@ -33,8 +34,6 @@ def insert_allocations(stmt: S.Stmt, params: Iterable[Buf] = ()) -> S.Stmt:
             last[buf] = k
     if not first:
         return stmt
-    from ..ir_visitor import walk
-
     for n in walk(stmt):
         buf = getattr(n, "buf", None)
         if isinstance(buf, Buf) and buf.root in first:
