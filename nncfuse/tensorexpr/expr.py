@@ -296,7 +296,12 @@ class Bitcast(Expr):
 
 
 #: Intrinsic functions: name -> arity. All take and return one float dtype,
-#: except `abs`, which also takes integers.
+#: except `abs`, which also takes integers, and `powi`, which takes only
+#: integers. `fma(a, b, c)` is `a * b + c` rounded once (ATen's CPU kernels
+#: fuse multiply-adds). `powi(a, b)` is ATen's integer power: `a ** b`
+#: wrapping around, and for `b < 0` 1 if `a == 1`, +-1 if `a == -1`, else 0;
+#: it is an intrinsic because squaring is a DAG, which expression trees
+#: cannot share.
 INTRINSICS: dict[str, int] = {
     **{
         name: 1
@@ -331,7 +336,8 @@ INTRINSICS: dict[str, int] = {
             "lgamma",
         )
     },
-    **{name: 2 for name in ("pow", "atan2", "fmod", "copysign", "nextafter")},
+    **{name: 2 for name in ("pow", "atan2", "fmod", "copysign", "nextafter", "powi")},
+    "fma": 3,
 }
 
 
@@ -351,7 +357,10 @@ class Call(Expr):
         dtype = self.args[0].dtype
         if any(a.dtype != dtype for a in self.args):
             raise TypeError(f"{self.name} arguments differ in type")
-        if not dtype.is_float and self.name != "abs":
+        if self.name == "powi":
+            if not dtype.is_int:
+                raise TypeError(f"powi needs integer arguments, got {dtype}")
+        elif not dtype.is_float and self.name != "abs":
             raise TypeError(f"{self.name} needs a float argument, got {dtype}")
 
     @property

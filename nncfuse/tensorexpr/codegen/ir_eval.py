@@ -15,6 +15,7 @@ yielding that type's minimum when out of range or NaN, then wraps.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,52 @@ def _min(a: Any, b: Any) -> Any:
     return out
 
 
+def _powi(a: Any, b: Any) -> Any:
+    """Integer `a ** b` by squaring, wrapping around; `b < 0` as ATen's powi (`E.INTRINSICS`)."""
+    a, b = np.asarray(a), np.asarray(b)
+    result, base = np.ones_like(a), a
+    for bit in range(8 * a.dtype.itemsize):
+        result = np.where((b >> bit) & 1 != 0, result * base, result)
+        base = base * base
+    if np.issubdtype(a.dtype, np.signedinteger):
+        at_minus_one = np.where(b & 1 != 0, -1, 1)
+        small = np.where(a == 1, 1, np.where(a == -1, at_minus_one, 0))
+        result = np.where(b < 0, small, result)
+    return result.astype(a.dtype)
+
+
+def _fma(a: Any, b: Any, c: Any) -> Any:
+    """`a * b + c` rounded once, as the fma instruction; numpy has none, so in exact rationals."""
+    a, b, c = np.broadcast_arrays(np.asarray(a), np.asarray(b), np.asarray(c))
+    out = np.empty(a.shape, a.dtype)
+    for k in np.ndindex(a.shape):
+        out[k] = _fma_scalar(a[k], b[k], c[k])
+    return out
+
+
+def _fma_scalar(a: Any, b: Any, c: Any) -> Any:
+    kind = a.dtype.type
+    if not (np.isfinite(a) and np.isfinite(b)):
+        return kind(a * b + c)  # an infinite or NaN product is exact
+    if not np.isfinite(c):
+        return c
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    if exact == 0:  # the sign of a zero sum follows IEEE addition
+        return kind(float(a) * float(b) + float(c))
+    try:
+        r = kind(float(exact))  # float() of a Fraction rounds correctly to float64
+    except OverflowError:
+        return kind(np.inf if exact > 0 else -np.inf)
+    if not np.isfinite(r) or Fraction(float(r)) == exact:
+        return r
+    # Rounding through float64 can round twice: take the nearer neighbour, ties to even.
+    other = np.nextafter(r, kind(np.inf if exact > Fraction(float(r)) else -np.inf))
+    near, far = abs(exact - Fraction(float(r))), abs(exact - Fraction(float(other)))
+    if far < near or (far == near and int(other.view(f"u{other.itemsize}")) % 2 == 0):
+        return other
+    return r
+
+
 def _torch_fn(name: str) -> Callable[..., Any]:
     fn = getattr(torch.special, name, None) or getattr(torch, name)
 
@@ -116,6 +163,8 @@ _CALLS: dict[str, Callable[..., Any]] = {
     "fmod": np.fmod,
     "copysign": np.copysign,
     "nextafter": np.nextafter,
+    "powi": _powi,
+    "fma": _fma,
 }
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import llvmlite.ir as ir
 
 from .. import expr as E
-from ..dtype import FLOAT32, Dtype
+from ..dtype import BOOL, FLOAT32, Dtype
 from . import vecmath
 
 if TYPE_CHECKING:
@@ -85,6 +85,8 @@ def emit_call(cg: LLVMCodeGen, e: E.Call) -> Any:
         wide = FLOAT32.with_lanes(dtype.lanes)
         args = [emit_cast(cg, a, dtype, wide) for a in args]
         return emit_cast(cg, _call(cg, e.name, args, wide), wide, dtype)
+    if e.name == "powi":
+        return _powi(cg, args[0], args[1], dtype)
     if e.name == "abs" and not dtype.is_float:
         (x,) = args
         if not dtype.is_signed:
@@ -92,6 +94,29 @@ def emit_call(cg: LLVMCodeGen, e: E.Call) -> Any:
         zero = ir.Constant(x.type, None)
         return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x)
     return _call(cg, e.name, args, dtype)
+
+
+def _powi(cg: LLVMCodeGen, a: Any, b: Any, dtype: Dtype) -> Any:
+    """Integer power by squaring, unrolled over the exponent's bits (see `E.INTRINSICS`)."""
+    from .llvm_codegen import ll_type
+
+    bld = cg.builder
+    one, zero, minus_one = (cg.const(dtype, v) for v in (1, 0, -1))
+    bit_type = ll_type(BOOL.with_lanes(dtype.lanes))
+    result, base = one, a
+    for bit in range(dtype.bits - 1 if dtype.is_signed else dtype.bits):
+        odd = bld.trunc(bld.lshr(b, cg.const(dtype, bit)), bit_type)
+        result = bld.select(odd, bld.mul(result, base), result)
+        base = bld.mul(base, base)
+    if not dtype.is_signed:
+        return result
+    at_minus_one = bld.select(bld.trunc(b, bit_type), minus_one, one)
+    small = bld.select(
+        bld.icmp_signed("==", a, one),
+        one,
+        bld.select(bld.icmp_signed("==", a, minus_one), at_minus_one, zero),
+    )
+    return bld.select(bld.icmp_signed("<", b, zero), small, result)
 
 
 def _call(cg: LLVMCodeGen, name: str, args: list[Any], dtype: Dtype) -> Any:

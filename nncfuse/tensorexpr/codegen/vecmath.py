@@ -51,6 +51,7 @@ LLVM_NATIVE = {
     "trunc": "trunc",
     "rint": "rint",
     "copysign": "copysign",
+    "fma": "fma",
 }
 
 #: Scalar transcendentals with an LLVM intrinsic (lowered to libm by LLVM).
