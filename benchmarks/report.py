@@ -79,6 +79,12 @@ def _ratio(row: Any, numerator: str) -> float | None:
     return a / b if a and b else None
 
 
+def _spread(row: Any) -> float | None:
+    """How far the rounds disagree: the worst max/min over the row's timed contenders."""
+    spreads = [o.timing.max / o.timing.min for o in row.outcomes.values() if o.timing]
+    return max(spreads) if spreads else None
+
+
 def _cell(value: float | None, fmt: str, width: int, missing: str = "-") -> str:
     return f"{missing:>{width}}" if value is None else format(value, fmt).rjust(width)
 
@@ -129,16 +135,17 @@ def print_report(
     print(f"\n{machine['cpu_model']} (LLVM: {machine['llvm_host_cpu']}), "
           f"torch {machine['torch']}, nncfuse {machine['nncfuse_revision']}")
     print("median time per call; vs eager = eager/nncfuse, vs compile = torch.compile/nncfuse "
-          "(>1: nncfuse faster); groups = nncfuse fusion groups\n")
+          "(>1: nncfuse faster);\ngroups = nncfuse fusion groups; spread = the largest "
+          "slowest/fastest round of any contender (1.0: steady; >2: a noisy row)\n")
     head = f"{'workload':<22}{'thr':>4}{'elems':>8}" + "".join(
         f"{LABELS[c]:>14}" for c in contenders)
-    print(head + f"{'vs eager':>10}{'vs compile':>11}{'groups':>7}")
+    print(head + f"{'vs eager':>10}{'vs compile':>11}{'groups':>7}{'spread':>7}")
     for r in rows:
         times = "".join(f"{_time_cell(r, c):>14}" for c in contenders)
         print(f"{r.workload:<22}{r.threads:>4}{_elements(r.numel):>8}{times}"
               f"{_cell(_ratio(r, 'eager'), '.2f', 9)}x"
               f"{_cell(_ratio(r, 'compile'), '.2f', 10)}x"
-              f"{_cell(r.nncfuse_groups, 'd', 7)}")
+              f"{_cell(r.nncfuse_groups, 'd', 7)}{_cell(_spread(r), '.1f', 7)}")
 
     compilers = [c for c in ("compile", "nncfuse") if c in contenders]
     if compilers:
