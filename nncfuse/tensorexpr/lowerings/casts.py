@@ -1,3 +1,205 @@
-"""Conversions and views: to(dtype), type_as, expand."""
+"""Conversions and views: to(dtype), type_as, expand, expand_as.
+
+Also what the other families share about converting values as eager does:
+`convert` turns an element into another dtype exactly as TensorIterator and
+`to` do, and `checked` converts a number operand the way `Scalar::to<T>()`
+does, where eager raises instead of wrapping a value that does not fit.
+
+Some of these ops return their input itself (`to` the same dtype without
+`copy`, `type_as` the same dtype) or a view of it (`expand`): eager's result
+shares memory with the input. A fused kernel always writes a fresh tensor,
+which is only indistinguishable while nothing else can see the input: see
+`require_private_alias`.
+"""
 
 from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+
+from .. import expr as E
+from ..dtype import FLOAT32, INT64, Dtype
+from . import Arg, Ctx, LoweringError, ScalarArg, TensorArg, register
+
+# TorchScript passes a MemoryFormat as an int: its value in c10::MemoryFormat.
+_MEMORY_FORMATS = (
+    torch.contiguous_format,
+    torch.preserve_format,
+    torch.channels_last,
+    torch.channels_last_3d,
+)
+_VIEWS = ("aten::expand", "aten::expand_as")
+_CONVERSIONS = ("aten::to", "aten::type_as")
+
+
+def convert(value: E.Expr, dtype: Dtype) -> E.Expr:
+    """`value` converted to `dtype` as eager converts tensor elements.
+
+    That is C's conversion (the IR's `Cast`) but for two cases: float16 and
+    bfloat16 are built from a float (c10::Half, c10::BFloat16), so wider
+    values are rounded to float32 first and then again; and the compiler
+    converts float to uint8 through int64 (to narrower signed types it goes
+    through int32, as `Cast` does), which shows for float64 beyond int32.
+    """
+    src = value.dtype.scalar
+    if src == dtype.scalar:
+        return value
+    if dtype.is_reduced_float and not src.is_reduced_float:
+        value = E.cast(FLOAT32, value)
+    elif dtype.name == "uint8" and src.is_float:
+        value = E.cast(INT64, value)
+    return E.cast(dtype, value)
+
+
+def _limits(dtype: Dtype) -> tuple[float, float]:
+    info = torch.finfo(dtype.torch) if dtype.is_float else torch.iinfo(dtype.torch)
+    return info.min, info.max
+
+
+def fits(value: bool | int | float, dtype: Dtype) -> bool:
+    """Whether eager converts the number `value` to `dtype` without raising (c10::overflows)."""
+    if dtype.is_bool or isinstance(value, bool):
+        return True
+    lo, hi = _limits(dtype)
+    if isinstance(value, int):
+        if dtype.is_int and not dtype.is_signed and value < 0:
+            return -value <= hi  # negative numbers wrap around into unsigned types
+        return lo <= value <= hi
+    if math.isnan(value) or math.isinf(value):
+        return dtype.is_float
+    return float(lo) <= value <= float(hi)  # compared as C++ does, in double
+
+
+def always_fits(src: Dtype, dst: Dtype) -> bool:
+    """Whether every value of type `src` converts to `dst` without eager's overflow error."""
+    if dst.is_bool or src.is_bool:
+        return True
+    if src.is_float and not dst.is_float:
+        return False  # NaN and infinities
+    (src_lo, src_hi), (dst_lo, dst_hi) = _limits(src), _limits(dst)
+    if dst.is_int and not dst.is_signed:
+        return src_hi <= dst_hi and -src_lo <= dst_hi
+    return dst_lo <= src_lo and src_hi <= dst_hi
+
+
+def checked(ctx: Ctx, arg: Arg, dtype: Dtype) -> E.Expr:
+    """Number operand `arg` (or a 0-dim tensor's item) as `dtype`, where eager checks the range.
+
+    Eager raises when the value does not fit (`fits`); the kernel cannot
+    raise, so a value that might not fit is refused (the group runs unfused).
+    """
+    if isinstance(arg, ScalarArg) and arg.const is not None:
+        if not fits(arg.const, dtype):
+            raise LoweringError(f"{arg.const!r} does not fit {dtype}: eager raises")
+    elif not isinstance(arg, (ScalarArg, TensorArg)):
+        raise LoweringError(f"operand {arg} is not a number")
+    elif not always_fits(arg.dtype, dtype):
+        raise LoweringError(f"a {arg.dtype} operand may not fit {dtype}, where eager raises")
+    return convert(ctx.load(arg), dtype)
+
+
+@functools.cache
+def _argument_names(schema: str) -> tuple[str, ...]:
+    return tuple(a.name for a in torch._C.parse_schema(schema).arguments)
+
+
+def _constant_inputs(node: Any) -> dict[str, Any]:
+    """The node's constant inputs by argument name."""
+    names = _argument_names(node.schema())
+    values = {}
+    for name, value in zip(names, node.inputs()):
+        if value.node().kind() == "prim::Constant":
+            values[name] = value.toIValue()
+    return values
+
+
+def _keeps_layout(value: Any, memory_format: int | None) -> bool:
+    """Whether `to(memory_format=...)` returns a tensor typed like `value` as `value` itself."""
+    if memory_format is None or _MEMORY_FORMATS[memory_format] == torch.preserve_format:
+        return True
+    ty = value.type()
+    sizes, strides = ty.sizes(), ty.strides()
+    if sizes is None or strides is None or None in sizes or None in strides:
+        return True  # unknown: assume it may alias
+    meta = torch.empty_strided(sizes, strides, dtype=ty.dtype(), device="meta")
+    return meta.to(memory_format=_MEMORY_FORMATS[memory_format]) is meta
+
+
+def aliases(node: Any) -> bool:
+    """Whether eager's result of `node` is its first input, or a view of it."""
+    if node.kind() in _VIEWS:
+        return True
+    if node.kind() not in _CONVERSIONS:
+        return False
+    if node.inputsAt(0).type().dtype() != node.output().type().dtype():
+        return False
+    options = _constant_inputs(node)
+    return not options.get("copy", False) and _keeps_layout(
+        node.inputsAt(0), options.get("memory_format")
+    )
+
+
+def require_private_alias(node: Any) -> None:
+    """Let `node`, whose result aliases its input in eager, be computed as a copy.
+
+    Inside a group that is exact: the fuser leaves out values anything writes
+    to. A group output is different: the caller would see a fresh tensor
+    where eager hands out the input's memory. That is only unobservable when
+    the memory the alias shares is private to it: a value computed in the
+    group, used by nothing else, through a chain of such aliases.
+    """
+    if not any(use.user.kind() == "prim::Return" for use in node.output().uses()):
+        return
+    source = node.inputsAt(0)
+    while True:
+        producer = source.node()
+        if producer.kind() == "prim::Param" or len(source.uses()) != 1:
+            raise LoweringError(f"{node.kind()} would return a copy where eager shares memory")
+        if not aliases(producer):
+            return
+        source = producer.inputsAt(0)
+
+
+_TO_OVERLOADS = (
+    "dtype",
+    "device",
+    "other",
+    "dtype_layout",
+    "prim_dtype",
+    "prim_Device",
+    "prim_other",
+)
+
+
+@register("aten::to", overloads=_TO_OVERLOADS)
+@register("aten::type_as", overloads=("",))
+def to(ctx: Ctx) -> E.Expr:
+    """`self` converted to the profiled output type; all options must be constants."""
+    names = _argument_names(ctx.node.schema())
+    for k, name in enumerate(names[: len(ctx.args)]):
+        if name in ("self", "other"):
+            continue
+        value = ctx.const(k)
+        if name == "pin_memory" and value:
+            raise LoweringError("to(pin_memory=True)")
+        if name == "layout" and value not in (None, 0):  # 0: torch.strided
+            raise LoweringError("to() a layout other than strided")
+    source = ctx.args[0]
+    if not isinstance(source, TensorArg):
+        raise LoweringError("to() of a non-tensor")
+    if aliases(ctx.node):
+        require_private_alias(ctx.node)
+    return convert(ctx.load(source), ctx.out_dtype)
+
+
+@register(_VIEWS, overloads=("",))
+def expand(ctx: Ctx) -> E.Expr:
+    """A broadcast view: each output element reads the input element it broadcasts from."""
+    source = ctx.args[0]
+    if not isinstance(source, TensorArg) or source.dtype != ctx.out_dtype:
+        raise LoweringError("expand of a non-tensor")
+    require_private_alias(ctx.node)
+    return ctx.load(source)
