@@ -105,8 +105,7 @@ class _Widen:
             return S.Block(tuple(self.stmt(c) for c in s.stmts))
         if isinstance(s, S.Let):
             value = self.expr(s.value)
-            if _lanes_of(value) == 1:
-                return S.Let(s.var, value)
+            # A fresh variable even for a scalar: the scalar tail loop binds the original.
             var = E.Var(s.var.name, value.dtype)
             self.env[s.var] = var
             return S.Let(var, value)
