@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import nncfuse
+from nncfuse.jit.guard import clear_kernel_cache
 
 
 def seed(a):
@@ -16,6 +17,7 @@ def seed(a):
 
 
 def run_seed(capsys, shape=(1, 1, 128, 128)):
+    clear_kernel_cache()  # compile again, so that the kernel stages are logged
     f = nncfuse.jit(seed)
     a = torch.randn(shape)
     for _ in range(3):

@@ -38,6 +38,11 @@ is_fused_op = runtime.is_fused_op
 _compiled: dict[tuple[str, bool], str | Exception] = {}
 
 
+def clear_kernel_cache() -> None:
+    """Forget compiled kernels (functions already optimized keep theirs)."""
+    _compiled.clear()
+
+
 def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool]:
     names: dict[str, str] = {}
     text = re.sub(

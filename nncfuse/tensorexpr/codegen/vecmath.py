@@ -1,11 +1,20 @@
 """Which machine function computes each intrinsic, scalar and vector.
 
-Vectors of transcendentals call SLEEF (exported by libtorch_cpu.so, the same
-routines eager PyTorch's vectorized CPU kernels use, 1.0 ULP unless noted)
-at the widest width the host supports; LLVM's own vector intrinsics would be
-split into scalar libm calls. Operations LLVM lowers to instructions
-(sqrt, fabs, floor, ...) stay LLVM intrinsics. Scalars use LLVM intrinsics
-or libm.
+Vectors of transcendentals call SLEEF (exported by libtorch_cpu.so; eager
+PyTorch's vectorized CPU kernels use its 1.0-ULP variants) at the widest
+width the host supports; LLVM's own vector intrinsics would be split into
+scalar libm calls. Operations LLVM lowers to instructions (sqrt, fabs,
+floor, ...) stay LLVM intrinsics. Scalars use LLVM intrinsics or libm.
+
+Variant choice, by measurement (`benchmarks/vecmath.py`): for float32, the
+3.5-ULP variants are 2-2.6x faster than the 1.0-ULP ones and stay within
+`torch.testing.assert_close`'s tolerance of eager over the whole float
+range for the functions in `FAST_F32`; sinh and cosh do not (near overflow),
+nor do the others have fast variants. SLEEF's asinh and acosh overflow for
+large inputs where eager (libm) does not, so those run lane by lane in libm.
+SLEEF's fmod gives NaN for quotients beyond 2**53 where libm is exact; eager
+does the same in its vector loops (libm only in their tails), and so do we.
+The measured errors are in the README.
 """
 
 from __future__ import annotations
@@ -23,8 +32,6 @@ SLEEF_SUFFIX = {
     "sinh": "_u10",
     "cosh": "_u10",
     "tanh": "_u10",
-    "asinh": "_u10",
-    "acosh": "_u10",
     "atanh": "_u10",
     "exp": "_u10",
     "exp2": "_u10",
@@ -41,6 +48,9 @@ SLEEF_SUFFIX = {
     "fmod": "",
     "nextafter": "",
 }
+
+#: float32 functions whose 3.5-ULP SLEEF variant is used (see the module docstring).
+FAST_F32 = {"sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp2", "log", "log2", "atan2"}
 
 #: Intrinsics LLVM turns into instructions, for scalars and vectors alike.
 LLVM_NATIVE = {
@@ -67,7 +77,8 @@ def sleef_name(fn: str, dtype_name: str, lanes: int) -> str | None:
     if fn not in SLEEF_SUFFIX or dtype_name not in ("float32", "float64"):
         return None
     letter = "f" if dtype_name == "float32" else "d"
-    name = f"Sleef_{fn}{letter}{lanes}{SLEEF_SUFFIX[fn]}"
+    fast = dtype_name == "float32" and fn in FAST_F32
+    name = f"Sleef_{fn}{letter}{lanes}{'_u35' if fast else SLEEF_SUFFIX[fn]}"
     return name if has_symbol(name) else None
 
 
