@@ -177,6 +177,8 @@ class FusedFunction:
             self._broken = True
             return False
         torch._C._jit_pass_inline(graph)
+        # Folds lists of constants (expand's sizes) into constants, which fuse.
+        torch._C._jit_pass_constant_propagation(graph)
         torch._C._jit_pass_remove_mutation(graph)
         torch._C._jit_pass_dce(graph)
         self._graph = graph
