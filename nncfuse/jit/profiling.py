@@ -28,10 +28,16 @@ _lib.define("profile(Tensor x, int id) -> ()", alias_analysis="CONSERVATIVE")
 _active = threading.local()
 
 
-def _profile_kernel(x: torch.Tensor, id: int) -> None:
+def _profile_kernel(x: torch.Tensor | float | int | bool, id: int) -> None:
     profiler = getattr(_active, "profiler", None)
     if profiler is not None:
+        if not isinstance(x, torch.Tensor):
+            # A wrapped number (a traced Python number) reaches Python as the number.
+            x = torch.tensor(x, dtype=_WRAPPED_DTYPES[type(x)])
         profiler.record(id, x)
+
+
+_WRAPPED_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64}
 
 
 _lib.impl("profile", _profile_kernel, "CompositeExplicitAutograd")
