@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import Options
+from .config import VERSION, Options
 from .jit.function import FusedFunction
 from .jit.tensorexpr_fuser import fusion_groups
 from .tensorexpr.kernel import TensorExprKernel
 
 __all__ = ["jit", "fusion_groups", "FusedFunction", "TensorExprKernel", "Options"]
-__version__ = "0.1.0"
+__version__ = VERSION
 
 
 def jit(fn: Any = None, **options: Any) -> Any:

@@ -6,6 +6,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+VERSION = "0.1.0"
+
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")

@@ -365,14 +365,4 @@ class TensorExprKernel:
             return str(self.stmt)
         if attr == "ir":
             return self.jit.optimized_ir
-        if not self.jit.assembly:
-            self.jit.assembly = _assembly(self.jit.optimized_ir)
         return self.jit.assembly
-
-
-def _assembly(ir_text: str) -> str:
-    import llvmlite.binding as llvm
-
-    from .codegen.llvm_jit import target_machine
-
-    return target_machine().emit_assembly(llvm.parse_assembly(ir_text))

@@ -391,9 +391,8 @@ def compile_stmt(
     cg = LLVMCodeGen(stmt, params, name)
     text = cg.ir_text()
     _log.debug("LLVM module before optimizations\n", text)
-    want_asm = _log.enabled(log.DEBUG)
-    fn = compile_ir(text, name, None, [param_ctype(p) for p in params], want_asm, release_gil)
-    _log.debug("LLVM module after optimizations\n", fn.optimized_ir)
-    if want_asm:
+    fn = compile_ir(text, name, None, [param_ctype(p) for p in params], release_gil)
+    if _log.enabled(log.DEBUG):
+        _log.debug("LLVM module after optimizations\n", fn.optimized_ir)
         _log.debug("LLVM generated assembly code\n", fn.assembly)
     return fn

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
-from dataclasses import dataclass, field
+import tempfile
 from typing import Any
 
 import llvmlite.binding as llvm
 import torch
+
+from ... import log
+from ...config import VERSION
+
+_log = log.get_logger(__file__)
+CACHE_ENV = "NNCFUSE_CACHE_DIR"
 
 
 @functools.cache
@@ -82,16 +89,71 @@ def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
     pb.getModulePassManager().run(module, pb)
 
 
-@dataclass
 class JitFunction:
-    """A function compiled to machine code, callable through ctypes."""
+    """A function compiled to machine code, callable through ctypes as `cfunc`."""
 
-    name: str
-    address: int
-    cfunc: Any
-    engine: Any = field(repr=False)
-    optimized_ir: str = ""
-    assembly: str = ""
+    def __init__(self, name: str, address: int, cfunc: Any, engine: Any, ir_text: str,
+                 module: Any = None):
+        self.name, self.address, self.cfunc = name, address, cfunc
+        self.engine = engine  # owns the machine code: keep it alive as long as `cfunc`
+        self.ir_text = ir_text
+        self._module = module
+        self._assembly = ""
+
+    def _optimized_module(self) -> Any:
+        if self._module is None:  # loaded from the cache: optimize again, for display only
+            self._module = _optimized(self.ir_text)
+        return self._module
+
+    @property
+    def optimized_ir(self) -> str:
+        return str(self._optimized_module())
+
+    @property
+    def assembly(self) -> str:
+        if not self._assembly:
+            self._assembly = target_machine().emit_assembly(self._optimized_module())
+        return self._assembly
+
+
+def _optimized(ir_text: str) -> llvm.ModuleRef:
+    module = llvm.parse_assembly(ir_text)
+    module.verify()
+    tm = target_machine()
+    module.triple = tm.triple
+    module.data_layout = str(tm.target_data)
+    optimize(module, tm)
+    return module
+
+
+def _cache_path(ir_text: str) -> str | None:
+    """Where NNCFUSE_CACHE_DIR keeps the object code of `ir_text` for this host, if set."""
+    directory = os.environ.get(CACHE_ENV)
+    if not directory:
+        return None
+    cpu, features = host_cpu()
+    key = "\0".join([ir_text, cpu, features, ".".join(map(str, llvm.llvm_version_info)),
+                     VERSION])
+    return os.path.join(directory, hashlib.sha256(key.encode()).hexdigest() + ".o")
+
+
+def _object_code(ir_text: str) -> tuple[bytes, Any]:
+    """Object code for `ir_text`: from the on-disk cache, or compiled (and cached)."""
+    path = _cache_path(ir_text)
+    if path is not None and os.path.exists(path):
+        with open(path, "rb") as f:
+            _log.update("Object code from the cache: ", path)
+            return f.read(), None
+    module = _optimized(ir_text)
+    code = target_machine().emit_object(module)
+    if path is not None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(code)
+        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+        _log.update("Object code cached: ", path)
+    return code, module
 
 
 def compile_ir(
@@ -99,25 +161,21 @@ def compile_ir(
     name: str,
     restype: Any,
     argtypes: list[Any],
-    want_assembly: bool = False,
     release_gil: bool = True,
 ) -> JitFunction:
     """Parse, verify, optimize and JIT `ir_text`; return its function `name`.
 
-    The ctypes wrapper releases the GIL during calls unless `release_gil` is False.
+    With NNCFUSE_CACHE_DIR set, object code is kept on disk, keyed by the IR,
+    the host CPU and the LLVM and nncfuse versions, so a later process loads
+    it instead of compiling. The ctypes wrapper releases the GIL during calls
+    unless `release_gil` is False.
     """
     _initialize()
-    module = llvm.parse_assembly(ir_text)
-    module.verify()
-    tm = target_machine()
-    module.triple = tm.triple
-    module.data_layout = str(tm.target_data)
-    optimize(module, tm)
-    assembly = tm.emit_assembly(module) if want_assembly else ""
-    optimized = str(module)
-    engine = llvm.create_mcjit_compiler(module, tm)
+    code, module = _object_code(ir_text)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine())
+    engine.add_object_file(llvm.ObjectFileRef.from_data(code))
     engine.finalize_object()
     address = engine.get_function_address(name)
     prototype = ctypes.CFUNCTYPE if release_gil else ctypes.PYFUNCTYPE
     cfunc = prototype(restype, *argtypes)(address)
-    return JitFunction(name, address, cfunc, engine, optimized, assembly)
+    return JitFunction(name, address, cfunc, engine, ir_text, module)
