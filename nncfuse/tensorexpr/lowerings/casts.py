@@ -39,7 +39,7 @@ def convert(value: E.Expr, dtype: Dtype) -> E.Expr:
     """`value` converted to `dtype` as eager converts tensor elements.
 
     That is C's conversion (the IR's `Cast`) but for two cases: float16 and
-    bfloat16 are built from a float (c10::Half, c10::BFloat16), so wider
+    bfloat16 convert from and to float (c10::Half, c10::BFloat16), so wider
     values are rounded to float32 first and then again; and the compiler
     converts float to uint8 through int64 (to narrower signed types it goes
     through int32, as `Cast` does), which shows for float64 beyond int32.
@@ -47,9 +47,11 @@ def convert(value: E.Expr, dtype: Dtype) -> E.Expr:
     src = value.dtype.scalar
     if src == dtype.scalar:
         return value
-    if dtype.is_reduced_float and not src.is_reduced_float:
+    if (dtype.is_reduced_float and not src.is_reduced_float) or (
+        src.is_reduced_float and (dtype.is_int or dtype.is_bool)
+    ):
         value = E.cast(FLOAT32, value)
-    elif dtype.name == "uint8" and src.is_float:
+    if dtype.name == "uint8" and src.is_float:
         value = E.cast(INT64, value)
     return E.cast(dtype, value)
 
