@@ -42,7 +42,8 @@ def convert(value: E.Expr, dtype: Dtype) -> E.Expr:
     bfloat16 convert from and to float (c10::Half, c10::BFloat16), so wider
     values are rounded to float32 first and then again; and the compiler
     converts float to uint8 through int64 (to narrower signed types it goes
-    through int32, as `Cast` does), which shows for float64 beyond int32.
+    through int32, as `Cast` does), which shows for float64 beyond int32
+    (float32 values that large are multiples of 256: either way gives 0).
     """
     src = value.dtype.scalar
     if src == dtype.scalar:
@@ -51,7 +52,7 @@ def convert(value: E.Expr, dtype: Dtype) -> E.Expr:
         src.is_reduced_float and (dtype.is_int or dtype.is_bool)
     ):
         value = E.cast(FLOAT32, value)
-    if dtype.name == "uint8" and src.is_float:
+    if dtype.name == "uint8" and src.name == "float64":
         value = E.cast(INT64, value)
     return E.cast(dtype, value)
 
@@ -136,7 +137,8 @@ def aliases(node: Any) -> bool:
         return True
     if node.kind() not in _CONVERSIONS:
         return False
-    if node.inputsAt(0).type().dtype() != node.output().type().dtype():
+    dtypes = {node.inputsAt(0).type().dtype(), node.output().type().dtype()}
+    if len(dtypes) == 2 and None not in dtypes:  # unknown types may alias
         return False
     options = _constant_inputs(node)
     return not options.get("copy", False) and _keeps_layout(
