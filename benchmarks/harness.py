@@ -19,10 +19,23 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per call of one contender: one sample per round, each the mean over a batch."""
+    """Seconds per call of one contender: one sample per round, each the mean over a batch.
 
-    samples: tuple[float, ...]
+    Every sample is taken on two clocks. Wall time is what a caller waits. The
+    process's CPU time does not grow while other processes hold the CPU, so on a
+    loaded machine it is the steadier measure of single-threaded code (with
+    several threads it sums their work, which is not what a caller waits).
+    `clock` picks the one that median, min and max report.
+    """
+
+    wall: tuple[float, ...]
+    cpu: tuple[float, ...]
     batch: int  # calls per sample
+    clock: str = "wall"
+
+    @property
+    def samples(self) -> tuple[float, ...]:
+        return self.cpu if self.clock == "cpu" else self.wall
 
     @property
     def median(self) -> float:
@@ -36,15 +49,28 @@ class Timing:
     def max(self) -> float:
         return max(self.samples)
 
+    @property
+    def cpu_per_wall(self) -> float:
+        """CPU seconds per wall second: below 1 on one thread, other processes took the CPU."""
+        return statistics.median(self.cpu) / statistics.median(self.wall)
+
+
+def _run(fn: Callable[[], Any], n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return time.perf_counter() - start
+
 
 def _batch_size(fn: Callable[[], Any], target_s: float) -> int:
-    """Calls per sample so that one sample takes about `target_s` (timer resolution, noise)."""
+    """Calls per sample so that one sample takes about `target_s` (timer resolution, noise).
+
+    Each trial size is timed three times and the fastest counts: one trial that
+    another process interrupted would otherwise shrink the batch to a single call.
+    """
     n = 1
     while True:
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        elapsed = time.perf_counter() - start
+        elapsed = min(_run(fn, n) for _ in range(3))
         if elapsed >= target_s / 4 or n >= 1 << 20:
             return max(1, int(n * target_s / max(elapsed, 1e-9)))
         n *= 4
@@ -55,17 +81,20 @@ def measure(
     rounds: int = 15,
     target_s: float = 0.02,
     warmup: int = 3,
+    clock: str = "wall",
 ) -> dict[str, Timing]:
     """Time every contender in `rounds` interleaved rounds, after `warmup` untimed calls each.
 
     The warm-up calls absorb profiling, compilation and cold caches, so the
     samples are steady-state; time first calls separately with `timed_call`.
+    `clock` ("wall" or "cpu") is the one the returned Timings report.
     """
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
     sizes = {name: _batch_size(fn, target_s) for name, fn in contenders.items()}
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    wall: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
     names = list(contenders)
     # As timeit does: a garbage collection landing in one sample would be charged to
     # whichever contender happened to allocate last.
@@ -78,14 +107,16 @@ def measure(
             # would always inherit that one's cache and frequency state.
             for name in names[r % len(names):] + names[: r % len(names)]:
                 fn, n = contenders[name], sizes[name]
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 for _ in range(n):
                     fn()
-                samples[name].append((time.perf_counter() - start) / n)
+                cpu[name].append((time.process_time() - start_cpu) / n)
+                wall[name].append((time.perf_counter() - start) / n)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return {name: Timing(tuple(s), sizes[name]) for name, s in samples.items()}
+    return {name: Timing(tuple(wall[name]), tuple(cpu[name]), sizes[name], clock)
+            for name in contenders}
 
 
 def compare(

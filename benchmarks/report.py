@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,12 @@ def _spread(row: Any) -> float | None:
     return max(spreads) if spreads else None
 
 
+def _cpu_share(row: Any) -> float | None:
+    """The lowest CPU/wall ratio, in percent, of the row's timed contenders."""
+    shares = [100 * o.timing.cpu_per_wall for o in row.outcomes.values() if o.timing]
+    return min(shares) if shares else None
+
+
 def _cell(value: float | None, fmt: str, width: int, missing: str = "-") -> str:
     return f"{missing:>{width}}" if value is None else format(value, fmt).rjust(width)
 
@@ -129,23 +136,28 @@ def _finite(x: float) -> float | None:
 
 
 def print_report(
-    rows: list[Any], contenders: list[str], machine: dict[str, Any], startup: dict[str, float]
+    rows: list[Any], contenders: list[str], machine: dict[str, Any], startup: dict[str, float],
+    clock: str,
 ) -> dict[str, dict[str, float | None]]:
     """Print the steady-state table, first calls and the averages; return the averages."""
     print(f"\n{machine['cpu_model']} (LLVM: {machine['llvm_host_cpu']}), "
           f"torch {machine['torch']}, nncfuse {machine['nncfuse_revision']}")
-    print("median time per call; vs eager = eager/nncfuse, vs compile = torch.compile/nncfuse "
-          "(>1: nncfuse faster);\ngroups = nncfuse fusion groups; spread = the largest "
-          "slowest/fastest round of any contender (1.0: steady; >2: a noisy row)\n")
+    print(f"median {clock} time per call; vs eager = eager/nncfuse, "
+          "vs compile = torch.compile/nncfuse (>1: nncfuse faster);")
+    print("groups = nncfuse fusion groups; spread = the largest slowest/fastest round of any "
+          "contender (1.0: steady; >2: a noisy row);")
+    print("cpu% = the lowest CPU/wall time of any contender (at 1 thread, below ~90: other "
+          "processes took the CPU)\n")
     head = f"{'workload':<22}{'thr':>4}{'elems':>8}" + "".join(
         f"{LABELS[c]:>14}" for c in contenders)
-    print(head + f"{'vs eager':>10}{'vs compile':>11}{'groups':>7}{'spread':>7}")
+    print(head + f"{'vs eager':>10}{'vs compile':>11}{'groups':>7}{'spread':>7}{'cpu%':>6}")
     for r in rows:
         times = "".join(f"{_time_cell(r, c):>14}" for c in contenders)
         print(f"{r.workload:<22}{r.threads:>4}{_elements(r.numel):>8}{times}"
               f"{_cell(_ratio(r, 'eager'), '.2f', 9)}x"
               f"{_cell(_ratio(r, 'compile'), '.2f', 10)}x"
-              f"{_cell(r.nncfuse_groups, 'd', 7)}{_cell(_spread(r), '.1f', 7)}")
+              f"{_cell(r.nncfuse_groups, 'd', 7)}{_cell(_spread(r), '.1f', 7)}"
+              f"{_cell(_cpu_share(r), '.0f', 6)}")
 
     compilers = [c for c in ("compile", "nncfuse") if c in contenders]
     if compilers:
@@ -188,8 +200,13 @@ def _row_json(r: Any) -> dict[str, Any]:
             "median_s": t.median if t else None,
             "min_s": t.min if t else None,
             "max_s": t.max if t else None,
+            "wall_median_s": statistics.median(t.wall) if t else None,
+            "cpu_median_s": statistics.median(t.cpu) if t else None,
+            "cpu_per_wall": t.cpu_per_wall if t else None,
             "rounds": len(t.samples) if t else 0,
             "calls_per_round": t.batch if t else 0,
+            "wall_samples_s": list(t.wall) if t else [],
+            "cpu_samples_s": list(t.cpu) if t else [],
             "first_call_s": o.first_call_s,
             "second_call_s": o.second_call_s,
             "error": o.error,
@@ -211,8 +228,9 @@ def write_json(
     path.write_text(json.dumps(record, indent=1, default=str, allow_nan=False) + "\n")
 
 
-def write_chart(path: Path, rows: list[Any], contenders: list[str], machine: dict[str, Any]
-                ) -> None:
+def write_chart(
+    path: Path, rows: list[Any], contenders: list[str], machine: dict[str, Any], clock: str
+) -> None:
     """Speedup over eager per workload, one panel per thread setting (log scale)."""
     try:
         import matplotlib
@@ -241,7 +259,7 @@ def write_chart(path: Path, rows: list[Any], contenders: list[str], machine: dic
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log")
         ax.set_title(f"{threads} thread{'s' if threads > 1 else ''}")
-        ax.set_xlabel("speedup over eager (median; log scale, >1 is faster)")
+        ax.set_xlabel(f"speedup over eager (median {clock} time; log scale, >1 is faster)")
         ax.grid(axis="x", which="both", alpha=0.3)
     axes[0][0].set_yticks(range(len(names)), names)
     axes[0][0].invert_yaxis()
