@@ -16,12 +16,12 @@ Importing this package registers the op families (one module each).
 
 from __future__ import annotations
 
+import enum
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import enum
 
 import torch
 
@@ -114,6 +114,10 @@ class TensorArg(Arg):
     def example(self) -> tuple[torch.dtype, int]:
         return self.dtype.torch, len(self.shape)
 
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
 
 @dataclass(frozen=True)
 class ScalarArg(Arg):
@@ -130,6 +134,10 @@ class ScalarArg(Arg):
         if self.const is not None:
             return self.const
         return {"float64": 1.0, "int64": 1, "bool": True}[self.dtype.name]
+
+    @property
+    def numel(self) -> int:
+        return 1
 
 
 @dataclass(frozen=True)
@@ -180,7 +188,12 @@ class Ctx:
         return a is None or (isinstance(a, ConstArg) and a.value is None)
 
     def require_nonzero(self, arg: Arg) -> None:
-        """Integer division by `arg`: eager raises on a zero divisor, so must the kernel."""
+        """Integer division by `arg`: eager raises on a zero divisor, so must the kernel.
+
+        An empty output divides nothing, and eager does not look at the divisor.
+        """
+        if math.prod(self.out_shape) == 0:
+            return
         if isinstance(arg, ScalarArg) and arg.const is not None:
             if arg.const == 0:
                 raise LoweringError("division by a constant zero")
@@ -225,6 +238,35 @@ class Ctx:
         compute, result = elementwise_dtypes([a.example() for a in operands], kind)
         return from_torch(compute), from_torch(result)
 
+    def operands(
+        self, args: Sequence[Arg], kind: Promotion, scalar_opmath: bool = False
+    ) -> tuple[list[E.Expr], Dtype]:
+        """`args` loaded and converted as eager converts them, and the computation type.
+
+        Raises LoweringError unless promotion gives the profiled output type.
+        Like TensorIterator, each operand is converted to the promoted type
+        first (a float64 number next to a float16 tensor becomes a float16),
+        then to the computation type (float32 for float16 and bfloat16). With
+        `scalar_opmath`, a second operand of one element skips the first
+        step: ATen's mul and div kernels read it at float32 precision.
+        """
+        for a in args:
+            if not isinstance(a, (TensorArg, ScalarArg)):
+                raise LoweringError("operand is neither a tensor nor a number")
+        compute, result = self.promote(args, kind)
+        if result != self.out_dtype:
+            raise LoweringError(f"promotion gives {result}, eager gave {self.out_dtype}")
+        promoted = self.promote(args, Promotion.NO_OPMATH)[1]
+        values = []
+        for k, a in enumerate(args):
+            value = self.load(a)
+            opmath = scalar_opmath and k == 1 and a.numel == 1
+            if promoted.is_reduced_float and value.dtype != promoted and not opmath:
+                # c10::Half and c10::BFloat16 are built from a float: round twice.
+                value = E.cast(promoted, E.cast(FLOAT32, value))
+            values.append(E.cast(compute_type(compute), value))
+        return values, compute_type(compute)
+
 
 Lowerer = Callable[[Ctx], E.Expr]
 
@@ -261,26 +303,21 @@ def pointwise(
     promotion: Promotion = Promotion.DEFAULT,
     operands: Sequence[int] = (0, 1),
     overloads: Sequence[str] | None = None,
+    scalar_opmath: bool = False,
 ):
     """Decorator for elementwise ops: `fn(ctx, *operand_values)` computes in the compute type.
 
     `operands` are the positions of the inputs that take part in type
-    promotion; the values passed to `fn` are those inputs loaded and cast to
-    the computation type. `fn` may read other inputs with `ctx.const`.
+    promotion; the values passed to `fn` are those inputs loaded and
+    converted to the computation type (`Ctx.operands`, which also explains
+    `scalar_opmath`). `fn` may read other inputs with `ctx.const`.
     """
 
     def wrap(fn: Callable[..., E.Expr]) -> Callable[..., E.Expr]:
         def lower(ctx: Ctx) -> E.Expr:
             present = [ctx.args[k] for k in operands if k < len(ctx.args)]
-            for a in present:
-                if not isinstance(a, (TensorArg, ScalarArg)):
-                    raise LoweringError("operand is neither a tensor nor a number")
-            compute, result = ctx.promote(present, promotion)
-            if result != ctx.out_dtype:
-                raise LoweringError(f"promotion gives {result}, eager gave {ctx.out_dtype}")
-            compute = compute_type(compute)
-            value = fn(ctx, *(ctx.load(a, compute) for a in present))
-            return E.cast(ctx.out_dtype, value)
+            values, _ = ctx.operands(present, promotion, scalar_opmath)
+            return E.cast(ctx.out_dtype, fn(ctx, *values))
 
         register(kinds, overloads)(lower)
         return fn

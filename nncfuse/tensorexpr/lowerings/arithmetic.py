@@ -1,72 +1,337 @@
-"""Arithmetic: add, sub, mul, div, neg, pow."""
+"""Arithmetic: add, sub, rsub, mul, div (every rounding mode), true_divide, floor_divide,
+neg, reciprocal, square, pow, atan2, fmod, remainder, lerp, addcmul.
+
+Each op computes what ATen's CPU kernel computes (`BinaryOpsKernel.cpp`,
+`PowKernel.cpp`, `LerpKernel.cpp`, `PointwiseOpsKernel.cpp`), step by step
+where the steps round:
+
+- multiply-adds are fused (`fma`): `add`/`sub` with `alpha` call
+  `vec::fmadd`, and the compiler contracts `a + b * c` in the others;
+- float16/bfloat16 compute in float32 (`Ctx.operands`), but the kernels of
+  `div` with a rounding mode and of `pow` by 3 and -2 work on vectors of the
+  narrow type, so there each step rounds to it (`_rounding`);
+- float remainders call the `fmod` intrinsic, SLEEF's as in eager's vector
+  loops (not `Mod`, C's);
+- integer division by zero raises before the kernel runs, and MIN / -1,
+  which would trap, wraps (eager's floor division does the same);
+- numbers such as `alpha` are converted as `Scalar::to<T>()`, which raises
+  where a value does not fit (`casts.checked`): such nodes run unfused.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .. import expr as E
-from . import Ctx, LoweringError, Promotion, pointwise
+from ..codegen.ir_eval import evaluate
+from ..dtype import FLOAT64, INT64, Dtype
+from . import Arg, Ctx, LoweringError, Promotion, ScalarArg, pointwise, register, schema_overload
+from .casts import checked
+
+Rounding = Callable[[E.Expr], E.Expr]
 
 
-def _alpha(ctx: Ctx, value: E.Expr, k: int = 2) -> E.Expr:
-    """`value * alpha` for the optional `alpha` operand at position `k`."""
-    if k >= len(ctx.args):
-        return value
-    alpha = ctx.const(k)
-    if alpha == 1:
-        return value
-    if value.dtype.is_bool:
-        raise LoweringError("alpha on bool tensors")
-    return value * E.as_expr(alpha, value.dtype)
+def _rounding(ctx: Ctx, compute: Dtype, opmath: bool = False) -> Rounding:
+    """Rounds an intermediate to the output type where ATen computes in it step by step."""
+    narrow = ctx.out_dtype
+    if opmath or narrow == compute:
+        return lambda e: e
+    return lambda e: E.cast(compute, E.cast(narrow, e))
 
 
-@pointwise("aten::add", overloads=("Tensor", "Scalar"))
-def add(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
-    if a.dtype.is_bool:
-        return E.Or(a, _alpha(ctx, b))
-    return a + _alpha(ctx, b)
+def _number(ctx: Ctx, k: int, dtype: Dtype) -> E.Expr | None:
+    """Number operand `k` (alpha, value, weight) as `Scalar::to<dtype>()` gives it; None if 1."""
+    arg = ctx.arg(k)
+    if arg is None or (isinstance(arg, ScalarArg) and arg.const == 1):
+        return None
+    if not dtype.is_float and isinstance(arg, ScalarArg) and arg.dtype.is_float:
+        raise LoweringError("a float number with integer tensors: eager raises")
+    return checked(ctx, arg, dtype)
 
 
-@pointwise("aten::sub", overloads=("Tensor", "Scalar"))
-def sub(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
-    if a.dtype.is_bool:
-        raise LoweringError("subtraction of bool tensors")
-    return a - _alpha(ctx, b)
+def _is_constant(arg: Arg) -> bool:
+    return isinstance(arg, ScalarArg) and arg.const is not None
 
 
-@pointwise("aten::mul", overloads=("Tensor", "Scalar"))
+def _opmath_scalar(ctx: Ctx, compute: Dtype) -> bool:
+    """Whether ATen's mul/div kernels read the second operand at float32 precision."""
+    return ctx.out_dtype != compute and ctx.args[1].numel == 1
+
+
+# -- add, sub, rsub, mul ------------------------------------------------------
+
+# aten op -> (operands swapped, sign of alpha): rsub(a, b) is b - alpha * a.
+_ADD_LIKE = {"aten::add": (False, 1), "aten::sub": (False, -1), "aten::rsub": (True, -1)}
+
+
+@register(tuple(_ADD_LIKE), overloads=("Tensor", "Scalar"))
+def add(ctx: Ctx) -> E.Expr:
+    """`a + sign * alpha * b`: `vec::fmadd(b, alpha, a)` for floats."""
+    swapped, sign = _ADD_LIKE[ctx.node.kind()]
+    (a, b), compute = ctx.operands(ctx.args[:2], Promotion.DEFAULT)
+    if swapped:
+        a, b = b, a
+    alpha = _number(ctx, 2, ctx.out_dtype)
+    if compute.is_bool:
+        if sign < 0:
+            raise LoweringError("subtraction of bool tensors: eager raises")
+        return E.Or(a, b if alpha is None else E.And(b, alpha))
+    if alpha is None:
+        return E.cast(ctx.out_dtype, a + b if sign > 0 else a - b)
+    alpha = E.cast(compute, alpha)
+    if sign < 0:
+        alpha = -alpha
+    value = E.call("fma", b, alpha, a) if compute.is_float else a + b * alpha
+    return E.cast(ctx.out_dtype, value)
+
+
+@pointwise("aten::mul", overloads=("Tensor", "Scalar"), scalar_opmath=True)
 def mul(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
     return E.And(a, b) if a.dtype.is_bool else a * b
 
 
-@pointwise("aten::div", Promotion.INT_TO_FLOAT, overloads=("Tensor", "Scalar"))
-def div(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
-    return a / b
+# -- division -----------------------------------------------------------------
+
+
+def _require_nonzero(ctx: Ctx, divisor: Arg, dtype: Dtype) -> None:
+    """Eager raises on a zero integer divisor, checking it after conversion to `dtype`."""
+    if _is_constant(divisor):
+        if E.Imm.make(divisor.const, dtype).value == 0:  # type: ignore[attr-defined]
+            raise LoweringError("integer division by zero: eager raises")
+        return
+    if divisor.dtype.bits > dtype.bits:
+        raise LoweringError("the divisor may become zero in a narrower type")
+    ctx.require_nonzero(divisor)
+
+
+def _quotient(a: E.Expr, b: E.Expr) -> E.Expr:
+    """C's truncating `a / b`, with MIN / -1 wrapping to MIN instead of trapping."""
+    if not a.dtype.is_signed:
+        return a / b
+    by_minus_one = E.cmp("==", b, -1)
+    return E.select(by_minus_one, -a, a / E.select(by_minus_one, 1, b))
+
+
+def _remainder(a: E.Expr, b: E.Expr) -> E.Expr:
+    """C's `a % b` (the sign of `a`); `x % -1` is 0, where MIN % -1 would trap."""
+    if not a.dtype.is_signed:
+        return E.Mod(a, b)
+    return E.Mod(a, E.select(E.cmp("==", b, -1), 1, b))
+
+
+def _signs_differ(a: E.Expr, b: E.Expr) -> E.Expr:
+    return E.Cmp("!=", E.cmp("<", a, 0), E.cmp("<", b, 0))
+
+
+def _floor_div_int(a: E.Expr, b: E.Expr) -> E.Expr:
+    """c10::div_floor_integer: one less than the quotient if inexact and of differing signs."""
+    q = _quotient(a, b)
+    if not a.dtype.is_signed:
+        return q
+    inexact = E.cmp("!=", _remainder(a, b), 0)
+    return E.select(E.And(inexact, _signs_differ(a, b)), q - 1, q)
+
+
+def _floor_div_float(a: E.Expr, b: E.Expr, rnd: Rounding) -> E.Expr:
+    """ATen's `div_floor_floating_vec`: Python's `a // b` from fmod, rounding each step."""
+    mod = E.call("fmod", a, b)
+    div = rnd(rnd(a - mod) / b)
+    div = E.select(E.And(E.cmp("!=", mod, 0), _signs_differ(b, mod)), rnd(div - 1), div)
+    floor = E.call("floor", div)
+    floor = E.select(E.cmp(">", div - floor, 0.5), rnd(floor + 1), floor)
+    quotient = rnd(a / b)
+    signed_zero = E.call("copysign", E.as_expr(0.0, a.dtype), quotient)
+    floor = E.select(E.cmp("==", div, 0), signed_zero, floor)
+    return E.select(E.cmp("==", b, 0), quotient, floor)
+
+
+def _divide(ctx: Ctx, mode: str | None) -> E.Expr:
+    """`div` with rounding mode None, "trunc" or "floor"."""
+    args = ctx.args[:2]
+    if mode is None:
+        (a, b), _ = ctx.operands(args, Promotion.INT_TO_FLOAT, scalar_opmath=True)
+        return E.cast(ctx.out_dtype, a / b)
+    if mode not in ("trunc", "floor"):
+        raise LoweringError(f"unknown rounding mode {mode!r}")
+    (a, b), compute = ctx.operands(args, Promotion.DEFAULT, scalar_opmath=True)
+    if compute.is_bool:
+        raise LoweringError("rounding division of bool tensors: eager raises")
+    if not compute.is_float:
+        _require_nonzero(ctx, args[1], compute)
+        return _quotient(a, b) if mode == "trunc" else _floor_div_int(a, b)
+    rnd = _rounding(ctx, compute, _opmath_scalar(ctx, compute))
+    if mode == "trunc":
+        return E.cast(ctx.out_dtype, E.call("trunc", rnd(a / b)))
+    return E.cast(ctx.out_dtype, _floor_div_float(a, b, rnd))
+
+
+@register("aten::div", overloads=("Tensor", "Scalar", "Tensor_mode", "Scalar_mode"))
+def div(ctx: Ctx) -> E.Expr:
+    return _divide(ctx, ctx.const(2))
+
+
+@register("aten::true_divide", overloads=("Tensor", "Scalar"))
+def true_divide(ctx: Ctx) -> E.Expr:
+    return _divide(ctx, None)
+
+
+@register("aten::floor_divide", overloads=("", "Scalar"))
+def floor_divide(ctx: Ctx) -> E.Expr:
+    return _divide(ctx, "floor")
+
+
+def _integer_remainder(ctx: Ctx) -> tuple[E.Expr, E.Expr, Dtype]:
+    """The operands of fmod/remainder, with eager's zero-divisor check for integers."""
+    (a, b), compute = ctx.operands(ctx.args[:2], Promotion.DEFAULT)
+    if compute.is_bool:
+        raise LoweringError(f"{ctx.node.kind()} of bool tensors: eager raises")
+    if not compute.is_float:
+        _require_nonzero(ctx, ctx.args[1], compute)
+    return a, b, compute
+
+
+@register("aten::fmod", overloads=("Tensor", "Scalar"))
+def fmod(ctx: Ctx) -> E.Expr:
+    """C's remainder, with the sign of the dividend."""
+    a, b, compute = _integer_remainder(ctx)
+    value = E.call("fmod", a, b) if compute.is_float else _remainder(a, b)
+    return E.cast(ctx.out_dtype, value)
+
+
+@register("aten::remainder", overloads=("Tensor", "Scalar", "Scalar_Tensor"))
+def remainder(ctx: Ctx) -> E.Expr:
+    """Python's remainder, with the sign of the divisor: C's, plus `b` where the signs differ."""
+    a, b, compute = _integer_remainder(ctx)
+    mod = E.call("fmod", a, b) if compute.is_float else _remainder(a, b)
+    wrong_sign = E.And(E.cmp("!=", mod, 0), _signs_differ(mod, b))
+    return E.cast(ctx.out_dtype, E.select(wrong_sign, mod + b, mod))
+
+
+# -- unary ------------------------------------------------------------------------
 
 
 @pointwise("aten::neg", operands=(0,), overloads=("",))
 def neg(ctx: Ctx, a: E.Expr) -> E.Expr:
     if a.dtype.is_bool:
-        raise LoweringError("negation of a bool tensor")
+        raise LoweringError("negation of a bool tensor: eager raises")
     return -a
 
 
-# pow(x, c) for these constant exponents is computed as eager computes it.
-_POW_SPECIAL = {
-    2: lambda x: x * x,
-    3: lambda x: x * x * x,
-    0.5: lambda x: E.call("sqrt", x),
-    -0.5: lambda x: E.as_expr(1, x.dtype) / E.call("sqrt", x),
-    -1: lambda x: E.as_expr(1, x.dtype) / x,
-    -2: lambda x: E.as_expr(1, x.dtype) / (x * x),
-    1: lambda x: x,
-}
+@pointwise("aten::reciprocal", Promotion.INT_TO_FLOAT, operands=(0,), overloads=("",))
+def reciprocal(ctx: Ctx, a: E.Expr) -> E.Expr:
+    return 1.0 / a
 
 
-@pointwise("aten::pow", overloads=("Tensor_Scalar",))
-def pow_scalar(ctx: Ctx, x: E.Expr, exponent: E.Expr) -> E.Expr:
-    if not x.dtype.is_float:
-        raise LoweringError("integer pow")
-    arg = ctx.args[1]
-    const = getattr(arg, "const", None)
-    if const is not None and not isinstance(const, bool) and const in _POW_SPECIAL:
-        return _POW_SPECIAL[const](x)
-    return E.call("pow", x, exponent)
+@pointwise("aten::atan2", Promotion.INT_TO_FLOAT, overloads=("",))
+def atan2(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
+    return E.call("atan2", a, b)
+
+
+# -- lerp, addcmul ------------------------------------------------------------------
+
+
+@register("aten::lerp", overloads=("Scalar", "Tensor"))
+def lerp(ctx: Ctx) -> E.Expr:
+    """ATen's `lerp_vec`: from the nearer end, `fma(w, end - start, start)` if |w| < 0.5,
+    else `fma(w - 1, end - start, end)`."""
+    weight_is_tensor = schema_overload(ctx.node) == "Tensor"
+    values, compute = ctx.operands(ctx.args[: 3 if weight_is_tensor else 2], Promotion.DEFAULT)
+    if not compute.is_float:
+        raise LoweringError("lerp of integer tensors: eager raises")
+    start, end = values[:2]
+    weight = values[2] if weight_is_tensor else checked(ctx, ctx.args[2], compute)
+    diff = end - start
+    if _is_constant(ctx.args[2]):  # choose the branch now
+        w = E.as_expr(float(evaluate(weight)), compute)
+        if abs(w.value) < 0.5:  # type: ignore[attr-defined]
+            return E.cast(ctx.out_dtype, E.call("fma", w, diff, start))
+        return E.cast(ctx.out_dtype, E.call("fma", w - 1.0, diff, end))
+    small = E.cmp("<", E.call("abs", weight), 0.5)
+    coeff = E.select(small, weight, weight - 1.0)
+    return E.cast(ctx.out_dtype, E.call("fma", coeff, diff, E.select(small, start, end)))
+
+
+@register("aten::addcmul", overloads=("",))
+def addcmul(ctx: Ctx) -> E.Expr:
+    """`self + value * t1 * t2`, the last product fused with the sum."""
+    (s, t1, t2), compute = ctx.operands(ctx.args[:3], Promotion.DEFAULT)
+    if compute.is_bool:
+        raise LoweringError("addcmul of bool tensors: eager raises")
+    value = _number(ctx, 3, compute)
+    if value is not None:
+        t1 = value * t1
+    if compute.is_float:
+        return E.cast(ctx.out_dtype, E.call("fma", t1, t2, s))
+    return E.cast(ctx.out_dtype, s + t1 * t2)
+
+
+# -- pow --------------------------------------------------------------------------
+
+#: pow(x, e) for a number e, special-cased as ATen does, in its order:
+#: (e, compared after conversion to the tensor's type, also for float16, value).
+#: 0 and 1 fill and copy for every type; float32, float64 and bfloat16 then
+#: call sqrt, rsqrt and reciprocal for 0.5, -0.5 and -1, and multiply for 2,
+#: 3 and -2 (bfloat16 after rounding e to bfloat16, and step by step).
+_POW_CASES: list[tuple[float, bool, bool, Callable[[E.Expr, Rounding], E.Expr]]] = [
+    (0.0, False, True, lambda x, rnd: E.as_expr(1.0, x.dtype)),
+    (1.0, False, True, lambda x, rnd: x),
+    (0.5, False, False, lambda x, rnd: E.call("sqrt", x)),
+    (-0.5, False, False, lambda x, rnd: 1.0 / E.call("sqrt", x)),
+    (-1.0, False, False, lambda x, rnd: 1.0 / x),
+    (2.0, True, False, lambda x, rnd: x * x),
+    (3.0, True, False, lambda x, rnd: rnd(x * x) * x),
+    (-2.0, True, False, lambda x, rnd: 1.0 / rnd(x * x)),
+]
+
+
+def _pow_integer(ctx: Ctx, x: E.Expr, exponent: Arg, compute: Dtype) -> E.Expr:
+    """Integer (or bool) tensor to a number's power."""
+    if not _is_constant(exponent):
+        raise LoweringError("an integer power only known at run time")
+    e = exponent.const  # type: ignore[attr-defined]
+    if e in (0, 1):
+        return _POW_CASES[int(e)][3](x, lambda v: v)
+    if compute.is_bool or e < 0:
+        raise LoweringError("bool tensors, negative integer powers: eager raises")
+    return E.call("powi", x, checked(ctx, exponent, compute))
+
+
+def _pow_number(ctx: Ctx, x: E.Expr, exponent: Arg, compute: Dtype) -> E.Expr:
+    """`x ** e` for a number `e` (pow_tensor_scalar_kernel); `x` is in the computation type."""
+    if not compute.is_float:
+        return _pow_integer(ctx, x, exponent, compute)
+    narrow = ctx.out_dtype
+    e = E.cast(FLOAT64, ctx.load(exponent))
+    converted = E.cast(compute, checked(ctx, exponent, narrow)) if narrow != compute else e
+    cases = [
+        (converted if after_conversion else e, value, fn)
+        for value, after_conversion, half_too, fn in _POW_CASES
+        if half_too or narrow.name != "float16"
+    ]
+    rnd = _rounding(ctx, compute)
+    result = E.call("pow", x, E.cast(compute, converted))
+    if _is_constant(exponent):
+        return next((fn(x, rnd) for v, value, fn in cases if evaluate(v) == value), result)
+    for v, value, fn in reversed(cases):
+        result = E.select(E.cmp("==", v, value), fn(x, rnd), result)
+    return result
+
+
+@register("aten::pow", overloads=("Tensor_Scalar", "Tensor_Tensor", "Scalar"))
+def pow_(ctx: Ctx) -> E.Expr:
+    """Tensor to a number's power, or elementwise powers (number or tensor base)."""
+    (a, b), compute = ctx.operands(ctx.args[:2], Promotion.DEFAULT)
+    if schema_overload(ctx.node) == "Tensor_Scalar":
+        return E.cast(ctx.out_dtype, _pow_number(ctx, a, ctx.args[1], compute))
+    if compute.is_bool:
+        raise LoweringError("pow of bool tensors: eager raises")
+    value = E.call("pow" if compute.is_float else "powi", a, b)
+    return E.cast(ctx.out_dtype, value)
+
+
+@register("aten::square", overloads=("",))
+def square(ctx: Ctx) -> E.Expr:
+    """pow(x, 2), typed as such: the square of a bool tensor is int64."""
+    two = ScalarArg(E.imm(2, INT64), 2)
+    (x, _), compute = ctx.operands([ctx.args[0], two], Promotion.DEFAULT)
+    return E.cast(ctx.out_dtype, _pow_number(ctx, x, two, compute))

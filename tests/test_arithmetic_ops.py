@@ -1,0 +1,359 @@
+"""Arithmetic: the cases OpInfo's samples leave out.
+
+Numbers given to the graph at run time (divisors, exponents, alpha), integer
+division by zero (eager raises, so must the fused kernel), Python numbers and
+0-dim tensors next to float16 tensors, signed zeros, MIN / -1, ATen's special
+exponents, the two branches of lerp and fused multiply-adds. Each case runs
+fused (LLVM and the interpreter) and is compared with eager bit for bit,
+except where eager's result depends on a math library.
+"""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import nncfuse
+from nncfuse.tensorexpr import expr as E
+from nncfuse.tensorexpr.buffer import Buf
+from nncfuse.tensorexpr.codegen.ir_eval import IREvaluator
+from nncfuse.tensorexpr.codegen.llvm_codegen import compile_stmt
+from nncfuse.tensorexpr.dtype import from_torch
+from nncfuse.tensorexpr.loopnest import compute
+from nncfuse.tensorexpr.passes.vectorize import vectorize_inner_loops
+
+BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 0.5, -0.5, 1.0, -1.0, 2.5, -3.0, 7.0]
+# eager's vectorized kernels fuse multiply-adds on these; elsewhere it may round twice
+FMA = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def floats(dtype, n=67, scale=4.0):
+    """Signed zeros, NaN, infinities and random values; odd length, for vector tails."""
+    x = torch.randn(n, dtype=torch.float64) * scale
+    x[: len(SPECIAL)] = torch.tensor(SPECIAL, dtype=torch.float64)
+    return x.to(dtype)
+
+
+def ints(dtype, n=67, nonzero=False):
+    """Random integers of `dtype` with its extremes, -1, 0 and 1 (0 left out if `nonzero`)."""
+    info = torch.iinfo(dtype)
+    x = torch.randint(max(info.min, -100), min(info.max, 100) + 1, (n,), dtype=torch.int64)
+    x[:5] = torch.tensor([info.min, info.max, -1 if info.min else 2, 0, 1])
+    if nonzero:
+        x[x == 0] = 3
+    return x.to(dtype)
+
+
+def run_fused(fn, *args, use_llvm=True):
+    """`fn(*args)` through nncfuse (after its profiling call), asserting that it fused.
+
+    With tensors only, `fn` is traced (numbers in it become constants);
+    otherwise it is scripted, and its numbers are inputs of the graph.
+    """
+    if all(isinstance(a, torch.Tensor) for a in args):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn = torch.jit.trace(lambda *a: fn(*a), args, check_trace=False)
+    f = nncfuse.jit(fn, min_group_size=1, use_llvm=use_llvm)
+    f(*args)
+    out = f(*args)
+    assert nncfuse.fusion_groups(f.graph_for(*args)), "nothing was fused"
+    return out
+
+
+def assert_exact(got, want):
+    """Same dtype and values bit for bit, the sign of zeros included (NaN is any NaN)."""
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    if want.is_floating_point():
+        numbers = ~want.isnan()
+        assert torch.equal(got.signbit()[numbers], want.signbit()[numbers]), (got, want)
+
+
+def check(fn, *args, exact=True, use_llvm=True):
+    got = run_fused(fn, *args, use_llvm=use_llvm)
+    want = fn(*args)
+    if exact:
+        assert_exact(got, want)
+    else:
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+# -- the fma and powi intrinsics ------------------------------------------------------
+
+
+def run_ir(fn, inputs, out_dtype):
+    """`fn` of loads of `inputs`, vectorized, in the interpreter and compiled: both results."""
+    n = inputs[0].numel()
+    bufs = [Buf.make(f"in{k}", from_torch(t.dtype), [n]) for k, t in enumerate(inputs)]
+    loads = lambda i: [E.Load(b, (i,)) for b in bufs]  # noqa: E731
+    out, nest = compute("out", from_torch(out_dtype), [n], lambda i: fn(*loads(i)))
+    nest = vectorize_inner_loops(nest, vector_bits=256)
+    results = [torch.empty(n, dtype=out_dtype) for _ in range(2)]
+    IREvaluator(nest, [*bufs, out]).run([*inputs, results[0]])
+    jit = compile_stmt(nest, [*bufs, out], "intrinsic")
+    jit.cfunc(*(t.data_ptr() for t in [*inputs, results[1]]))
+    return results
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+def test_powi_wraps_and_takes_negative_exponents_as_aten(dtype):
+    base = ints(dtype, n=257)
+    exponent = ints(dtype, n=257)
+    exponent[5:9] = torch.tensor([-1, -2, 62, 63]).to(dtype)
+    for got in run_ir(lambda a, b: E.call("powi", a, b), [base, exponent], dtype):
+        assert torch.equal(got, torch.pow(base, exponent))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_fma_rounds_once(dtype):
+    a, b = torch.randn(2, 131, dtype=dtype)
+    c = -(a * b) + torch.randn(131, dtype=dtype) * 1e-6  # cancellation shows a second rounding
+    exact = (a.double() * b.double() + c.double()) if dtype == torch.float32 else None
+    for got in run_ir(lambda x, y, z: E.call("fma", x, y, z), [a, b, c], dtype):
+        if exact is not None:
+            assert torch.equal(got, exact.float())  # float32 products are exact in float64
+        if FMA:
+            assert torch.equal(got, torch.addcmul(c, a, b))
+
+
+# -- numbers given at run time ---------------------------------------------------------
+
+
+def div_scalar(x: torch.Tensor, s: float):
+    return x / s
+
+
+def floordiv_scalar(x: torch.Tensor, s: float):
+    return torch.div(x, s, rounding_mode="floor")
+
+
+def pow_scalar(x: torch.Tensor, s: float):
+    return x**s
+
+
+def add_alpha(x: torch.Tensor, y: torch.Tensor, alpha: int):
+    return torch.add(x, y, alpha=alpha)
+
+
+def lerp_weight(x: torch.Tensor, y: torch.Tensor, w: float):
+    return torch.lerp(x, y, w)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("s", [3.0, -0.0, 0.5, -0.5, -1.0, 2.0, 3.0, -2.0, 0.3])
+def test_numbers_given_at_run_time(s, use_llvm):
+    x = floats(torch.float64)
+    check(div_scalar, x, s, use_llvm=use_llvm)
+    check(floordiv_scalar, x, s, use_llvm=use_llvm)
+    check(pow_scalar, x.abs(), s, use_llvm=use_llvm, exact=False)
+    check(pow_scalar, torch.tensor([-0.0, -math.inf, 4.0], dtype=torch.float64), s)
+    check(lerp_weight, x, floats(torch.float64).flip(0), s, use_llvm=use_llvm)
+
+
+def test_int_alpha_given_at_run_time():
+    check(add_alpha, floats(torch.float64), floats(torch.float64), 3)
+    check(add_alpha, ints(torch.int64), ints(torch.int64), -7)
+
+
+# -- integer division by zero ----------------------------------------------------------
+
+INT_DIVISIONS = {
+    "trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "floor_divide": torch.floor_divide,
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+}
+
+
+def int_floordiv(x: torch.Tensor, d: int):
+    return torch.div(x, d, rounding_mode="floor")
+
+
+def int_remainder(x: torch.Tensor, d: int):
+    return torch.remainder(x, d)
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+@pytest.mark.parametrize("name", list(INT_DIVISIONS))
+def test_integer_division_matches_and_raises_on_zero(name, dtype):
+    fn = INT_DIVISIONS[name]
+    a, b = ints(dtype), ints(dtype, nonzero=True).flip(0)
+    f = nncfuse.jit(torch.jit.trace(fn, (a, b)), min_group_size=1)
+    f(a, b)
+    assert_exact(f(a, b), fn(a, b))
+    assert nncfuse.fusion_groups(f.graph_for(a, b))
+    b[7] = 0
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(a, b)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(a, b)
+
+
+@pytest.mark.parametrize("fn", [int_floordiv, int_remainder])
+def test_integer_divisor_given_at_run_time(fn):
+    x = ints(torch.int64)
+    check(fn, x, -3)
+    f = nncfuse.jit(fn, min_group_size=1)
+    f(x, 5)
+    f(x, 5)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(x, 0)
+    # An int32 tensor sees the divisor modulo 2**32, where 2**32 is zero: not fused.
+    x32 = x.int()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(x32, 2**32)
+    f(x32, 2**32 + 3)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(x32, 2**32)
+
+
+def test_divisor_that_wraps_to_zero_raises_like_eager():
+    x = ints(torch.int8)
+    fn = lambda x: x // 256  # noqa: E731 - 256 becomes 0 as an int8
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f = nncfuse.jit(torch.jit.trace(lambda x: x // 255, (x,)), min_group_size=1)
+    f(x)
+    assert_exact(f(x), x // 255)
+
+
+def test_empty_dividend_does_not_look_at_the_divisor():
+    a, b = torch.empty(0, 3, dtype=torch.int64), torch.tensor([[0, 1, 2]])
+    f = nncfuse.jit(torch.jit.trace(torch.remainder, (a, b)), min_group_size=1)
+    f(a, b)
+    assert f(a, b).shape == (0, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64], ids=str)
+def test_min_divided_by_minus_one_wraps(dtype):
+    a = torch.full((20,), torch.iinfo(dtype).min, dtype=dtype)
+    b = torch.full((20,), -1, dtype=dtype)
+    for name in ("floor", "remainder", "fmod"):
+        check(INT_DIVISIONS[name], a, b)
+    # Eager's trunc division traps (SIGFPE) here: profile on other values, then divide.
+    trunc, two = INT_DIVISIONS["trunc"], torch.full_like(b, 2)
+    f = nncfuse.jit(torch.jit.trace(trunc, (a, two)), min_group_size=1)
+    f(a, two)
+    assert torch.equal(f(a, two), trunc(a, two))
+    assert torch.equal(f(a, b), a)
+
+
+# -- float division and remainders -------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", list(INT_DIVISIONS))
+def test_float_division_signed_zeros_and_infinities(name, dtype, use_llvm):
+    a, b = floats(dtype), floats(dtype).flip(0)
+    pairs = torch.cartesian_prod(torch.arange(len(SPECIAL)), torch.arange(len(SPECIAL)))
+    a = torch.cat([a, a[: len(SPECIAL)][pairs[:, 0]]])
+    b = torch.cat([b, a[: len(SPECIAL)][pairs[:, 1]]])
+    check(INT_DIVISIONS[name], a, b, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_floor_division_of_large_reduced_floats_rounds_each_step(dtype):
+    a = torch.tensor([-8200.0, 8200.0, -8192.0, 60000.0, -1e4, 3e4], dtype=dtype)
+    b = torch.tensor([3.0, -3.0, 7.0, 0.3, 0.7, -0.9], dtype=dtype)
+    check(torch.floor_divide, a.repeat(5), b.repeat(5))
+
+
+# -- numbers and 0-dim tensors next to float16 ------------------------------------------
+
+REDUCED_MIXED = {
+    # add casts the number to float16 first; mul and div read it in float32.
+    "add": lambda x: x + 0.1,
+    "sub_0dim": lambda x: x - torch.tensor(0.1, dtype=torch.float64),
+    "mul": lambda x: x * 0.1,
+    "mul_int": lambda x: x * 2049,
+    "div": lambda x: x / 0.1,
+    "rdiv_0dim": lambda x: torch.div(torch.tensor(0.1, dtype=torch.float64), x),
+    "trunc": lambda x: torch.div(x, 0.3, rounding_mode="trunc"),
+    "floor": lambda x: torch.div(x, 0.3, rounding_mode="floor"),
+    "remainder": lambda x: torch.remainder(x, 0.3),
+    "rsub": lambda x: torch.rsub(x, 0.1, alpha=3),
+}
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(REDUCED_MIXED))
+def test_numbers_next_to_reduced_floats(name, dtype, use_llvm):
+    x = torch.randn(515, dtype=torch.float64).mul(100).to(dtype)
+    check(REDUCED_MIXED[name], x, use_llvm=use_llvm)
+
+
+# -- pow ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("e", [0, 1, 0.5, -0.5, -1, 2, 3, -2, 2.001, 0.3])
+def test_pow_special_exponents(e, dtype, use_llvm):
+    # Eager's float32 sqrt (MKL's) is not always correctly rounded, ours is.
+    exact = e in (0, 1, -1, 2, 3, -2) or (e == 2.001 and dtype == torch.bfloat16)
+    check(lambda x: x**e, floats(dtype), use_llvm=use_llvm, exact=exact)
+    # float16 computes pow(x, 0.5): +0 at -0, inf at -inf; the others sqrt: -0, nan
+    check(lambda x: x**e, torch.tensor([-0.0, -math.inf, math.inf, 0.0, math.nan], dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+def test_integer_pow_wraps_and_negative_exponents(dtype):
+    base, exponent = ints(dtype), ints(dtype).abs().flip(0)
+    check(torch.pow, base, exponent)
+    if dtype != torch.uint8:
+        small = torch.tensor([1, -1, -1, 2, 0, -3], dtype=dtype)
+        check(torch.pow, small, torch.tensor([-5, -5, -4, -1, 3, -2], dtype=dtype))
+    check(lambda x: x**7, base)
+    check(lambda x: 3**x, exponent)
+
+
+def test_square_of_bool_is_int64():
+    b = torch.tensor([True, False, True])
+    assert run_fused(torch.square, b).dtype == torch.int64
+
+
+# -- lerp and the multiply-adds -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_lerp_branches_on_the_weight(dtype, use_llvm):
+    start, end = floats(dtype, scale=100), floats(dtype, scale=100).flip(0)
+    weight = torch.linspace(-1.5, 1.5, start.numel(), dtype=torch.float64)
+    weight[:4] = torch.tensor([0.5, -0.5, 0.49999, math.nan])
+    check(torch.lerp, start, end, weight.to(dtype), use_llvm=use_llvm, exact=FMA)
+    for w in (0.25, 0.5, -0.75, 2.0):
+        check(lambda a, b: torch.lerp(a, b, w), start, end, use_llvm=use_llvm, exact=FMA)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.int16, torch.int64], ids=str)
+def test_multiply_adds(dtype, use_llvm):
+    make = floats if dtype.is_floating_point else ints
+    a, b, c = make(dtype), make(dtype).flip(0), make(dtype).roll(3)
+    value = 0.7 if dtype.is_floating_point else 3
+    exact = FMA or not dtype.is_floating_point
+    check(lambda x, y, z: torch.addcmul(x, y, z, value=value), a, b, c, exact=exact)
+    check(lambda x, y: torch.add(x, y, alpha=value), a, b, use_llvm=use_llvm, exact=exact)
+    check(lambda x, y: torch.sub(x, y, alpha=value), a, b, use_llvm=use_llvm, exact=exact)
+
+
+def test_bool_add_and_mul():
+    a = torch.tensor([True, False, True, False])
+    b = torch.tensor([True, True, False, False])
+    check(torch.add, a, b)
+    check(torch.mul, a, b)
+
+
+def test_neg_keeps_signed_zeros():
+    check(torch.neg, floats(torch.float32))
+    check(torch.neg, ints(torch.uint8))
