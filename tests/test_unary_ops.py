@@ -193,20 +193,40 @@ def _exact(fn):
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("fn,params", PARAMETRIZED, ids=lambda v: getattr(v, "__name__", ""))
 def test_parameters_at_run_time(fn, params, dtype):
-    """Parameters passed as numbers are kernel arguments, converted as eager converts them."""
+    """Parameters passed as numbers are kernel arguments, converted as eager converts them.
+
+    Eager raises for a float64 parameter that does not fit a narrower type;
+    the kernel cannot, so only float64 tensors fuse with float parameters.
+    """
     x = special(dtype)
-    got = run_fused(fn, x, *params)
-    want = fn(x, *params)
-    if _exact(fn):
-        assert_exact(got, want)
-    else:
-        torch.testing.assert_close(got, want, equal_nan=True)
-    # The same kernel serves other values of the parameters.
-    other = tuple(p * 0.5 for p in params)
     f = nncfuse.jit(fn, min_group_size=1)
-    f(x, *params)
-    assert nncfuse.fusion_groups(f.graph_for(x, *other))
-    torch.testing.assert_close(f(x, *other), fn(x, *other), equal_nan=True)
+    for values in (params, tuple(p * 0.5 for p in params)):  # one kernel, other values
+        f(x, *values)
+        got, want = f(x, *values), fn(x, *values)
+        if _exact(fn):
+            assert_exact(got, want)
+        else:
+            torch.testing.assert_close(got, want, equal_nan=True)
+    assert bool(nncfuse.fusion_groups(f.graph_for(x, *params))) == (dtype == torch.float64)
+
+
+def int_threshold(x, limit: int, value: int):
+    return torch.ops.aten.threshold(x, limit, value)
+
+
+def int_hardtanh(x, lo: int, hi: int):
+    return torch.ops.aten.hardtanh(x, lo, hi)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64], ids=str)
+@pytest.mark.parametrize("fn", [int_threshold, int_hardtanh], ids=lambda f: f.__name__)
+def test_int_parameters_at_run_time_fuse(fn, dtype):
+    """Every int64 fits these types, so integer parameters given at run time fuse."""
+    x = (special(torch.float64) * 3).to(dtype) if dtype.is_floating_point else torch.arange(
+        -9, 10, dtype=dtype
+    )
+    for values in ((-2, 3), (1, -7)):
+        assert_exact(run_fused(fn, x, *values), fn(x, *values))
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -228,7 +248,7 @@ def test_float16_threshold_compares_in_float_but_hardshrink_rounds_lambd():
 def test_nan_hardtanh_limit_gives_nan():
     x = special(torch.float32)
     check(lambda t: F.hardtanh(t, math.nan, 1.0), x)
-    check(hardtanh, x, -1.0, math.nan)
+    check(hardtanh, x.double(), -1.0, math.nan)  # a run-time limit: float64 only
 
 
 def test_parameters_eager_rejects_are_rejected():

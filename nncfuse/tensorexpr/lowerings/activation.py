@@ -4,9 +4,9 @@ Each formula is the one ATen's CPU kernel evaluates (`cpu/Activation.cpp`,
 `cpu/Gelu.h`, `cpu/Elu.h`, `cpu/UnaryOpsKernel.cpp`), operation for
 operation, so results round as eager's do. float16/bfloat16 compute in
 float32. A parameter (slope, alpha, threshold, ...) is converted the way the
-kernel converts it with `Scalar::to<T>()`: some kernels convert to the
-tensor's type (a float16 `lambd` is rounded to float16), others to the
-computation type; the `_param` calls below say which.
+kernel converts it with `Scalar::to<T>()` (`casts.checked`): some kernels
+convert to the tensor's type (a float16 `lambd` is rounded to float16),
+others to the computation type; the `_param` calls below say which.
 """
 
 from __future__ import annotations
@@ -16,62 +16,20 @@ import math
 import torch
 
 from .. import expr as E
-from ..dtype import FLOAT32, INT64, Dtype
+from ..dtype import INT64, Dtype
 from . import Ctx, LoweringError, Promotion, ScalarArg, pointwise
-
-#: The largest finite value of each float type, for c10's overflow check.
-_FLOAT_MAX = {
-    "float16": 65504.0,
-    "bfloat16": 3.3895313892515355e38,
-    "float32": 3.4028234663852886e38,
-    "float64": math.inf,
-}
-
-
-def _convert(value: bool | int | float, dtype: Dtype) -> bool | int | float:
-    """`c10::Scalar(value).to<dtype>()`: c10's checked conversion.
-
-    Where eager raises ("value cannot be converted to type ... without
-    overflow") this raises LoweringError, so the unfused graph raises it.
-    Negative integers may wrap into unsigned types; floats may not.
-    """
-    if dtype.is_float:
-        if math.isfinite(value) and abs(value) > _FLOAT_MAX[dtype.name]:
-            raise LoweringError(f"{value} overflows {dtype}")
-        if dtype.is_reduced_float:  # c10::Half and BFloat16 are built from a float
-            value = E.Imm.make(float(value), FLOAT32).value
-        return E.Imm.make(float(value), dtype).value
-    bits = dtype.bits - dtype.is_signed
-    lo, hi = (-(1 << bits) if dtype.is_signed else 0), (1 << bits) - 1
-    if isinstance(value, float):
-        if not lo <= value <= hi:  # also NaN and infinities
-            raise LoweringError(f"{value} overflows {dtype}")
-        return int(value)
-    value = int(value)
-    if value > hi or value < (-hi if lo == 0 else lo):
-        raise LoweringError(f"{value} overflows {dtype}")
-    return E.Imm.make(value, dtype).value
+from .casts import checked, fits
 
 
 def _param(ctx: Ctx, k: int, dtype: Dtype, compute: Dtype) -> E.Expr:
     """Operand `k` as eager's kernel sees it: converted to `dtype`, then held in `compute`.
 
-    A number given to the graph at run time is converted in the kernel,
-    without c10's overflow check: for float tensors only, where that check
-    fails just for values beyond the type's range (eager raises, the kernel
-    gives an infinity). Integer tensors take constants only.
+    The conversion is c10's checked one (`casts.checked`): where eager would
+    raise because the value does not fit, the node runs unfused. So a number
+    given at run time fuses only where every value of its type fits (e.g. a
+    float slope for float64 tensors, an int one for float32 tensors).
     """
-    arg = ctx.arg(k)
-    if not isinstance(arg, ScalarArg):
-        raise LoweringError(f"operand {k} is not a number")
-    if arg.const is not None:
-        return E.as_expr(_convert(arg.const, dtype), compute)
-    if not dtype.is_float:
-        raise LoweringError(f"operand {k} of an integer op is only known at run time")
-    value = arg.expr
-    if dtype.is_reduced_float:
-        value = E.cast(FLOAT32, value)
-    return E.cast(compute, E.cast(dtype, value))
+    return E.cast(compute, checked(ctx, ctx.arg(k), dtype))
 
 
 def _in_dtype(ctx: Ctx, k: int, x: E.Expr) -> E.Expr:
@@ -148,12 +106,17 @@ def relu(ctx: Ctx, x: E.Expr) -> E.Expr:
 
 def _hardtanh_limit(ctx: Ctx, k: int, x: E.Expr) -> E.Expr:
     """A hardtanh limit: integer tensors take it truncated to int64 first (`toLong()`)."""
-    if x.dtype.is_float:
-        return _in_dtype(ctx, k, x)
-    limit = _convert(ctx.const(k), INT64)
+    arg = ctx.arg(k)
+    if x.dtype.is_float or not (isinstance(arg, ScalarArg) and arg.const is not None):
+        return _in_dtype(ctx, k, x)  # run-time limits of integer ops: int64 numbers only
+    if not fits(arg.const, INT64):
+        raise LoweringError(f"{arg.const} does not fit int64: eager raises")
+    limit = int(arg.const)
     if not x.dtype.is_signed and limit < 0:
         raise LoweringError("hardtanh on an unsigned type with negative limits")  # as eager
-    return E.as_expr(_convert(limit, x.dtype), x.dtype)
+    if not fits(limit, x.dtype):
+        raise LoweringError(f"{limit} does not fit {x.dtype}: eager raises")
+    return E.as_expr(limit, x.dtype)
 
 
 def _nan_limit(ctx: Ctx, ks: tuple[int, ...]) -> E.Expr | None:

@@ -4,7 +4,10 @@ Each op computes what ATen's CPU kernel computes (`UnaryOpsKernel.cpp`):
 integer and bool inputs of the float functions are converted to the default
 float type first, float16/bfloat16 compute in float32, and the rounding
 functions leave integers unchanged. The transcendentals are the IR's
-intrinsics, which call the same SLEEF routines as eager's vectorized loops.
+intrinsics (SLEEF's 1-ulp routines in vector loops); eager calls SLEEF or
+MKL's VML, and a scalar libm for the tail of a loop, so the two agree to an
+ulp or so, not bit for bit. The rest is exact but for float16/bfloat16
+rsqrt (see there).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ for _kind, _name in _ROUNDING.items():
 
 @pointwise("aten::rsqrt", Promotion.INT_TO_FLOAT, operands=(0,), overloads=("",))
 def rsqrt(ctx: Ctx, x: E.Expr) -> E.Expr:
-    # Vectorized<T>::rsqrt divides by the square root, rounding twice, as we do.
+    # As eager's vector loop: 1 / sqrt(x) in float. Its scalar tail (the last few elements)
+    # rounds sqrt(x) to float16/bfloat16 first (c10's std::sqrt overload): an ulp apart.
     return E.as_expr(1.0, x.dtype) / E.call("sqrt", x)
 
 
