@@ -6,7 +6,10 @@ whether grad mode is on. Number values are not part of the key: they are
 kernel arguments. For a new signature:
 
 1. the function's graph, with profile nodes, runs `profiling_runs` times
-   (each call returns its real result);
+   (each call returns its real result); a graph of elementwise ops only, with
+   no control flow, is instead typed by running it on meta tensors, which
+   compute output metadata exactly as the CPU does, so that its first call
+   already runs compiled code;
 2. the profiled graph is fused (`tensorexpr_fuser`): groups are formed,
    compiled and guarded;
 3. the optimized graph becomes this signature's plan. When the whole graph
@@ -22,6 +25,7 @@ where the unfused function would not.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -32,7 +36,8 @@ import torch
 from .. import log
 from ..config import Options
 from . import runtime
-from .profiling import Profiler
+from ..tensorexpr.lowerings import lowering_for
+from .profiling import Profiler, infer_types
 from .tensorexpr_fuser import fuse_tensor_exprs
 
 _log = log.get_logger(__file__)
@@ -99,6 +104,17 @@ class UnfusedPlan:
         return self.script(*args)
 
 
+def _elementwise(node: Any) -> bool:
+    """Whether `node` is a constant, a tuple of results, or an op with a lowering."""
+    if node.kind() in ("prim::Constant", "prim::TupleConstruct"):
+        return True
+    return not list(node.blocks()) and lowering_for(node)[0] is not None
+
+
+def _values(graph: torch._C.Graph) -> list[Any]:
+    return [*graph.inputs(), *(v for n in graph.nodes() for v in n.outputs())]
+
+
 def _kernel_plan(graph: torch._C.Graph, offset: int) -> KernelPlan | None:
     """A KernelPlan if `graph` is TypeCheck + If(kernel) over its inputs, else None."""
     nodes = [n for n in graph.nodes() if n.kind() != "prim::Constant"]
@@ -147,6 +163,7 @@ class FusedFunction:
         self._profiles: dict[tuple[Any, ...], tuple[Profiler, Any]] = {}
         self._broken = False
         self._arity = -1  # number of arguments once prepared: enables the fast path
+        self._elementwise_only = False  # see _infer_types
         if callable(fn) and not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn, updated=())
 
@@ -182,6 +199,14 @@ class FusedFunction:
         torch._C._jit_pass_remove_mutation(graph)
         torch._C._jit_pass_dce(graph)
         self._graph = graph
+        self._elementwise_only = (
+            self._receiver is None
+            and self.options.profiling_runs == 1
+            and all(_elementwise(n) for n in graph.nodes())
+            and all(isinstance(v.type(), (torch._C.TensorType, torch._C.FloatType,
+                                          torch._C.IntType, torch._C.BoolType))
+                    for v in graph.inputs())
+        )
         self._arity = len(self._script.schema.arguments) - (self._receiver is not None)
         return True
 
@@ -231,6 +256,11 @@ class FusedFunction:
             _log.update("Too many input signatures; running unfused")
             self._plans[key] = UnfusedPlan(self._script, self._graph)
             return self._script(*args)
+        if self._elementwise_only and key not in self._profiles:
+            graph = self._infer_types(args)
+            if graph is not None:
+                self._plans[key] = plan = self._optimize(graph)
+                return plan.run(args)
         if key not in self._profiles:
             graph = self._graph.copy()  # type: ignore[union-attr]
             profiler = Profiler(graph)
@@ -242,13 +272,40 @@ class FusedFunction:
             result = profiler.run(fn, *full)
         if profiler.runs >= self.options.profiling_runs:
             del self._profiles[key]
-            self._plans[key] = self._optimize(profiler)
+            profiler.finish()
+            self._plans[key] = self._optimize(profiler.graph)
         return result
 
-    def _optimize(self, profiler: Profiler) -> Any:
-        graph = profiler.graph
+    def _infer_types(self, args: tuple[Any, ...]) -> torch._C.Graph | None:
+        """The graph typed by running it on meta tensors shaped like `args`, if that works.
+
+        Only for graphs of elementwise ops without control flow, whose output
+        metadata meta tensors compute exactly as the CPU does: then the first
+        call runs compiled code instead of a profiling run at eager speed.
+        """
+        graph = self._graph.copy()  # type: ignore[union-attr]
+        position = {v.unique(): k for k, v in enumerate(graph.inputs())}
+
+        def example(value: Any) -> Any:
+            a = args[position[value.unique()]]
+            if not isinstance(a, torch.Tensor):
+                return a
+            m = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+            return m.requires_grad_(a.requires_grad) if a.is_floating_point() else m
+
         try:
-            profiler.finish()
+            metas = infer_types(graph, example)
+        except Exception as e:  # noqa: BLE001 - profile by running instead
+            _log.update("Types not inferred on meta tensors: ", e)
+            return None
+        for value in _values(graph):
+            meta = metas.get(value.unique())
+            if meta is not None:
+                value.setType(dataclasses.replace(meta, device=torch.device("cpu")).to_type())
+        return graph
+
+    def _optimize(self, graph: torch._C.Graph) -> Any:
+        try:
             fuse_tensor_exprs(graph, self.options)
             offset = 0 if self._receiver is None else 1
             plan = _kernel_plan(graph, offset) if self._receiver is None else None

@@ -1,0 +1,61 @@
+"""Graphs of elementwise ops are typed on meta tensors: the first call already runs fused."""
+
+import torch
+
+import nncfuse
+from nncfuse.jit import profiling
+
+
+def gelu(x):
+    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+
+
+def test_elementwise_graph_skips_the_profiling_run(monkeypatch):
+    runs = []
+    real = profiling.Profiler.run
+
+    def spy(self, fn, *args):
+        flat = [x for a in args for x in (a if isinstance(a, tuple) else (a,))]
+        runs.extend(x.device.type for x in flat if isinstance(x, torch.Tensor))
+        return real(self, fn, *args)
+
+    monkeypatch.setattr(profiling.Profiler, "run", spy)
+    f = nncfuse.jit(gelu)
+    x = torch.randn(300, 7).t()
+    torch.testing.assert_close(f(x), gelu(x))
+    assert runs == ["meta"]  # typed on meta tensors, never run at eager speed
+    assert len(nncfuse.fusion_groups(f.graph_for(x))) == 1
+
+
+def test_control_flow_and_other_ops_profile_by_running(monkeypatch):
+    def f(x, flag: bool):
+        if flag:
+            x = x * 2.0
+        return torch.sigmoid(x) + 1.0
+
+    g = nncfuse.jit(f)
+    x = torch.randn(8)
+    for _ in range(2):
+        torch.testing.assert_close(g(x, True), f(x, True))
+    assert not g._elementwise_only
+
+    def h(x):
+        return torch.mm(x, x).sin() * 2.0
+
+    assert not nncfuse.jit(h).graph.findNode("aten::mm") is None
+    hh = nncfuse.jit(h)
+    hh(torch.randn(4, 4))
+    assert not hh._elementwise_only
+
+
+def test_meta_inference_failure_falls_back_to_profiling():
+    def f(x, y):
+        return (x + y) * 2.0  # shapes that do not broadcast: eager raises
+
+    g = nncfuse.jit(f)
+    try:
+        g(torch.randn(3), torch.randn(4))
+    except RuntimeError as e:
+        assert "size" in str(e)
+    else:
+        raise AssertionError("expected eager's error")
