@@ -54,7 +54,7 @@ def _git_revision() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def machine_info(thread_settings: list[int]) -> dict[str, Any]:
+def machine_info(thread_settings: list[int], inductor_vec_isa: str | None) -> dict[str, Any]:
     return {
         "cpu_model": _cpu_model(),
         "llvm_host_cpu": llvm.get_host_cpu_name(),
@@ -65,6 +65,7 @@ def machine_info(thread_settings: list[int]) -> dict[str, Any]:
         "llvmlite": llvmlite.__version__,
         "python": platform.python_version(),
         "nncfuse_revision": _git_revision(),
+        "inductor_vec_isa": inductor_vec_isa,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
 
@@ -142,6 +143,12 @@ def print_report(
     """Print the steady-state table, first calls and the averages; return the averages."""
     print(f"\n{machine['cpu_model']} (LLVM: {machine['llvm_host_cpu']}), "
           f"torch {machine['torch']}, nncfuse {machine['nncfuse_revision']}")
+    isa = machine["inductor_vec_isa"]
+    if isa is not None:
+        print(f"torch.compile's vector ISA: {isa}")
+        if "INVALID" in isa:
+            print("!! torch.compile generated scalar C++: Inductor's vector-ISA probe failed "
+                  "(e.g. a file such as nt.py on sys.path crashes the probe's child process)")
     print(f"median {clock} time per call; vs eager = eager/nncfuse, "
           "vs compile = torch.compile/nncfuse (>1: nncfuse faster);")
     print("groups = nncfuse fusion groups; spread = the largest slowest/fastest round of any "

@@ -159,6 +159,18 @@ def _startup(contenders: list[str]) -> dict[str, float]:
     return costs
 
 
+def _inductor_vec_isa() -> str:
+    """The SIMD instruction set Inductor generates C++ for; INVALID_VEC_ISA means scalar code.
+
+    Inductor decides by building and loading a probe library in a child process;
+    when that fails it silently falls back to scalar loops, which would make
+    every torch.compile number in the table meaningless.
+    """
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return str(pick_vec_isa())
+
+
 def _thread_settings(spec: str) -> list[int]:
     available = len(os.sched_getaffinity(0))
     settings: list[int] = []
@@ -225,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     try:
         startup = _startup(args.contenders)
+        vec_isa = _inductor_vec_isa() if "compile" in args.contenders else None
         for threads in args.thread_settings:
             torch.set_num_threads(threads)
             for w in workloads:
@@ -234,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(initial_threads)
         if cache_dir is not None:
             shutil.rmtree(cache_dir, ignore_errors=True)
-    machine = machine_info(args.thread_settings)
+    machine = machine_info(args.thread_settings, vec_isa)
     summary = print_report(rows, args.contenders, machine, startup, args.clock)
     write_json(args.json, machine, vars(args), startup, rows, summary)
     print(f"wrote {args.json}")
