@@ -114,7 +114,11 @@ def _fma_scalar(a: Any, b: Any, c: Any) -> Any:
         return r
     # Rounding through float64 can round twice: take the nearer neighbour, ties to even.
     other = np.nextafter(r, kind(np.inf if exact > Fraction(float(r)) else -np.inf))
-    near, far = abs(exact - Fraction(float(r))), abs(exact - Fraction(float(other)))
+    if np.isfinite(other):
+        beyond = Fraction(float(other))
+    else:  # r is the largest finite value: rounding treats infinity as one ulp further out
+        beyond = 2 * Fraction(float(r)) - Fraction(float(np.nextafter(r, kind(0))))
+    near, far = abs(exact - Fraction(float(r))), abs(exact - beyond)
     if far < near or (far == near and int(other.view(f"u{other.itemsize}")) % 2 == 0):
         return other
     return r

@@ -1,0 +1,42 @@
+"""Bugs the differential fuzzer (`nncfuse.fuzz`) found in the core, each as its minimized repro.
+
+Each test names the seed that found it (`python -m nncfuse.fuzz --replay SEED`).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import nncfuse
+from nncfuse.tensorexpr.codegen.ir_eval import _fma_scalar
+
+
+def _check(fn, *args, use_llvm):
+    fused = nncfuse.jit(fn, use_llvm=use_llvm, min_group_size=1)
+    for _ in range(3):
+        torch.testing.assert_close(fused(*args), fn(*args), equal_nan=True)
+
+
+def test_interpreter_fma_rounding_next_to_float_max():
+    """Seed 1109: the interpreter's fma raised OverflowError when the result rounds near
+    float32's largest value (the neighbour it compared against was infinity)."""
+
+    def f(x, y):
+        return torch.rsub(y, x, alpha=0.5)  # x - 0.5 * y: one fma
+
+    big = torch.finfo(torch.float32).max
+    x = torch.tensor([-big, big, 1.5, -big])
+    y = torch.tensor([1.0, -1.0, 2.0, 3e31])
+    _check(f, x, y, use_llvm=False)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_interpreter_fma_overflow_rounds_like_ieee():
+    """Just past float32's largest value an fma rounds back to it; half an ulp past, to inf."""
+    big = np.float32(np.finfo(np.float32).max)
+    half_ulp = np.float32(2.0**103)
+    one = np.float32(1.0)
+    assert _fma_scalar(big, one, one) == big
+    assert _fma_scalar(-big, one, -one) == -big
+    assert _fma_scalar(big, one, half_ulp) == np.inf  # a tie: to even, which is infinity
+    assert _fma_scalar(big, one, np.float32(2.0**102)) == big
