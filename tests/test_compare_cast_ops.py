@@ -43,8 +43,16 @@ def check(fn, *args, fused=True, traced=False):
         for g, w in zip(got, want) if isinstance(want, tuple) else [(got, want)]:
             torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
         groups = nncfuse.fusion_groups(f.graph_for(*args))
-        assert bool(groups) == fused, f.graph_for(*args)
+        if fused:  # every op, not just some
+            inside = [k for g in groups for k in aten_kinds(g.g("Subgraph"))]
+            assert sorted(inside) == sorted(aten_kinds(f.graph)), f.graph_for(*args)
+        else:
+            assert not groups, f.graph_for(*args)
     return got
+
+
+def aten_kinds(graph):
+    return [n.kind() for n in graph.nodes() if n.kind().startswith("aten::")]
 
 
 # -- conversions -------------------------------------------------------------------

@@ -11,7 +11,9 @@ from __future__ import annotations
 from .. import expr as E
 from . import Ctx, LoweringError, pointwise
 
+# Overload names: `bitwise_and.Scalar` but `bitwise_left_shift.Tensor_Scalar`, `__lshift__.Scalar`.
 _BINARY_OVERLOADS = ("Tensor", "Scalar", "Scalar_Tensor")
+_SHIFT_OVERLOADS = (*_BINARY_OVERLOADS, "Tensor_Scalar")
 
 _LOGICAL = {"and": E.And, "or": E.Or, "xor": E.Xor}
 
@@ -51,13 +53,13 @@ def _shift_in_range(a: E.Expr, b: E.Expr) -> E.Expr:
 
 # ATen's lshift/rshift kernels: a shift by a negative amount or by at least the
 # width gives 0 to the left, and fills with the sign bit to the right.
-@pointwise(("aten::bitwise_left_shift", "aten::__lshift__"), overloads=_BINARY_OVERLOADS)
+@pointwise(("aten::bitwise_left_shift", "aten::__lshift__"), overloads=_SHIFT_OVERLOADS)
 def left_shift(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
     ok = _shift_in_range(a, b)
     return E.select(ok, E.Shl(a, E.select(ok, b, 0)), 0)
 
 
-@pointwise(("aten::bitwise_right_shift", "aten::__rshift__"), overloads=_BINARY_OVERLOADS)
+@pointwise(("aten::bitwise_right_shift", "aten::__rshift__"), overloads=_SHIFT_OVERLOADS)
 def right_shift(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
     ok = _shift_in_range(a, b)
     if a.dtype.is_signed:
