@@ -1,0 +1,317 @@
+"""Differential fuzzer: random elementwise TorchScript programs, nncfuse against eager PyTorch.
+
+    python -m nncfuse.fuzz -n 10000 [--seed S] [--backend llvm|interp|both] [-j JOBS]
+    python -m nncfuse.fuzz --replay SEED [--minimize]
+
+`fuzz_program.generate(seed)` makes a case: a program of 1-12 elementwise
+ops (`fuzz_ops`) over random dtypes, shapes, broadcasts, layouts and numbers
+(`fuzz_inputs`), and two input sets of the same types. `check_case` runs the
+program as plain Python (eager PyTorch, the reference) and through
+`nncfuse.jit` with each backend, calling it on set A (profiling), set A
+again (the optimized graph) and set B (the optimized graph, other values),
+and checks each call: outputs as `torch.testing.assert_close(...,
+equal_nan=True)` with its default tolerances; inputs unchanged; where eager
+raises, nncfuse raises too.
+
+What counts:
+
+- skipped: eager raises on set A. The program is dropped without running
+  nncfuse, whose profiling call is TorchScript itself. (Where eager raises
+  only on set B, nncfuse must raise too: that is compared.)
+- mismatch: an output differs, an input was modified, or nncfuse returned
+  where eager raised. Two kinds of difference are not nncfuse's and are
+  counted apart: `unstable`, where perturbing eager's approximate ops
+  (`OpSpec.approx`) by a couple of ulps moves every differing element as
+  much (the program amplifies last-bit noise there); and `torchscript`,
+  where the unfused ScriptFunction already differs from eager.
+- crash: nncfuse raised where eager did not (or the worker died or hung).
+- kernel error: a fusion group failed to compile for a reason other than a
+  `LoweringError` and ran unfused (correct, but a bug); reported, not fatal.
+
+The command line runs cases in worker processes, so a kernel that crashes
+the process (SIGSEGV, SIGFPE) is a counted crash and the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import nncfuse
+
+from .fuzz_inputs import describe
+from .fuzz_program import Case, generate
+
+BACKENDS = ("llvm", "interp")
+CALLS = (0, 0, 1)  # input set per call: profile on A, run A optimized, then B
+CALL_NAMES = ("A (profiling)", "A (optimized)", "B (optimized)")
+#: assert_close's default (rtol, atol) per float dtype, as documented.
+TOLERANCES = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+NUDGE_TRIALS = 8
+
+
+@dataclass
+class Failure:
+    backend: str
+    kind: str  # mismatch, crash, unstable, torchscript
+    call: int
+    message: str
+
+
+@dataclass
+class Outcome:
+    """What checking one case found."""
+
+    status: str = "ok"  # ok, skipped, mismatch, crash, invalid
+    fused: bool = False
+    failures: list[Failure] = field(default_factory=list)
+    kernel_errors: list[str] = field(default_factory=list)
+    fused_kinds: set[str] = field(default_factory=set)
+
+    @property
+    def noise(self) -> list[Failure]:
+        return [f for f in self.failures if f.kind in ("unstable", "torchscript")]
+
+
+class _Raised:
+    """Eager's answer when it raised."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"raised {type(self.error).__name__}: {self.error}"
+
+
+def _as_tuple(out: Any) -> tuple[Any, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _quiet_call(fn: Any, args: Sequence[Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return _as_tuple(fn(*args))
+        except Exception as e:  # noqa: BLE001 - an answer like any other
+            return _Raised(e)
+
+
+def compare(got: Any, want: Any) -> str:
+    """'' if `got` matches eager's `want` (tuples of outputs), else what differs."""
+    if isinstance(want, _Raised):
+        return "" if isinstance(got, _Raised) else f"eager {want}, nncfuse returned"
+    if isinstance(got, _Raised):
+        return f"nncfuse {got}"
+    if len(got) != len(want):
+        return f"{len(got)} outputs, eager has {len(want)}"
+    for k, (g, w) in enumerate(zip(got, want)):
+        try:
+            torch.testing.assert_close(g, w, equal_nan=True)
+        except AssertionError as e:
+            return f"output {k}: " + " ".join(str(e).split())
+    return ""
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: whether `a` and `b` agree as assert_close would judge each element."""
+    if b.dtype in TOLERANCES:
+        rtol, atol = TOLERANCES[b.dtype]
+        return torch.isclose(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=True)
+    return a == b
+
+
+class Nudger:
+    """Moves each finite element of a float tensor by up to two ulps, at random."""
+
+    def __init__(self, seed: int = 0):
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+            return t
+        steps = torch.randint(-2, 3, t.shape, generator=self.gen)
+        up = torch.full_like(t, float("inf"))
+        out = t
+        for i in range(2):
+            out = torch.where(steps > i, torch.nextafter(out, up), out)
+            out = torch.where(steps < -i, torch.nextafter(out, -up), out)
+        return torch.where(torch.isfinite(t), out, t)
+
+
+def _is_noise(case: Case, k: int, got: Any, want: Any) -> bool:
+    """Whether every element where `got` differs from eager also moves when eager is nudged."""
+    if isinstance(got, _Raised) or isinstance(want, _Raised) or len(got) != len(want):
+        return False
+    if any(not isinstance(g, torch.Tensor) or (g.dtype, g.shape) != (w.dtype, w.shape)
+           for g, w in zip(got, want)):
+        return False
+    wrong = [~_close(g, w) for g, w in zip(got, want)]
+    moved = [torch.zeros(w.shape, dtype=torch.bool) for w in want]
+    nudged = case.program.eager(Nudger(k))
+    for _ in range(NUDGE_TRIALS):
+        out = _quiet_call(nudged, case.inputs[k])
+        if isinstance(out, _Raised):
+            continue
+        for m, o, w in zip(moved, out, want):
+            m |= ~_close(o, w)
+    return all(bool((x & ~m).sum() == 0) for x, m in zip(wrong, moved))
+
+
+@contextlib.contextmanager
+def recording_kernel_errors(errors: list[str]) -> Iterator[None]:
+    """Record groups that fail to compile for a reason other than a LoweringError.
+
+    The guard swallows such failures by design (the group runs unfused), so
+    without this hook the fuzzer would never see them.
+    """
+    from .jit import guard
+    from .tensorexpr.lowerings import LoweringError
+
+    original = guard.TensorExprKernel
+
+    class Recording(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any):
+            try:
+                super().__init__(*args, **kwargs)
+            except LoweringError:
+                raise
+            except Exception as e:
+                where = traceback.extract_tb(e.__traceback__)[-1]
+                at = f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}"
+                errors.append(f"{type(e).__name__} at {at}: " + str(e).split("\n")[0][:200])
+                raise
+
+    guard.TensorExprKernel = Recording
+    try:
+        yield
+    finally:
+        guard.TensorExprKernel = original
+
+
+def _same_tensor(now: Any, before: Any) -> bool:
+    """Whether an input is as it was (NaNs equal); numbers cannot change."""
+    if not isinstance(now, torch.Tensor):
+        return True
+    same = now == before
+    if now.is_floating_point():
+        same |= now.isnan() & before.isnan()
+    return now.shape == before.shape and bool(same.all())
+
+
+def _classify(case: Case, k: int, script: Any, got: Any, want: Any) -> str:
+    """mismatch, or: torchscript (nncfuse agrees with the unfused script, which differs from
+    eager), or unstable (eager's own last-ulp noise explains the difference)."""
+    scripted = _quiet_call(script, case.inputs[k])
+    if compare(scripted, want) and not compare(got, scripted):
+        return "torchscript"
+    if _is_noise(case, k, got, want):
+        return "unstable"
+    return "mismatch"
+
+
+def _fused_kinds(graph: Any) -> set[str]:
+    groups = nncfuse.fusion_groups(graph) if graph is not None else []
+    return {n.kind() for g in groups for n in g.g("Subgraph").nodes()
+            if n.kind() != "prim::Constant"}
+
+
+def _run_backend(case: Case, backend: str, script: Any, wants: list[Any], out: Outcome) -> None:
+    fused = nncfuse.jit(script, use_llvm=backend == "llvm", min_group_size=case.min_group_size)
+    for call, k in enumerate(CALLS):
+        args = case.inputs[k]
+        pristine = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = _as_tuple(fused(*args))
+            out.kernel_errors += [str(w.message)[:300] for w in caught
+                                  if "nncfuse" in str(w.message)]
+        except Exception as e:  # noqa: BLE001
+            got = _Raised(e)
+            if not isinstance(wants[k], _Raised):
+                tb = traceback.format_exception(e)
+                out.failures.append(Failure(backend, "crash", call, "".join(tb[-3:]).strip()))
+                return
+        message = compare(got, wants[k])
+        kind = _classify(case, k, script, got, wants[k]) if message else ""
+        modified = [p.name for p, now, before in zip(case.program.params, args, pristine)
+                    if not _same_tensor(now, before)]
+        if modified:
+            message, kind = f"inputs modified: {modified}; {message}", "mismatch"
+        if message:
+            out.failures.append(Failure(backend, kind, call, message))
+            return
+    out.fused_kinds |= _fused_kinds(fused.graph_for(*case.inputs[0]))
+
+
+def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
+    """Run `case` eagerly and through nncfuse with each backend; see the module docstring."""
+    out = Outcome()
+    eager = case.program.eager()
+    wants = [_quiet_call(eager, inputs) for inputs in case.inputs]
+    if isinstance(wants[0], _Raised):
+        out.status = "skipped"
+        return out
+    try:
+        script = case.program.script()
+    except Exception as e:  # noqa: BLE001 - the generator wrote a program TorchScript rejects
+        out.status = "invalid"
+        out.failures.append(Failure("torchscript", "invalid", 0, f"{type(e).__name__}: {e}"))
+        return out
+    with recording_kernel_errors(out.kernel_errors):
+        for backend in backends:
+            _run_backend(case, backend, script, wants, out)
+    out.fused = bool(out.fused_kinds)
+    kinds = {f.kind for f in out.failures}
+    out.status = "crash" if "crash" in kinds else "mismatch" if "mismatch" in kinds else "ok"
+    return out
+
+
+def report(case: Case, outcome: Outcome) -> str:
+    """A failure report: seed, source, inputs, and what differed on which backend."""
+    rows = [f"=== nncfuse fuzz: {outcome.status} (seed {case.seed}) ==="]
+    if case.seed is not None:
+        rows.append(f"replay: python -m nncfuse.fuzz --replay {case.seed} [--minimize]")
+    rows += [case.program.source().rstrip(), f"min_group_size={case.min_group_size}", "inputs:"]
+    for k, name in enumerate("AB"):
+        for param, value in zip(case.program.params, case.inputs[k]):
+            rows.append(f"  [{name}] {describe(param.name, value, param.spec)}")
+    for f in outcome.failures:
+        rows.append(f"{f.backend}: {f.kind} at call {CALL_NAMES[f.call]}: {f.message}")
+    rows += [f"kernel error: {e}" for e in outcome.kernel_errors]
+    return "\n".join(rows)
+
+
+def check_seed(seed: int, backends: Sequence[str] = BACKENDS) -> tuple[Case, Outcome]:
+    case = generate(seed)
+    return case, check_case(case, backends)
+
+
+def replay(seed: int, backends: Sequence[str] = BACKENDS, minimize: bool = False) -> Outcome:
+    """Check the case of `seed` again and print its report (and a minimized repro)."""
+    case, outcome = check_seed(seed, backends)
+    print(report(case, outcome))
+    if minimize and outcome.status in ("mismatch", "crash"):
+        from .fuzz_minimize import minimize_case, repro_script
+
+        failure = next(f for f in outcome.failures if f.kind == outcome.status)
+        small = minimize_case(case, failure)
+        print("\n=== minimized ===\n" + repro_script(small, failure.backend))
+    return outcome
+
+
+if __name__ == "__main__":
+    from .fuzz_cli import main
+
+    raise SystemExit(main())

@@ -1,0 +1,395 @@
+"""Random TorchScript programs of elementwise ops, for the differential fuzzer.
+
+`generate(seed)` builds a `Case`: a `Program` (parameters, statements, the
+returned values) and two sets of inputs with the same types and layouts but
+different values. Everything comes from the seed, so a seed is a full repro.
+
+The generator builds the program one statement at a time and runs each new
+statement eagerly on both input sets before accepting it: an op that eager
+rejects for these dtypes (`neg` of a bool, `lerp` of mixed floats, ...) is
+redrawn, so almost every program is well typed. Statements pick operands
+among all values so far, preferring ones not yet used, which gives DAGs
+(values reused) rather than chains. Some statements are not elementwise
+(`torch.mm`, a `sum`) or are an `if` on a bool input, so fusion groups are
+split and put in blocks. Every value that nothing uses is returned: no dead
+code, so eager and TorchScript raise in the same places.
+
+When a statement raises only on the second input set (an integer division
+by zero, say), it is kept now and then: that set then checks that nncfuse
+raises where eager does.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .fuzz_inputs import TensorSpec, base_shape, make_tensor, random_spec, tensor_source
+from .fuzz_ops import (
+    DTYPE_CLASSES,
+    FLOAT_LITERAL_WEIGHTS,
+    FLOAT_LITERALS,
+    INT_LITERAL_WEIGHTS,
+    INT_LITERALS,
+    OPS,
+    OpSpec,
+)
+
+_OP_WEIGHTS = [op.weight for op in OPS]
+_INT_MINS = (-(2**31), -(2**63))  # eager's integer division traps on these over -1
+MAX_TENSOR_PARAMS = 6
+MAX_SCALAR_PARAMS = 2
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter of the program: a tensor (with its spec) or a float/int/bool number."""
+
+    name: str
+    kind: str  # "Tensor", "float", "int", "bool"
+    spec: TensorSpec | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One op call: its table name, its source text, and the values it reads."""
+
+    op: str
+    text: str
+    uses: tuple[str, ...]
+    approx: bool = False
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """`target = call`, or `if flag: target = call else: target = orelse`."""
+
+    target: str
+    call: Call
+    orelse: Call | None = None
+    flag: str | None = None
+
+    @property
+    def uses(self) -> tuple[str, ...]:
+        extra = (*self.orelse.uses, self.flag) if self.orelse else ()
+        return (*self.call.uses, *extra)
+
+    @property
+    def calls(self) -> tuple[Call, ...]:
+        return (self.call, self.orelse) if self.orelse else (self.call,)
+
+
+@dataclass(frozen=True)
+class Program:
+    params: tuple[Param, ...]
+    stmts: tuple[Stmt, ...]
+    outputs: tuple[str, ...]
+    name: str = "fuzzed"
+
+    def source(self, nudge: bool = False) -> str:
+        """The program as TorchScript (and Python) source; `nudge` wraps approximate calls."""
+
+        def line(call: Call) -> str:
+            return f"_nudge({call.text})" if nudge and call.approx else call.text
+
+        args = ", ".join(f"{p.name}: {'torch.Tensor' if p.kind == 'Tensor' else p.kind}"
+                         for p in self.params)
+        rows = [f"def {self.name}({args}):"]
+        for s in self.stmts:
+            if s.orelse is None:
+                rows.append(f"    {s.target} = {line(s.call)}")
+            else:
+                rows += [f"    if {s.flag}:", f"        {s.target} = {line(s.call)}",
+                         "    else:", f"        {s.target} = {line(s.orelse)}"]
+        rows.append(f"    return {', '.join(self.outputs)}")
+        return "\n".join(rows) + "\n"
+
+    def eager(self, nudge: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
+        """The program as a Python function (eager PyTorch); `nudge` perturbs approximate ops."""
+        scope: dict[str, Any] = {"torch": torch, "_nudge": nudge}
+        exec(compile(self.source(nudge is not None), "<fuzz>", "exec"), scope)  # noqa: S102
+        return scope[self.name]
+
+    def script(self) -> torch.jit.ScriptFunction:
+        """The program compiled by TorchScript."""
+        return getattr(torch.jit.CompilationUnit(self.source()), self.name)
+
+    @property
+    def ops(self) -> list[str]:
+        """The table names of all calls, `if` branches included."""
+        return [c.op for s in self.stmts for c in s.calls]
+
+
+@dataclass
+class Case:
+    """A program, two input sets (same types, other values), and fuser options."""
+
+    program: Program
+    inputs: tuple[tuple[Any, ...], ...]
+    min_group_size: int = 1
+    seed: int | None = None
+
+    def input_source(self, k: int) -> list[str]:
+        """Python text rebuilding input set `k`."""
+        return [tensor_source(v) if isinstance(v, torch.Tensor) else repr(v)
+                for v in self.inputs[k]]
+
+
+# -- generation ----------------------------------------------------------------------------
+
+_RAISED = object()  # an input set on which eager raised
+
+
+@dataclass
+class _Value:
+    name: str
+    data: list[Any]  # per input set; None once that set has raised
+    is_param: bool
+    used: bool = False
+
+    @property
+    def is_tensor(self) -> bool:
+        return isinstance(self.data[0], torch.Tensor)
+
+
+def _traps(operands: list[list[Any]], k: int) -> bool:
+    """Whether eager's trunc division would divide INT_MIN by -1 (SIGFPE) on input set `k`."""
+    a, b = (torch.as_tensor(x[k]) for x in operands[:2])
+    if a.dtype not in (torch.int32, torch.int64) or b.is_floating_point():
+        return False
+    return bool((a == torch.iinfo(a.dtype).min).any() and (b == -1).any())
+
+
+class _Builder:
+    """Grows a program statement by statement, running each one eagerly as it goes."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.base = base_shape(self.rng)
+        self.params: list[Param] = []
+        self.values: dict[str, _Value] = {}
+        self.scalars: list[_Value] = []
+        self.stmts: list[Stmt] = []
+        self.alive = [True, True]  # whether eager has not yet raised on input set k
+
+    # -- parameters -------------------------------------------------------------------------
+    def _add_param(self, param: Param, data: list[Any]) -> _Value:
+        self.params.append(param)
+        value = _Value(param.name, data, is_param=True)
+        self.values[param.name] = value
+        return value
+
+    def new_tensor(self, spec: TensorSpec) -> _Value:
+        name = f"x{sum(p.kind == 'Tensor' for p in self.params)}"
+        data = [make_tensor(self.rng, self.gen, spec) for _ in range(2)]
+        return self._add_param(Param(name, "Tensor", spec), data)
+
+    def new_scalar(self, kind: str) -> _Value:
+        if kind == "bool":
+            name, data = "flag", [self.rng.random() < 0.5 for _ in range(2)]
+        elif kind == "float":
+            pool = [0.5, -1.5, 2.0, 0.0, 3.25, 1e-3, -7.0, 100.0, float("inf"), float("nan")]
+            name = f"s{len(self.scalars)}"
+            data = self.rng.choices(pool, [4, 3, 3, 1, 2, 1, 1, 1, 0.3, 0.3], k=2)
+        else:
+            name = f"s{len(self.scalars)}"
+            data = self.rng.choices([-3, -1, 0, 1, 2, 3, 5], [1, 2, 0.5, 2, 3, 2, 1], k=2)
+        value = self._add_param(Param(name, kind), data)
+        if kind != "bool":
+            self.scalars.append(value)
+        return value
+
+    # -- operands -------------------------------------------------------------------------
+    def tensor(self, allowed: tuple[torch.dtype, ...], dtype_class: str) -> _Value:
+        """A tensor operand of an `allowed` dtype: an existing value, or a new input."""
+        pool = [v for v in self.values.values() if v.is_tensor and v.data[0].dtype in allowed]
+        n_tensors = sum(p.kind == "Tensor" for p in self.params)
+        if not pool or (n_tensors < MAX_TENSOR_PARAMS and self.rng.random() < 0.12):
+            spec = random_spec(self.rng, self.base, dtype_class)
+            if spec.dtype not in allowed:  # a mask
+                spec = replace(spec, dtype=allowed[0])
+            return self.new_tensor(spec)
+        unused = [v for v in pool if not v.used and not v.is_param]
+        if unused and self.rng.random() < 0.6:
+            return self.rng.choice(unused)
+        return self.rng.choice(pool)
+
+    def number(self, dtype_class: str) -> tuple[str, list[Any], str | None]:
+        """A number operand: (text, value per input set, parameter name or None)."""
+        kind = {"float": "float", "int": "int", "intnb": "int"}.get(dtype_class)
+        kind = kind or self.rng.choice(["float", "int"])
+        if self.rng.random() < 0.25:
+            have = [v for v in self.scalars if type(v.data[0]).__name__ == kind]
+            if have or len(self.scalars) < MAX_SCALAR_PARAMS:
+                v = self.rng.choice(have) if have else self.new_scalar(kind)
+                return v.name, v.data, v.name
+        if kind == "float":
+            text = self.rng.choices(FLOAT_LITERALS, FLOAT_LITERAL_WEIGHTS)[0]
+        else:
+            text = self.rng.choices(INT_LITERALS, INT_LITERAL_WEIGHTS)[0]
+        value = eval(text)  # noqa: S307 - a literal from our own table
+        return text, [value, value], None
+
+    def draw_call(self, spec: OpSpec) -> tuple[Call, list[list[Any]]]:
+        """Operands and extras for `spec`: the call, and each operand's value per input set."""
+        texts: list[str] = []
+        uses: list[str] = []
+        data: list[list[Any]] = []
+        for letter in spec.operands:
+            if letter == "s" or (letter == "n" and self.rng.random() < 0.3):
+                text, values, name = self.number(spec.dtypes)
+            else:
+                if letter == "m":
+                    v = self.tensor((torch.bool,), "any")
+                else:
+                    v = self.tensor(DTYPE_CLASSES[spec.dtypes], spec.dtypes)
+                text, values, name = v.name, v.data, v.name
+            texts.append(text)
+            data.append(values)
+            if name:
+                uses.append(name)
+        extras = {k: self.rng.choice(choices) for k, choices in spec.extras.items()}
+        text = spec.template.format(*texts, **extras)
+        return Call(spec.name, text, tuple(dict.fromkeys(uses)), spec.approx), data
+
+    # -- statements -------------------------------------------------------------------------
+    def evaluate(self, call: Call, traps: Callable[[int], bool] | None = None) -> list | None:
+        """The call's eager result per input set (`_RAISED` where it raised), or None to redraw.
+
+        Raising on the first input set, or now and then on the second, means redraw.
+        """
+        results: list[Any] = []
+        for k in range(2):
+            if not self.alive[k]:
+                results.append(None)
+                continue
+            if traps is not None and traps(k):
+                return None
+            scope = {name: self.values[name].data[k] for name in call.uses}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    out = eval(call.text, {"torch": torch}, scope)  # noqa: S307
+            except Exception:  # noqa: BLE001 - eager rejects the call
+                if k == 0 or self.rng.random() < 0.75:
+                    return None
+                out = _RAISED
+            if out is not _RAISED and not isinstance(out, torch.Tensor):
+                return None
+            results.append(out)
+        return results
+
+    def commit(self, stmt: Stmt, results: list[Any]) -> None:
+        target = stmt.target
+        for name in stmt.uses:
+            self.values[name].used = True
+        for k, out in enumerate(results):
+            if out is _RAISED:
+                self.alive[k] = False
+                results[k] = None
+        self.values[target] = _Value(target, results, is_param=False)
+        self.stmts.append(stmt)
+
+    def rollback(self, n_params: int) -> None:
+        """Forget the inputs a rejected draw created."""
+        for param in self.params[n_params:]:
+            value = self.values.pop(param.name)
+            if value in self.scalars:
+                self.scalars.remove(value)
+        del self.params[n_params:]
+
+    def add_op(self, attempts: int = 30) -> bool:
+        """Append one elementwise op; False if no draw was well typed."""
+        for _ in range(attempts):
+            n_params = len(self.params)
+            spec = self.rng.choices(OPS, _OP_WEIGHTS)[0]
+            call, data = self.draw_call(spec)
+            results = self.evaluate(call, (lambda k: _traps(data, k)) if spec.divides else None)
+            if results is not None:
+                self.commit(Stmt(self.fresh_name(), call), results)
+                return True
+            self.rollback(n_params)
+        return False
+
+    def add_if(self, attempts: int = 30) -> bool:
+        """Append `if flag: v = op1 else: v = op2`, both branches of one type."""
+        before_flag = len(self.params)
+        flag = self.values.get("flag") or self.new_scalar("bool")
+        for _ in range(attempts):
+            n_params = len(self.params)
+            specs = self.rng.choices(OPS, _OP_WEIGHTS, k=2)
+            calls = [self.draw_call(spec)[0] for spec in specs]
+            branches = [self.evaluate(call) for call in calls]
+            typed = not any(spec.divides for spec in specs) and not any(
+                b is None or _RAISED in b for b in branches
+            )
+            if typed and all(
+                x is None or (x.dtype, x.shape) == (y.dtype, y.shape) for x, y in zip(*branches)
+            ):
+                a, b = branches
+                picked = [a[k] if flag.data[k] else b[k] for k in range(2)]
+                self.commit(Stmt(self.fresh_name(), *calls, flag=flag.name), picked)
+                return True
+            self.rollback(n_params)
+        self.rollback(before_flag)  # drops the flag if this call created it
+        return False
+
+    def add_breaker(self) -> bool:
+        """Append an op nncfuse does not fuse: `torch.mm` or a `sum` over the last dimension."""
+        tensors = [v for v in self.values.values() if v.is_tensor]
+        matrices = [v for v in tensors if v.data[0].dim() == 2
+                    and v.data[0].dtype in (torch.float32, torch.float64)]
+        if matrices and self.rng.random() < 0.5:
+            v = self.rng.choice(matrices)
+            k = v.data[0].shape[1]
+            w = self.new_tensor(TensorSpec(v.data[0].dtype, (k, k)))
+            call = Call("mm", f"torch.mm({v.name}, {w.name})", (v.name, w.name))
+        else:
+            ranked = [v for v in tensors if v.data[0].dim() >= 1]
+            if not ranked:
+                return False
+            v = self.rng.choice(ranked)
+            call = Call("sum", f"{v.name}.sum(-1, keepdim=True)", (v.name,))
+        results = self.evaluate(call)
+        if results is None or _RAISED in results:
+            return False
+        self.commit(Stmt(self.fresh_name(), call), results)
+        return True
+
+    def fresh_name(self) -> str:
+        return f"v{len(self.stmts)}"
+
+    def outputs(self) -> tuple[str, ...]:
+        """Every computed value nothing reads, in program order."""
+        read = {name for s in self.stmts for name in s.uses}
+        return tuple(s.target for s in self.stmts if s.target not in read)
+
+
+def generate(seed: int) -> Case:
+    """The random case of `seed`: 1-12 elementwise ops, maybe a non-fusible op or an `if`."""
+    builder = _Builder(seed)
+    rng = builder.rng
+    n_ops = rng.randint(1, 12)
+    while sum(s.call.op not in ("mm", "sum") for s in builder.stmts) < n_ops:
+        roll = rng.random()
+        if roll < 0.05 and builder.stmts:
+            builder.add_breaker()
+        elif roll < 0.12 and builder.add_if():
+            continue
+        elif not builder.add_op():
+            break
+    if not builder.stmts:  # nothing was well typed (very rare): one op that always is
+        builder.values.clear()
+        builder.params.clear()
+        x = builder.new_tensor(TensorSpec(torch.float32, builder.base))
+        builder.commit(Stmt("v0", Call("mul", f"torch.mul({x.name}, 2.0)", (x.name,))),
+                       [x.data[0] * 2.0, x.data[1] * 2.0])
+    program = Program(tuple(builder.params), tuple(builder.stmts), builder.outputs())
+    inputs = tuple(tuple(builder.values[p.name].data[k] for p in builder.params) for k in range(2))
+    return Case(program, inputs, min_group_size=rng.choice([1, 1, 2]), seed=seed)

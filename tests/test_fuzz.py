@@ -1,0 +1,211 @@
+"""The differential fuzzer: random programs against eager, and the fuzzer's own parts.
+
+`test_random_programs_match_eager` checks a few seeds by default (the same
+ones every run, so CI is stable); NNCFUSE_FUZZ_EXAMPLES=N checks N random
+seeds instead. A failure message carries the seed's report and the command
+that replays it.
+"""
+
+import os
+import random
+
+import pytest
+import torch
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+import nncfuse
+from nncfuse import fuzz, fuzz_cli
+from nncfuse.fuzz_inputs import TensorSpec, lay_out, random_values
+from nncfuse.fuzz_minimize import minimize_case, repro_script
+from nncfuse.fuzz_ops import OP_NAMES, OPS
+from nncfuse.fuzz_program import Call, Case, Param, Program, Stmt, generate
+
+EXAMPLES = int(os.environ.get("NNCFUSE_FUZZ_EXAMPLES", "0"))
+
+
+@settings(
+    max_examples=EXAMPLES or 10,
+    derandomize=not EXAMPLES,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # shrinking a seed does not shrink its program
+    database=None,
+)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_random_programs_match_eager(seed):
+    case, outcome = fuzz.check_seed(seed)
+    assert outcome.status in ("ok", "skipped"), fuzz.report(case, outcome)
+
+
+# -- the generator ---------------------------------------------------------------------------
+
+
+def test_table_covers_every_op():
+    assert {op.name for op in OPS} == set(OP_NAMES)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_programs_parse_and_are_well_typed(seed):
+    case = generate(seed)
+    assert 1 <= len(case.program.stmts)
+    case.program.script()  # compiles, and eager accepts input set A
+    out = case.program.eager()(*case.inputs[0])
+    assert len(out if isinstance(out, tuple) else (out,)) == len(case.program.outputs)
+
+
+def test_generation_is_reproducible():
+    a, b = generate(123), generate(123)
+    assert a.program == b.program
+    for xs, ys in zip(a.inputs, b.inputs):
+        for x, y in zip(xs, ys):
+            assert type(x) is type(y)
+            if isinstance(x, torch.Tensor):
+                assert x.stride() == y.stride()
+                torch.testing.assert_close(x, y, equal_nan=True, rtol=0, atol=0)
+
+
+def test_known_seed_op_count():
+    """Seeds are repros: a generator change that moves them shows up here."""
+    assert len(generate(2024).program.ops) == 13
+
+
+def test_programs_mix_features():
+    """Over a few dozen seeds: DAGs, several outputs, ifs, non-fusible ops, odd layouts."""
+    cases = [generate(seed) for seed in range(60)]
+    stmts = [s for c in cases for s in c.program.stmts]
+    assert any(len(c.program.outputs) > 1 for c in cases)
+    assert any(s.orelse is not None for s in stmts)
+    assert {"mm", "sum"} & {s.call.op for s in stmts}
+    reused = [c for c in cases if any(
+        sum(name in s.uses for s in c.program.stmts) > 1 for name in
+        (s.target for s in c.program.stmts))]
+    assert reused
+    layouts = {p.spec.layout for c in cases for p in c.program.params if p.spec}
+    assert {"transposed", "sliced", "expanded"} <= layouts
+    assert {p.kind for c in cases for p in c.program.params} == {"Tensor", "float", "int", "bool"}
+
+
+@pytest.mark.parametrize("layout,detail", [
+    ("transposed", ()), ("permuted", (2, 0, 1)), ("sliced", (1,)), ("expanded", (0, 2)),
+])
+def test_layouts_keep_values(layout, detail):
+    spec = TensorSpec(torch.float32, (3, 4, 5), layout, detail)
+    values = random_values(random.Random(0), torch.Generator().manual_seed(0), spec.dtype,
+                           spec.source_shape)
+    t = lay_out(spec, values)
+    assert t.shape == (3, 4, 5)
+    torch.testing.assert_close(t, values.expand(3, 4, 5), equal_nan=True)
+    assert not t.is_contiguous()
+
+
+# -- the checker -----------------------------------------------------------------------------
+
+
+class _Wrong:
+    """Stands in for `nncfuse.jit`: `spoil(run, args)` answers each call, `run()` is nncfuse's."""
+
+    def __init__(self, spoil):
+        self.spoil = spoil
+
+    def __call__(self, fn, **options):
+        fused = nncfuse.FusedFunction(fn, nncfuse.Options.from_env(**options))
+        spoil = self.spoil
+
+        class Spoiled:
+            graph_for = fused.graph_for
+
+            def __call__(self, *args):
+                return spoil(lambda: fused(*args), args)
+
+        return Spoiled()
+
+
+def _plus_one(run, args):
+    return tuple(o + 1 for o in run())
+
+
+def _modify_input(run, args):
+    args[0].neg_()
+    return run()
+
+
+def _no_raise(run, args):
+    try:
+        return run()
+    except RuntimeError:
+        return torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32)
+
+
+def _small_case(divisor: int = 3) -> Case:
+    """`v0 = x0 * x1; v1 = v0 // s0` on int32 tensors, written by hand."""
+    params = (Param("x0", "Tensor", TensorSpec(torch.int32, (2, 3))),
+              Param("x1", "Tensor", TensorSpec(torch.int32, (3,))), Param("s0", "int"))
+    stmts = (Stmt("v0", Call("mul", "x0 * x1", ("x0", "x1"))),
+             Stmt("v1", Call("floor_divide", "v0 // s0", ("v0", "s0"))))
+    x0 = torch.arange(-3, 3, dtype=torch.int32).view(2, 3)
+    x1 = torch.tensor([5, 0, -7], dtype=torch.int32)
+    inputs = ((x0, x1, 2), (x0 + 1, x1, divisor))
+    return Case(Program(params, stmts, ("v0", "v1")), inputs)
+
+
+def test_checker_passes_a_good_case():
+    assert fuzz.check_case(_small_case()).status == "ok"
+    assert fuzz.check_case(_small_case(divisor=0)).status == "ok"  # both raise on set B
+
+
+@pytest.mark.parametrize("spoil,expected", [
+    (_plus_one, "output 0"), (_modify_input, "inputs modified: ['x0']"),
+])
+def test_checker_catches_wrong_results(monkeypatch, spoil, expected):
+    monkeypatch.setattr(fuzz.nncfuse, "jit", _Wrong(spoil))
+    case = _small_case()
+    outcome = fuzz.check_case(case, ["llvm"])
+    assert outcome.status == "mismatch"
+    assert expected in outcome.failures[0].message
+    assert "v1 = v0 // s0" in fuzz.report(case, outcome)
+
+
+def test_checker_expects_nncfuse_to_raise_where_eager_does(monkeypatch):
+    monkeypatch.setattr(fuzz.nncfuse, "jit", _Wrong(_no_raise))
+    outcome = fuzz.check_case(_small_case(divisor=0), ["interp"])
+    assert outcome.status == "mismatch"
+    assert "nncfuse returned" in outcome.failures[0].message
+
+
+def test_compare():
+    t = torch.tensor([1.0, float("nan")])
+    assert fuzz.compare((t,), (t.clone(),)) == ""
+    assert "output 0" in fuzz.compare((t + 1e-3,), (t,))
+    assert "dtype" in fuzz.compare((t.double(),), (t,))
+    raised = fuzz._Raised(RuntimeError("ZeroDivisionError"))
+    assert fuzz.compare(raised, raised) == ""
+    assert "nncfuse returned" in fuzz.compare((t,), raised)
+
+
+def test_nudger_moves_at_most_two_ulps():
+    t = torch.tensor([1.0, -3.5, 0.0, float("inf"), float("nan")] * 20, dtype=torch.float16)
+    nudged = fuzz.Nudger(0)(t)
+    finite = t.isfinite()
+    assert not torch.equal(nudged[finite], t[finite])
+    eps = torch.finfo(torch.float16).eps
+    assert ((nudged[finite] - t[finite]).abs() <= 2 * eps * t[finite].abs().clamp(min=1)).all()
+    assert torch.equal(nudged[~finite].isnan(), t[~finite].isnan())
+
+
+def test_minimizer_shrinks_to_the_failing_part(monkeypatch):
+    """With every output spoiled, one statement is enough to fail: the minimizer finds it."""
+    monkeypatch.setattr(fuzz.nncfuse, "jit", _Wrong(_plus_one))
+    case = next(c for c in map(generate, range(100)) if len(c.program.stmts) >= 6)
+    failure = fuzz.check_case(case, ["interp"]).failures[0]
+    small = minimize_case(case, failure)
+    assert len(small.program.stmts) == 1
+    assert all(x.is_contiguous() for x in small.inputs[0] if isinstance(x, torch.Tensor))
+    monkeypatch.undo()
+    exec(repro_script(small, "interp"), {})  # real nncfuse: the repro runs and passes
+
+
+def test_command_line_counts(capsys):
+    assert fuzz_cli.main(["-n", "3", "--seed", "40", "--backend", "interp"]) == 0
+    out = capsys.readouterr().out
+    assert "generated:              3" in out
+    assert "mismatches:             0" in out
