@@ -66,7 +66,13 @@ _ADD_LIKE = {"aten::add": (False, 1), "aten::sub": (False, -1), "aten::rsub": (T
 
 @register(tuple(_ADD_LIKE), overloads=("Tensor", "Scalar"))
 def add(ctx: Ctx) -> E.Expr:
-    """`a + sign * alpha * b`: `vec::fmadd(b, alpha, a)` for floats."""
+    """`a + sign * alpha * b`.
+
+    For floats ATen calls `vec::fmadd(b, alpha, a)`, and the compiler fuses
+    the scalar loop's `a + alpha * b` too, but for float16 and bfloat16,
+    whose scalar arithmetic rounds each step. Only vectors of 32 of those
+    take the fused path (AVX-512), so we round each step, as small tensors.
+    """
     swapped, sign = _ADD_LIKE[ctx.node.kind()]
     (a, b), compute = ctx.operands(ctx.args[:2], Promotion.DEFAULT)
     if swapped:
@@ -81,8 +87,9 @@ def add(ctx: Ctx) -> E.Expr:
     alpha = E.cast(compute, alpha)
     if sign < 0:
         alpha = -alpha
-    value = E.call("fma", b, alpha, a) if compute.is_float else a + b * alpha
-    return E.cast(ctx.out_dtype, value)
+    if compute.is_float and compute == ctx.out_dtype:
+        return E.call("fma", b, alpha, a)
+    return E.cast(ctx.out_dtype, a + _rounding(ctx, compute)(b * alpha))
 
 
 @pointwise("aten::mul", overloads=("Tensor", "Scalar"), scalar_opmath=True)
