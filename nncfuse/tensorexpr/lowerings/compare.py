@@ -3,10 +3,9 @@ maximum, minimum, max/min (binary), clamp, clamp_min, clamp_max.
 
 Eager converts every operand to the promoted ("common") type before it
 compares, so a float16 tensor is compared with a number rounded to float16,
-not with the number itself: `_operands` does that conversion before the
-values are widened to the computation type. Operands that are numbers are
-converted with eager's range check (`casts.checked`) where eager has one:
-the value of `where`, `masked_fill` and the bounds of `clamp`.
+not with the number itself (`Ctx.operands` does that). Operands that are
+numbers are converted with eager's range check (`casts.checked`) where eager
+has one: the values of `where` and `masked_fill`, the bounds of `clamp`.
 
 Selecting and min/max commute with rounding (rounding is monotonic), so
 those compute in float32 for float16/bfloat16 and round only the result.
@@ -18,7 +17,17 @@ from collections.abc import Sequence
 
 from .. import expr as E
 from ..dtype import BOOL, Dtype
-from . import Arg, Ctx, LoweringError, Promotion, ScalarArg, TensorArg, compute_type, register
+from . import (
+    Arg,
+    Ctx,
+    LoweringError,
+    Promotion,
+    ScalarArg,
+    TensorArg,
+    compute_type,
+    pointwise,
+    register,
+)
 from .casts import checked, convert
 
 # aten op -> comparison; the aliases (`greater`, ...) are other spellings of the same.
@@ -37,20 +46,21 @@ _COMPARISONS = {
 }
 
 
-def _promote(ctx: Ctx, args: Sequence[Arg], check_result: bool = True) -> Dtype:
-    """The type eager promotes `args` to; with `check_result`, also the output type."""
+def _promote(ctx: Ctx, args: Sequence[Arg]) -> Dtype:
+    """The type eager promotes `args` to, which must be the output type."""
     for a in args:
         if not isinstance(a, (TensorArg, ScalarArg)):
             raise LoweringError("operand is neither a tensor nor a number")
     _, common = ctx.promote(args, Promotion.DEFAULT)
-    if check_result and common != ctx.out_dtype:
+    if common != ctx.out_dtype:
         raise LoweringError(f"promotion gives {common}, eager gave {ctx.out_dtype}")
     return common
 
 
-def _operand(ctx: Ctx, arg: Arg, common: Dtype, check_numbers: bool) -> E.Expr:
-    """`arg` converted to the common type as eager does, then widened to the computation type."""
-    if check_numbers and isinstance(arg, ScalarArg):
+def _operand(ctx: Ctx, arg: Arg, common: Dtype) -> E.Expr:
+    """`arg` converted to the common type as eager does (numbers range-checked), then widened
+    to the computation type."""
+    if isinstance(arg, ScalarArg):
         value = checked(ctx, arg, common)
     else:
         value = convert(ctx.load(arg), common)
@@ -58,36 +68,23 @@ def _operand(ctx: Ctx, arg: Arg, common: Dtype, check_numbers: bool) -> E.Expr:
 
 
 def _register_comparison(kind: str, op: str) -> None:
-    @register(kind, overloads=("Tensor", "Scalar"))
-    def lower(ctx: Ctx) -> E.Expr:
-        args = ctx.args[:2]
-        common = _promote(ctx, args, check_result=False)
-        a, b = (_operand(ctx, arg, common, check_numbers=False) for arg in args)
-        return E.cast(ctx.out_dtype, E.Cmp(op, a, b))
+    @pointwise(kind, Promotion.ALWAYS_BOOL, overloads=("Tensor", "Scalar"))
+    def lower(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
+        return E.Cmp(op, a, b)
 
 
 for _kind, _op in _COMPARISONS.items():
     _register_comparison(_kind, _op)
 
 
-def _unary(ctx: Ctx) -> E.Expr:
-    """The tensor operand, in its computation type."""
-    x = ctx.args[0]
-    if not isinstance(x, TensorArg):
-        raise LoweringError("operand is not a tensor")
-    return ctx.load(x, compute_type(x.dtype))
+@pointwise("aten::isnan", Promotion.ALWAYS_BOOL, operands=(0,), overloads=("",))
+def isnan(ctx: Ctx, x: E.Expr) -> E.Expr:
+    return E.Cmp("!=", x, x)
 
 
-@register("aten::isnan", overloads=("",))
-def isnan(ctx: Ctx) -> E.Expr:
-    x = _unary(ctx)
-    return E.cast(ctx.out_dtype, E.Cmp("!=", x, x))
-
-
-@register("aten::logical_not", overloads=("",))
-def logical_not(ctx: Ctx) -> E.Expr:
-    x = _unary(ctx)
-    return E.cast(ctx.out_dtype, E.cmp("==", x, E.as_expr(0, x.dtype)))
+@pointwise("aten::logical_not", Promotion.ALWAYS_BOOL, operands=(0,), overloads=("",))
+def logical_not(ctx: Ctx, x: E.Expr) -> E.Expr:
+    return E.cmp("==", x, E.as_expr(0, x.dtype))
 
 
 @register("aten::where", overloads=("self", "ScalarSelf", "ScalarOther", "Scalar"))
@@ -96,7 +93,7 @@ def where(ctx: Ctx) -> E.Expr:
     if not isinstance(cond, TensorArg):
         raise LoweringError("where's condition is not a tensor")
     common = _promote(ctx, ctx.args[1:3])
-    on_true, on_false = (_operand(ctx, a, common, check_numbers=True) for a in ctx.args[1:3])
+    on_true, on_false = (_operand(ctx, a, common) for a in ctx.args[1:3])
     # A uint8 condition (deprecated, still accepted) selects where nonzero.
     return E.cast(ctx.out_dtype, E.Select(ctx.load(cond, BOOL), on_true, on_false))
 
@@ -124,12 +121,11 @@ _MINMAX = {
 
 def _register_minmax(kind: str, op: type[E.BinaryOp]) -> None:
     # max/min: only the binary forms ("other"); maximum/minimum have no overload name.
-    @register(kind, overloads=("other",) if kind in ("aten::max", "aten::min") else ("",))
-    def lower(ctx: Ctx) -> E.Expr:
-        args = ctx.args[:2]
-        common = _promote(ctx, args)
-        a, b = (_operand(ctx, arg, common, check_numbers=False) for arg in args)
-        return E.cast(ctx.out_dtype, op(a, b))
+    overloads = ("other",) if kind in ("aten::max", "aten::min") else ("",)
+
+    @pointwise(kind, overloads=overloads)
+    def lower(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
+        return op(a, b)
 
 
 for _kind, _fn in _MINMAX.items():
@@ -147,9 +143,9 @@ def _clamp(ctx: Ctx, low: int | None, high: int | None) -> E.Expr:
     if not bounds:
         raise LoweringError("clamp without bounds")
     common = _promote(ctx, [ctx.args[0], *(ctx.args[k] for k in bounds)])
-    value = _operand(ctx, ctx.args[0], common, check_numbers=True)
+    value = _operand(ctx, ctx.args[0], common)
     for k in bounds:
-        bound = _operand(ctx, ctx.args[k], common, check_numbers=True)
+        bound = _operand(ctx, ctx.args[k], common)
         value = E.Max(value, bound) if k == low else E.Min(value, bound)
     return E.cast(ctx.out_dtype, value)
 
