@@ -297,6 +297,23 @@ def test_clamp(dtype):
     check(clamps, x, lo, torch.tensor(2, dtype=dtype))
 
 
+def clamp_scalar_inputs(x, m, lo: float, n: int):
+    return x.clamp(min=lo), x.clamp(max=n), x.masked_fill(m, lo), x.masked_fill(m, n)
+
+
+def test_number_inputs_fuse_where_no_range_check_can_fail():
+    """Eager range-checks numbers it converts for clamp and masked_fill (raising on overflow);
+    a kernel cannot raise, so only conversions that always fit are fused."""
+    m = long([True, False], torch.bool)
+    check(clamp_scalar_inputs, long([NAN, 3.0, -3.0], torch.float64), m, 0.5, 2)
+    check(clamp_scalar_inputs, long([NAN, 3.0, -3.0], torch.float32), m, 0.5, 2, fused=False)
+    f = nncfuse.jit(clamp_scalar_inputs, min_group_size=1)
+    x = long([0, 3, -3], torch.int8)
+    f(x, m, 0.5, 2)
+    with pytest.raises(RuntimeError, match="overflow"):
+        f(x, m, 0.5, 300)
+
+
 def nan_bounds(x):
     nan = float("nan")
     return x.clamp(min=nan), x.clamp(max=nan), x.clamp(nan, 1.0), torch.clamp_min(x, nan)
