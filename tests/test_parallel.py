@@ -41,3 +41,17 @@ def test_small_kernels_stay_serial():
     f(a, b)
     (group,) = nncfuse.fusion_groups(f.graph_for(a, b))
     assert "/* parallel */" not in str(kernel_of(group).stmt)
+
+
+@pytest.mark.parametrize("shape", [(1 << 21,), (2048, 1001)])
+def test_large_outputs_stream_past_the_caches(threads, shape):
+    f = nncfuse.jit(chain)
+    a, b = torch.randn(shape), torch.randn(shape)
+    f(a, b)
+    for n in (1, 2):
+        threads(n)
+        torch.testing.assert_close(f(a, b), chain(a, b))
+    (group,) = nncfuse.fusion_groups(f.graph_for(a, b))
+    ir_text = kernel_of(group).get_code_text("ir")
+    # Rows of 1001 floats leave vectors unaligned: plain stores there.
+    assert ("!nontemporal" in ir_text) == (shape[-1] % 16 == 0)

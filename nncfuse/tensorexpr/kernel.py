@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from math import prod
 from typing import Any
 
 import torch
@@ -266,6 +267,15 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
     ]
 
 
+#: Outputs of at least this many bytes are written with non-temporal stores: measured
+#: (one 4-byte multiply per element) 1.3-1.7x faster from 8 MB up, slower below 4 MB.
+STREAMING_BYTES = 8 << 20
+
+
+def _nbytes(meta: TensorMeta) -> int:
+    return torch.empty((), dtype=meta.dtype).element_size() * prod(meta.sizes)
+
+
 def _long_running(stmt: S.Stmt) -> bool:
     """Whether calls should release the GIL: the kernel has parallel loops or much work."""
     if any(isinstance(n, S.For) and n.parallel for n in walk(stmt)):
@@ -301,7 +311,13 @@ class TensorExprKernel:
         if self.options.use_llvm:
             from .codegen.llvm_codegen import compile_stmt
 
-            self.jit = compile_stmt(stmt, lowered.params, lowered.name, _long_running(stmt))
+            streaming = frozenset(
+                b for b, meta in lowered.output_metas.items()
+                if _nbytes(meta) >= STREAMING_BYTES
+            )
+            self.jit = compile_stmt(
+                stmt, lowered.params, lowered.name, _long_running(stmt), streaming
+            )
         else:
             self.evaluator = IREvaluator(stmt, lowered.params)
         #: outputs (a list) for inputs that match the graph's types, unchecked: for the runtime

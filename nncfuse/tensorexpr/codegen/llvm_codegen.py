@@ -27,6 +27,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
+from ..passes.simplify import Simplifier
 from . import llvm_math, llvm_parallel
 from .llvm_jit import JitFunction, compile_ir, vector_bits
 
@@ -76,9 +77,17 @@ def _param_type(p: Buf | E.Var) -> ir.Type:
 class LLVMCodeGen:
     """Emits LLVM IR for `stmt` as a function `name` over `params`."""
 
-    def __init__(self, stmt: S.Stmt, params: Sequence[Buf | E.Var], name: str = "fused"):
+    def __init__(
+        self,
+        stmt: S.Stmt,
+        params: Sequence[Buf | E.Var],
+        name: str = "fused",
+        streaming: frozenset[Buf] = frozenset(),
+    ):
         self.name = name
         self.params = list(params)
+        self.streaming = streaming  # outputs too large for the caches: non-temporal stores
+        self.fence = False  # whether a non-temporal store needs a fence before returning
         self.module = ir.Module(name=name)
         fnty = ir.FunctionType(ir.VoidType(), [_param_type(p) for p in self.params])
         self.fn = ir.Function(self.module, fnty, name=name)
@@ -96,6 +105,12 @@ class LLVMCodeGen:
             else:
                 self.vars[p] = self.convert_param(arg, p.dtype)
         self.stmt(stmt)
+        self.ret()
+
+    def ret(self) -> None:
+        """Return; after non-temporal stores, fence so that other threads see them."""
+        if self.fence:
+            self.builder.fence("seq_cst")
         self.builder.ret_void()
 
     @contextlib.contextmanager
@@ -286,7 +301,14 @@ class LLVMCodeGen:
         if lanes == 1:
             b.store(value, self.address(s.buf, self.expr(index)))
         elif isinstance(index, E.Ramp) and E.is_const(index.stride, 1):
-            b.store(value, self.address(s.buf, self.expr(index.base)), align=s.buf.dtype.itemsize)
+            store = b.store(value, self.address(s.buf, self.expr(index.base)),
+                            align=s.buf.dtype.itemsize)
+            if s.buf.root in self.streaming and _aligned(index.base, lanes, s.buf.dtype.itemsize):
+                # Written once and not read back soon: bypass the caches. movnt needs
+                # the vector's own alignment; torch allocates outputs 64-byte aligned.
+                store.align = lanes * s.buf.dtype.itemsize
+                store.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(I32, 1)]))
+                self.fence = True
         else:
             indices = self.expr(index)
             for lane in range(lanes):
@@ -331,6 +353,15 @@ class LLVMCodeGen:
     def stmt_Free(self, s: S.Free) -> None:
         free = self.declare("free", ir.VoidType(), [PTR])
         self.builder.call(free, [self.bufs[s.buf.root]])
+
+
+def _aligned(base: E.Expr, lanes: int, itemsize: int) -> bool:
+    """Whether element offset `base` is a multiple of `lanes`, vectors of at most 64 bytes."""
+    size = lanes * itemsize
+    if size > 64 or size & (size - 1):
+        return False
+    linear = Simplifier().linear(base)
+    return all(c % lanes == 0 for c in linear.terms.values()) and linear.const % lanes == 0
 
 
 def _type_suffix(t: ir.Type) -> str:
@@ -382,13 +413,18 @@ def _binary(b: ir.IRBuilder, cg: LLVMCodeGen, e: E.BinaryOp, x: Any, y: Any, dt:
 
 
 def compile_stmt(
-    stmt: S.Stmt, params: Sequence[Buf | E.Var], name: str = "fused", release_gil: bool = True
+    stmt: S.Stmt,
+    params: Sequence[Buf | E.Var],
+    name: str = "fused",
+    release_gil: bool = True,
+    streaming: frozenset[Buf] = frozenset(),
 ) -> JitFunction:
     """Generate, optimize and JIT `stmt`; log the stages at `>>llvm_codegen`.
 
-    `release_gil=False` makes calls cheaper (tens of ns) for kernels that finish quickly.
+    `release_gil=False` makes calls cheaper (tens of ns) for kernels that finish
+    quickly; `streaming` outputs (fresh, 64-byte aligned) get non-temporal stores.
     """
-    cg = LLVMCodeGen(stmt, params, name)
+    cg = LLVMCodeGen(stmt, params, name, streaming)
     text = cg.ir_text()
     _log.debug("LLVM module before optimizations\n", text)
     fn = compile_ir(text, name, None, [param_ctype(p) for p in params], release_gil)

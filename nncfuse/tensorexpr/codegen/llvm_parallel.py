@@ -88,4 +88,4 @@ def emit_parallel_for(cg: LLVMCodeGen, s: S.For) -> None:
         hi = ob.add(lo, chunk)
         hi = ob.select(ob.icmp_signed("<", hi, stop), hi, stop)
         cg.loop(s.var, lo, hi, s.body)
-        ob.ret_void()
+        cg.ret()
