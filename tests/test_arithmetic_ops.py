@@ -361,3 +361,29 @@ def test_bool_add_and_mul():
 def test_neg_keeps_signed_zeros():
     check(torch.neg, floats(torch.float32))
     check(torch.neg, ints(torch.uint8))
+
+
+# -- scripted overloads ------------------------------------------------------------------
+
+
+def scripted_forms(x: torch.Tensor, y: torch.Tensor, s: float, i: int):
+    a = x + s - i * x + 2.0 - x  # add.Scalar, mul.Scalar, sub.Scalar, rsub.Scalar
+    b = torch.rsub(x, y, alpha=2) + torch.sub(x, y, alpha=i)  # sub.Tensor with alpha
+    c = x / s + torch.true_divide(x, y) + torch.div(x, y, rounding_mode="trunc")
+    d = torch.div(x, s, rounding_mode="floor") + torch.floor_divide(x, s) + x // y
+    e = x % s + i % (y.abs() + 1.0) + torch.fmod(x, s) + torch.fmod(x, y)
+    f = x**s + s**x + 2**x + x**y + torch.square(x) + torch.reciprocal(y)
+    g = torch.lerp(x, y, 0.3) + torch.lerp(x, y, y) + torch.addcmul(x, y, x, value=s)
+    return a + b + c + d + e + f + g + torch.atan2(x, y) - torch.neg(y)
+
+
+def test_scripted_overloads_fuse_into_one_group():
+    x, y = torch.rand(2, 37, dtype=torch.float64).add(0.5)
+    f = nncfuse.jit(scripted_forms, min_group_size=1)
+    f(x, y, 1.5, 3)
+    got = f(x, y, 1.5, 3)
+    torch.testing.assert_close(got, scripted_forms(x, y, 1.5, 3))
+    graph = f.graph_for(x, y, 1.5, 3)
+    (group,) = nncfuse.fusion_groups(graph)
+    unfused = [n.kind() for n in graph.nodes() if n.kind().startswith("aten::")]
+    assert not unfused, unfused

@@ -8,8 +8,9 @@ where the steps round:
 - multiply-adds are fused (`fma`): `add`/`sub` with `alpha` call
   `vec::fmadd`, and the compiler contracts `a + b * c` in the others;
 - float16/bfloat16 compute in float32 (`Ctx.operands`), but the kernels of
-  `div` with a rounding mode and of `pow` by 3 and -2 work on vectors of the
-  narrow type, so there each step rounds to it (`_rounding`);
+  `div` with a rounding mode, of `pow` by 3 and -2, and the scalar loop of
+  `add` with `alpha` compute in the narrow type, so there each step rounds
+  to it (`_rounding`);
 - float remainders call the `fmod` intrinsic, SLEEF's as in eager's vector
   loops (not `Mod`, C's);
 - integer division by zero raises before the kernel runs, and MIN / -1,
@@ -69,9 +70,11 @@ def add(ctx: Ctx) -> E.Expr:
     """`a + sign * alpha * b`.
 
     For floats ATen calls `vec::fmadd(b, alpha, a)`, and the compiler fuses
-    the scalar loop's `a + alpha * b` too, but for float16 and bfloat16,
-    whose scalar arithmetic rounds each step. Only vectors of 32 of those
-    take the fused path (AVX-512), so we round each step, as small tensors.
+    the scalar loop's `a + alpha * b` as well. For float16 and bfloat16 the
+    two differ: the vector loop fuses in float32, the scalar loop's
+    c10::Half arithmetic rounds after each step. The vector loop takes 64 of
+    those at a time (AVX-512), so small tensors and all tails take the
+    scalar loop, which we follow.
     """
     swapped, sign = _ADD_LIKE[ctx.node.kind()]
     (a, b), compute = ctx.operands(ctx.args[:2], Promotion.DEFAULT)
@@ -187,8 +190,8 @@ def floor_divide(ctx: Ctx) -> E.Expr:
     return _divide(ctx, "floor")
 
 
-def _integer_remainder(ctx: Ctx) -> tuple[E.Expr, E.Expr, Dtype]:
-    """The operands of fmod/remainder, with eager's zero-divisor check for integers."""
+def _remainder_operands(ctx: Ctx) -> tuple[E.Expr, E.Expr, Dtype]:
+    """The operands of fmod and remainder; integers get eager's zero-divisor check."""
     (a, b), compute = ctx.operands(ctx.args[:2], Promotion.DEFAULT)
     if compute.is_bool:
         raise LoweringError(f"{ctx.node.kind()} of bool tensors: eager raises")
@@ -200,7 +203,7 @@ def _integer_remainder(ctx: Ctx) -> tuple[E.Expr, E.Expr, Dtype]:
 @register("aten::fmod", overloads=("Tensor", "Scalar"))
 def fmod(ctx: Ctx) -> E.Expr:
     """C's remainder, with the sign of the dividend."""
-    a, b, compute = _integer_remainder(ctx)
+    a, b, compute = _remainder_operands(ctx)
     value = E.call("fmod", a, b) if compute.is_float else _remainder(a, b)
     return E.cast(ctx.out_dtype, value)
 
@@ -208,7 +211,7 @@ def fmod(ctx: Ctx) -> E.Expr:
 @register("aten::remainder", overloads=("Tensor", "Scalar", "Scalar_Tensor"))
 def remainder(ctx: Ctx) -> E.Expr:
     """Python's remainder, with the sign of the divisor: C's, plus `b` where the signs differ."""
-    a, b, compute = _integer_remainder(ctx)
+    a, b, compute = _remainder_operands(ctx)
     mod = E.call("fmod", a, b) if compute.is_float else _remainder(a, b)
     wrong_sign = E.And(E.cmp("!=", mod, 0), _signs_differ(mod, b))
     return E.cast(ctx.out_dtype, E.select(wrong_sign, mod + b, mod))
