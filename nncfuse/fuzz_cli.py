@@ -39,6 +39,7 @@ def _worker(backends: Sequence[str]) -> int:
             "seed": seed,
             "status": outcome.status,
             "fused": outcome.fused,
+            "raises": outcome.raises,
             "noise": [f.kind for f in outcome.noise],
             "kernel_errors": outcome.kernel_errors,
             "fused_kinds": sorted(outcome.fused_kinds),
@@ -55,6 +56,7 @@ class Tally:
     generated: int = 0
     skipped: int = 0
     fused: int = 0
+    raises: int = 0
     seeds: dict[str, list[int]] = field(default_factory=lambda: collections.defaultdict(list))
     kernel_errors: collections.Counter = field(default_factory=collections.Counter)
     fused_kinds: collections.Counter = field(default_factory=collections.Counter)
@@ -65,6 +67,7 @@ class Tally:
         status = answer["status"]
         self.skipped += status == "skipped"
         self.fused += answer["fused"]
+        self.raises += answer.get("raises", False)
         if status in ("mismatch", "crash", "invalid"):
             self.seeds[status].append(answer["seed"])
         for kind in set(answer.get("noise", ())):
@@ -79,6 +82,8 @@ class Tally:
     def crash(self, seed: int, why: str) -> None:
         self.generated += 1
         self.seeds["crash"].append(seed)
+        if "timed out" in why:
+            self.seeds["timeout"].append(seed)
         print(f"=== nncfuse fuzz: crash (seed {seed}) ===\nworker {why}\n"
               f"replay: python -m nncfuse.fuzz --replay {seed}", flush=True)
 
@@ -93,15 +98,19 @@ class Tally:
             f"skipped (eager raised): {self.skipped}",
             f"compared:               {compared}",
             f"ran fused:              {self.fused}",
+            f"eager raised on set B:  {self.raises} (nncfuse had to raise too)",
             f"mismatches:             {len(self.seeds['mismatch'])}",
-            f"crashes:                {len(self.seeds['crash'])}",
+            f"crashes:                {len(self.seeds['crash'])}"
+            f" (timeouts among them: {len(self.seeds['timeout'])})",
             f"invalid programs:       {len(self.seeds['invalid'])}",
             f"unstable (noise, not counted as mismatches): {len(self.seeds['unstable'])}",
             f"torchscript differs from eager (not nncfuse): {len(self.seeds['torchscript'])}",
             f"kernel errors run unfused (distinct): {len(self.kernel_errors)}",
             f"aten kinds seen fused: {len(self.fused_kinds)}",
         ]
-        for kind in ("mismatch", "crash", "invalid", "unstable", "torchscript", "kernel_error"):
+        kinds = ("mismatch", "crash", "timeout", "invalid", "unstable", "torchscript",
+                 "kernel_error")
+        for kind in kinds:
             if self.seeds[kind]:
                 rows.append(f"{kind} seeds: {' '.join(map(str, sorted(self.seeds[kind])))}")
         for error, n in self.kernel_errors.most_common(10):

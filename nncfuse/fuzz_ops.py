@@ -15,7 +15,11 @@ multi-step formulas): their results may differ from nncfuse's in the last
 ulp, and the checker perturbs them by a few ulps to tell noise from bugs.
 `divides` marks the one division where eager itself dies of SIGFPE on
 INT_MIN / -1 (rounding_mode="trunc"), so the generator keeps that pair away;
-elsewhere eager handles it, and nncfuse must too.
+elsewhere eager handles it, and nncfuse must too. `finite_quotient` marks
+fmod and remainder, whose float results eager computes two ways that
+disagree once `a / b` overflows (its vector loop returns NaN, its scalar
+tail the exact remainder, so the answer depends on the element's position):
+the generator keeps such operands away, as there is no one answer to match.
 
 Spellings that TorchScript compiles differently from eager (`2.0 - x` is
 `neg` then `add`, wrong for uint8; `2.0 / x` is `reciprocal` then `mul`)
@@ -65,6 +69,7 @@ class OpSpec:
     extras: Mapping[str, Sequence[str]] = field(default_factory=dict)
     approx: bool = False
     divides: bool = False
+    finite_quotient: bool = False
     weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -111,9 +116,10 @@ ARITHMETIC = [
     *_binary("pow", "**", approx=True),
     OpSpec("pow", "torch.pow({0}, {1})", "st", approx=True, weight=0.4),
     *_binary("atan2", operands="tt", dtypes="nobool", approx=True),
-    *_binary("fmod", dtypes="nobool", approx=True),
-    *_binary("remainder", "%", dtypes="nobool", approx=True),
-    OpSpec("remainder", "torch.remainder({0}, {1})", "st", "nobool", weight=0.3, approx=True),
+    *_binary("fmod", dtypes="nobool", approx=True, finite_quotient=True),
+    *_binary("remainder", "%", dtypes="nobool", approx=True, finite_quotient=True),
+    OpSpec("remainder", "torch.remainder({0}, {1})", "st", "nobool", weight=0.3, approx=True,
+           finite_quotient=True),
     OpSpec("lerp", "torch.lerp({0}, {1}, {2})", "ttn", "float", approx=True),
     OpSpec("addcmul", "torch.addcmul({0}, {1}, {2})", "ttt", "nobool", approx=True),
     OpSpec("addcmul", "torch.addcmul({0}, {1}, {2}, value={v})", "ttt", "nobool",

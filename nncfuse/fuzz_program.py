@@ -41,7 +41,6 @@ from .fuzz_ops import (
 )
 
 _OP_WEIGHTS = [op.weight for op in OPS]
-_INT_MINS = (-(2**31), -(2**63))  # eager's integer division traps on these over -1
 MAX_TENSOR_PARAMS = 6
 MAX_SCALAR_PARAMS = 2
 
@@ -157,12 +156,19 @@ class _Value:
         return isinstance(self.data[0], torch.Tensor)
 
 
-def _traps(operands: list[list[Any]], k: int) -> bool:
-    """Whether eager's trunc division would divide INT_MIN by -1 (SIGFPE) on input set `k`."""
-    a, b = (torch.as_tensor(x[k]) for x in operands[:2])
-    if a.dtype not in (torch.int32, torch.int64) or b.is_floating_point():
+def _out_of_bounds(spec: OpSpec, operands: list[list[Any]], k: int) -> bool:
+    """Whether input set `k` gives `spec` operands eager has no single answer for (or dies on):
+    see `OpSpec.divides` and `OpSpec.finite_quotient`."""
+    if not (spec.divides or spec.finite_quotient):
         return False
-    return bool((a == torch.iinfo(a.dtype).min).any() and (b == -1).any())
+    a, b = (torch.as_tensor(x[k]) for x in operands[:2])
+    if spec.divides and a.dtype in (torch.int32, torch.int64) and not b.is_floating_point():
+        return bool((a == torch.iinfo(a.dtype).min).any() and (b == -1).any())
+    if spec.finite_quotient and (a.is_floating_point() or b.is_floating_point()):
+        wide = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+        a, b = a.to(wide), b.to(wide)
+        return bool((a.isfinite() & b.isfinite() & (b != 0) & (a / b).isinf()).any())
+    return False
 
 
 class _Builder:
@@ -259,7 +265,7 @@ class _Builder:
         return Call(spec.name, text, tuple(dict.fromkeys(uses)), spec.approx), data
 
     # -- statements -------------------------------------------------------------------------
-    def evaluate(self, call: Call, traps: Callable[[int], bool] | None = None) -> list | None:
+    def evaluate(self, call: Call, refuse: Callable[[int], bool] | None = None) -> list | None:
         """The call's eager result per input set (`_RAISED` where it raised), or None to redraw.
 
         Raising on the first input set, or now and then on the second, means redraw.
@@ -269,7 +275,7 @@ class _Builder:
             if not self.alive[k]:
                 results.append(None)
                 continue
-            if traps is not None and traps(k):
+            if refuse is not None and refuse(k):
                 return None
             scope = {name: self.values[name].data[k] for name in call.uses}
             try:
@@ -310,7 +316,7 @@ class _Builder:
             n_params = len(self.params)
             spec = self.rng.choices(OPS, _OP_WEIGHTS)[0]
             call, data = self.draw_call(spec)
-            results = self.evaluate(call, (lambda k: _traps(data, k)) if spec.divides else None)
+            results = self.evaluate(call, lambda k: _out_of_bounds(spec, data, k))
             if results is not None:
                 self.commit(Stmt(self.fresh_name(), call), results)
                 return True
@@ -324,11 +330,11 @@ class _Builder:
         for _ in range(attempts):
             n_params = len(self.params)
             specs = self.rng.choices(OPS, _OP_WEIGHTS, k=2)
-            calls = [self.draw_call(spec)[0] for spec in specs]
-            branches = [self.evaluate(call) for call in calls]
-            typed = not any(spec.divides for spec in specs) and not any(
-                b is None or _RAISED in b for b in branches
-            )
+            drawn = [self.draw_call(spec) for spec in specs]
+            calls = [call for call, _ in drawn]
+            branches = [self.evaluate(call, lambda k, s=spec, d=data: _out_of_bounds(s, d, k))
+                        for spec, (call, data) in zip(specs, drawn)]
+            typed = not any(b is None or _RAISED in b for b in branches)
             if typed and all(
                 x is None or (x.dtype, x.shape) == (y.dtype, y.shape) for x, y in zip(*branches)
             ):

@@ -182,13 +182,15 @@ def test_compare():
     assert "nncfuse returned" in fuzz.compare((t,), raised)
 
 
-def test_nudger_moves_at_most_two_ulps():
-    t = torch.tensor([1.0, -3.5, 0.0, float("inf"), float("nan")] * 20, dtype=torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_nudger_moves_values_by_a_few_ulps(dtype):
+    t = torch.tensor([1.0, -3.5, 0.0, 1e-3, 200.0, float("inf"), float("nan")] * 20, dtype=dtype)
     nudged = fuzz.Nudger(0)(t)
     finite = t.isfinite()
     assert not torch.equal(nudged[finite], t[finite])
-    eps = torch.finfo(torch.float16).eps
-    assert ((nudged[finite] - t[finite]).abs() <= 2 * eps * t[finite].abs().clamp(min=1)).all()
+    eps = torch.finfo(dtype).eps
+    move = (nudged[finite].double() - t[finite].double()).abs()
+    assert (move <= 2.01 * eps * t[finite].double().abs().clamp(min=1)).all()
     assert torch.equal(nudged[~finite].isnan(), t[~finite].isnan())
 
 
