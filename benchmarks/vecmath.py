@@ -8,7 +8,9 @@ of 10 runs; huge arguments take slow reduction paths), the maximum
 error in ULPs against a float64 reference over inputs covering the whole
 float range (random bit patterns, a normal sample, special values), and how
 many results differ from eager PyTorch beyond `torch.testing.assert_close`'s
-tolerance. `vecmath.FAST_F32` was chosen from this table.
+tolerance; the same for what nncfuse itself computes (the fused op through
+`nncfuse.jit`, e.g. its inline exp). `vecmath.FAST_F32` was chosen from this
+table.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 import torch
 
+import nncfuse
 from nncfuse.tensorexpr.codegen.llvm_jit import compile_ir, has_symbol
 
 UNARY = [
@@ -86,7 +89,7 @@ def measure(name: str, x: torch.Tensor, y: torch.Tensor) -> list[str]:
     eager_fn = getattr(torch, name, None) or getattr(torch.special, name)
     eager = eager_fn(*args)
     reference = eager_fn(*(a.double() for a in args))
-    cells = [f"eager {max_ulp(eager, reference):.2f}"]
+    cells = [f"eager {max_ulp(eager, reference):.2f}", _nncfuse(name, args, eager, reference)]
     for variant in VARIANTS:
         symbol = f"Sleef_{name}f16{variant}"
         if not has_symbol(symbol):
@@ -102,6 +105,21 @@ def measure(name: str, x: torch.Tensor, y: torch.Tensor) -> list[str]:
         cells.append(f"{variant or 'exact'}: {max_ulp(out, reference):.2f} ulp, "
                      f"{best * 1e9 / x.numel():.2f} ns/elt, {far} far from eager")
     return cells
+
+
+def _nncfuse(name: str, args: list[torch.Tensor], eager: torch.Tensor, ref: torch.Tensor) -> str:
+    """The op as nncfuse runs it: error, speed on typical inputs, results far from eager."""
+    fn = nncfuse.jit(torch.jit.CompilationUnit(
+        f"def f(a, b):\n    return torch.{name}(a{', b' if name in BINARY else ''})\n"
+    ).f, min_group_size=1)
+    b = args[-1]
+    out = fn(args[0], b)
+    typical = [torch.randn_like(a) * 3 for a in args]
+    fn(typical[0], typical[-1])
+    best = min(_timed(fn, [typical[0], typical[-1]]) for _ in range(10))
+    far = int((~torch.isclose(out, eager, rtol=1.3e-6, atol=1e-5, equal_nan=True)).sum())
+    return (f"nncfuse: {max_ulp(out, ref):.2f} ulp, {best * 1e9 / out.numel():.2f} ns/elt, "
+            f"{far} far")
 
 
 def _timed(fn, args) -> float:

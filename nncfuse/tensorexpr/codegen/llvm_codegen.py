@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -125,7 +126,11 @@ class LLVMCodeGen:
             self.fn, self.builder, self.vars, self.bufs = saved
 
     def ir_text(self) -> str:
-        return str(self.module)
+        # Vectors live across SLEEF calls are spilled: `stackrealign` gives them 64-byte
+        # aligned slots (unaligned 512-bit spills straddle cache lines and stall reloads).
+        # llvmlite cannot spell the attribute, so it is added to the text.
+        return re.sub(r"^(define .*\)) nounwind$", r'\1 nounwind "stackrealign"',
+                      str(self.module), flags=re.MULTILINE)
 
     # -- helpers ------------------------------------------------------------
     def declare(self, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
