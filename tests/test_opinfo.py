@@ -42,3 +42,13 @@ def test_op_all_reference_inputs(op_id):
     total = sum(t.total for t in results.values())
     fused = sum(t.fused for t in results.values())
     assert fused >= 0.95 * total, f"{fused}/{total} fused"
+
+
+def test_coverage_cells():
+    from nncfuse.coverage import cell
+
+    assert cell(None) == "-"
+    assert cell(testing.Tally(total=3, matched=3, fused=3)) == "fused"
+    assert cell(testing.Tally(total=3, matched=3, fused=0)) == "fallback"
+    assert cell(testing.Tally(total=3, matched=3, fused=1)) == "partial"
+    assert cell(testing.Tally(total=3, matched=2, fused=3)) == "MISMATCH"
