@@ -283,7 +283,7 @@ class _Builder:
                     warnings.simplefilter("ignore")
                     out = eval(call.text, {"torch": torch}, scope)  # noqa: S307
             except Exception:  # noqa: BLE001 - eager rejects the call
-                if k == 0 or self.rng.random() < 0.75:
+                if k == 0 or self.rng.random() < 0.5:
                     return None
                 out = _RAISED
             if out is not _RAISED and not isinstance(out, torch.Tensor):

@@ -194,6 +194,27 @@ def test_nudger_moves_values_by_a_few_ulps(dtype):
     assert torch.equal(nudged[~finite].isnan(), t[~finite].isnan())
 
 
+def _exp_tan_case(x: torch.Tensor) -> Case:
+    params = (Param("x0", "Tensor", TensorSpec(x.dtype, tuple(x.shape))),)
+    stmts = (Stmt("v0", Call("exp", "torch.exp(x0)", ("x0",), approx=True)),
+             Stmt("v1", Call("tan", "torch.tan(v0)", ("v0",), approx=True)))
+    return Case(Program(params, stmts, ("v0", "v1")), ((x,), (x,)))
+
+
+def test_noise_is_told_from_bugs():
+    """tan of exp(40..50) is chaotic: another ulp of exp gives another tan, so a differing tan
+    is noise; exp itself 0.1% off is a bug."""
+    x = torch.linspace(40, 50, 16)
+    case = _exp_tan_case(x)
+    want = (torch.exp(x), torch.tan(torch.exp(x)))
+    other = case.program.eager(fuzz.Nudger(seed=99))(x)
+    assert fuzz.compare(other, want)  # the nudged run differs ...
+    assert fuzz._is_noise(case, 0, other, want)  # ... and that is noise
+    wrong = (want[0] * 1.001, want[1])
+    assert fuzz.compare(wrong, want)
+    assert not fuzz._is_noise(case, 0, wrong, want)
+
+
 def test_minimizer_shrinks_to_the_failing_part(monkeypatch):
     """With every output spoiled, one statement is enough to fail: the minimizer finds it."""
     monkeypatch.setattr(fuzz.nncfuse, "jit", _Wrong(_plus_one))
