@@ -7,9 +7,9 @@ kernel arguments. For a new signature:
 
 1. the function's graph, with profile nodes, runs `profiling_runs` times
    (each call returns its real result); a graph of elementwise ops only, with
-   no control flow, is instead typed by running it on meta tensors, which
-   compute output metadata exactly as the CPU does, so that its first call
-   already runs compiled code;
+   no control flow, called with contiguous tensors, is instead typed by
+   running it on meta tensors, which then compute output metadata exactly as
+   the CPU does, so that its first call already runs compiled code;
 2. the profiled graph is fused (`tensorexpr_fuser`): groups are formed,
    compiled and guarded;
 3. the optimized graph becomes this signature's plan. When the whole graph
@@ -35,8 +35,8 @@ import torch
 
 from .. import log
 from ..config import Options
-from . import runtime
 from ..tensorexpr.lowerings import lowering_for
+from . import runtime
 from .profiling import Profiler, infer_types
 from .tensorexpr_fuser import fuse_tensor_exprs
 
@@ -102,6 +102,25 @@ class UnfusedPlan:
 
     def run(self, args: tuple[Any, ...]) -> Any:
         return self.script(*args)
+
+
+def _all_contiguous(args: tuple[Any, ...]) -> bool:
+    """Whether every tensor argument has exactly row-major strides: then meta tensors get
+    eager's output strides.
+
+    Some meta kernels (decompositions) lay out outputs of strided or broadcast
+    (stride 0) inputs differently than the CPU kernels; for row-major inputs
+    both give row-major outputs. (`is_contiguous` is too lenient: it accepts
+    any strides on size-1 and empty dimensions.)
+    """
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            expect = 1
+            for size, stride in zip(reversed(a.shape), reversed(a.stride())):
+                if stride != expect:
+                    return False
+                expect *= size
+    return True
 
 
 def _elementwise(node: Any) -> bool:
@@ -256,7 +275,7 @@ class FusedFunction:
             _log.update("Too many input signatures; running unfused")
             self._plans[key] = UnfusedPlan(self._script, self._graph)
             return self._script(*args)
-        if self._elementwise_only and key not in self._profiles:
+        if self._elementwise_only and key not in self._profiles and _all_contiguous(args):
             graph = self._infer_types(args)
             if graph is not None:
                 self._plans[key] = plan = self._optimize(graph)
