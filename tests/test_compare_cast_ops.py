@@ -238,12 +238,13 @@ def where_scalar_input(c, x, s: float):
 def test_where_with_a_scalar_input():
     c = long([True, False, True], torch.bool)
     check(where_scalar_input, c, torch.randn(67, dtype=torch.float64), 0.5)
-    # Into float32 eager range-checks the number (1e39 raises): that stays unfused.
+    # Into float32 eager range-checks the number (1e39 raises): the kernel checks it first.
     x = torch.randn(67)
-    check(where_scalar_input, c, x, 0.5, fused=False)
+    check(where_scalar_input, c, x, 0.5)
     f = nncfuse.jit(where_scalar_input, min_group_size=1)
     f(c, x, 0.5)
-    with pytest.raises(RuntimeError, match="overflow"):
+    assert nncfuse.fusion_groups(f.graph_for(c, x, 0.5))
+    with pytest.raises(RuntimeError, match="cannot be converted to type float without overflow"):
         f(c, x, 1e39)
 
 
@@ -301,15 +302,16 @@ def clamp_scalar_inputs(x, m, lo: float, n: int):
     return x.clamp(min=lo), x.clamp(max=n), x.masked_fill(m, lo), x.masked_fill(m, n)
 
 
-def test_number_inputs_fuse_where_no_range_check_can_fail():
+def test_number_inputs_fuse_with_eager_range_checks():
     """Eager range-checks numbers it converts for clamp and masked_fill (raising on overflow);
-    a kernel cannot raise, so only conversions that always fit are fused."""
+    the kernel checks number inputs the same way before running."""
     m = long([True, False], torch.bool)
     check(clamp_scalar_inputs, long([NAN, 3.0, -3.0], torch.float64), m, 0.5, 2)
-    check(clamp_scalar_inputs, long([NAN, 3.0, -3.0], torch.float32), m, 0.5, 2, fused=False)
+    check(clamp_scalar_inputs, long([NAN, 3.0, -3.0], torch.float32), m, 0.5, 2)
     f = nncfuse.jit(clamp_scalar_inputs, min_group_size=1)
     x = long([0, 3, -3], torch.int8)
     f(x, m, 0.5, 2)
+    assert nncfuse.fusion_groups(f.graph_for(x, m, 0.5, 2))
     with pytest.raises(RuntimeError, match="overflow"):
         f(x, m, 0.5, 300)
 

@@ -127,3 +127,20 @@ def test_unsupported_op_raises_lowering_error():
           return (%x)
         """)
         )
+
+
+def test_half_to_integer_conversion():
+    from nncfuse.tensorexpr import expr as E
+    from nncfuse.tensorexpr.buffer import Buf
+    from nncfuse.tensorexpr.codegen.llvm_codegen import compile_stmt
+    from nncfuse.tensorexpr.dtype import FLOAT16, INT32
+    from nncfuse.tensorexpr.loopnest import compute
+
+    a = Buf.make("a", FLOAT16, [8])
+    out, nest = compute("out", INT32, [8], lambda i: E.Cast(INT32, E.Load(a, (i,))))
+    jit = compile_stmt(nest, [a, out])
+    x = torch.tensor([1.5, -2.5, 65504.0, -65504.0, 0.0, 7.0, float("inf"), float("nan")],
+                     dtype=torch.float16)
+    y = torch.empty(8, dtype=torch.int32)
+    jit.cfunc(x.data_ptr(), y.data_ptr())
+    assert y.tolist() == [1, -2, 65504, -65504, 0, 7, -(2**31), -(2**31)]

@@ -196,7 +196,7 @@ def test_parameters_at_run_time(fn, params, dtype):
     """Parameters passed as numbers are kernel arguments, converted as eager converts them.
 
     Eager raises for a float64 parameter that does not fit a narrower type;
-    the kernel cannot, so only float64 tensors fuse with float parameters.
+    the kernel checks the number before running and raises the same error.
     """
     x = special(dtype)
     f = nncfuse.jit(fn, min_group_size=1)
@@ -207,7 +207,15 @@ def test_parameters_at_run_time(fn, params, dtype):
             assert_exact(got, want)
         else:
             torch.testing.assert_close(got, want, equal_nan=True)
-    assert bool(nncfuse.fusion_groups(f.graph_for(x, *params))) == (dtype == torch.float64)
+    assert nncfuse.fusion_groups(f.graph_for(x, *params))
+    huge = tuple(1e300 for _ in params)
+    try:
+        want = fn(x, *huge)
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError, match=str(e)):
+            f(x, *huge)
+    else:
+        torch.testing.assert_close(f(x, *huge), want, equal_nan=True)
 
 
 def int_threshold(x, limit: int, value: int):

@@ -77,7 +77,7 @@ class Lowered:
     output_metas: dict[Buf, TensorMeta]
     input_metas: list[TensorMeta | None]
     name: str
-    checks: list  # NonzeroCheck: run before the kernel
+    checks: list  # RuntimeCheck: run before the kernel
 
 
 def _sanitize(name: str) -> str:
@@ -366,7 +366,7 @@ class TensorExprKernel:
             ("buf", out_number[ref]) if kind == "buf" else ("input", ref)
             for kind, ref in lowered.outputs
         ]
-        checks = [(position[c.param], c.message) for c in lowered.checks]
+        checks = [(position[c.param], c.holds, c.message) for c in lowered.checks]
         cfunc = self.jit.cfunc if self.jit is not None else None
         run = self.evaluator.run if self.evaluator is not None else None
         return make_entry(params, outputs, checks, sources, returns, cfunc, run)

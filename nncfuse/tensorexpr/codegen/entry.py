@@ -27,7 +27,7 @@ Source = tuple[str, Any]  # ("arg", position) or ("const", value)
 def make_entry(
     params: Sequence[tuple[str, Any]],
     outputs: Sequence[tuple[str, int]],
-    checks: Sequence[tuple[int, str]],
+    checks: Sequence[tuple[int, Callable[[Any], bool], str]],
     sources: Sequence[Source],
     returns: Any,
     cfunc: Callable[..., Any] | None,
@@ -40,7 +40,7 @@ def make_entry(
              ("output", meta) for an output buffer (a TensorMeta);
     outputs: per kernel output: ("buf", n) for the n-th output buffer, or
              ("input", k) when the graph returns its k-th input itself;
-    checks:  (input k, message): raise RuntimeError(message) if input k has a zero;
+    checks:  (input k, holds, message): raise RuntimeError(message) unless holds(input k);
     sources: where the kernel's k-th input comes from in `args`;
     returns: "list" (all outputs), an output index, or a tuple of indices;
     cfunc:   the machine code, called with pointers and numbers; or `run`, the
@@ -54,10 +54,10 @@ def make_entry(
         else:
             env[f"c{k}"] = value
             lines.append(f"    a{k} = c{k}")
-    for k, message in checks:
-        env[f"m{k}"] = message
-        lines.append(f"    if (a{k} == 0).any() if isinstance(a{k}, Tensor) else a{k} == 0:")
-        lines.append(f"        raise RuntimeError(m{k})")
+    for j, (k, holds, message) in enumerate(checks):
+        env[f"h{j}"], env[f"m{j}"] = holds, message
+        lines.append(f"    if not h{j}(a{k}):")
+        lines.append(f"        raise RuntimeError(m{j})")
     tensors: list[str] = []  # what the interpreter gets
     pointers: list[str] = []  # what the machine code gets
     n_out = 0

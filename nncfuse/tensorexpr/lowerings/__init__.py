@@ -155,11 +155,17 @@ def scalar_dtype(value: Any) -> Dtype:
 
 
 @dataclass(frozen=True)
-class NonzeroCheck:
-    """Before the kernel runs: raise eager's error if kernel parameter `param` has a zero."""
+class RuntimeCheck:
+    """Before the kernel runs: raise `RuntimeError(message)`, as eager would, unless
+    `holds(value)` for the value of kernel input `param` (a tensor or a number)."""
 
     param: Buf | E.Var
-    message: str = "ZeroDivisionError"
+    holds: Callable[[Any], bool]
+    message: str
+
+
+def _nonzero(value: Any) -> bool:
+    return not bool((value == 0).any()) if isinstance(value, torch.Tensor) else value != 0
 
 
 @dataclass
@@ -198,10 +204,18 @@ class Ctx:
             if arg.const == 0:
                 raise LoweringError("division by a constant zero")
             return
+        self.require(arg, _nonzero, "ZeroDivisionError")
+
+    def require(self, arg: Arg, holds: Callable[[Any], bool], message: str) -> None:
+        """Check `holds` on the value of `arg`, a kernel input, before the kernel runs.
+
+        For what eager checks at run time and raises on; an operand computed
+        inside the group cannot be checked, so then LoweringError.
+        """
         param = arg.buf.root if isinstance(arg, TensorArg) else getattr(arg, "expr", None)
         if param not in self.inputs:
-            raise LoweringError("integer division by a value computed inside the group")
-        check = NonzeroCheck(param)
+            raise LoweringError(f"{message}: a value computed inside the group cannot be checked")
+        check = RuntimeCheck(param, holds, message)
         if check not in self.checks:
             self.checks.append(check)
 

@@ -91,8 +91,10 @@ def always_fits(src: Dtype, dst: Dtype) -> bool:
 def checked(ctx: Ctx, arg: Arg, dtype: Dtype) -> E.Expr:
     """Number operand `arg` (or a 0-dim tensor's item) as `dtype`, where eager checks the range.
 
-    Eager raises when the value does not fit (`fits`); the kernel cannot
-    raise, so a value that might not fit is refused (the group runs unfused).
+    Eager raises when the value does not fit (`fits`); for a number that is
+    a kernel input, the kernel checks it before running and raises the same
+    error; a value that might not fit and cannot be checked is refused (the
+    group runs unfused).
     """
     if isinstance(arg, ScalarArg) and arg.const is not None:
         if not fits(arg.const, dtype):
@@ -100,8 +102,24 @@ def checked(ctx: Ctx, arg: Arg, dtype: Dtype) -> E.Expr:
     elif not isinstance(arg, (ScalarArg, TensorArg)):
         raise LoweringError(f"operand {arg} is not a number")
     elif not always_fits(arg.dtype, dtype):
-        raise LoweringError(f"a {arg.dtype} operand may not fit {dtype}, where eager raises")
+        if isinstance(arg, TensorArg) and arg.shape:
+            raise LoweringError(f"a {arg.dtype} tensor may not fit {dtype}, where eager raises")
+        ctx.require(arg, functools.partial(_fits_value, dtype=dtype),
+                    f"value cannot be converted to type {_CPP_NAMES[dtype.name]} without overflow")
     return convert(ctx.load(arg), dtype)
+
+
+# How c10 names the types in its overflow error.
+_CPP_NAMES = {
+    "float32": "float", "float64": "double", "float16": "c10::Half",
+    "bfloat16": "c10::BFloat16", "int8": "int8_t", "int16": "int16_t", "int32": "int",
+    "int64": "int64_t", "uint8": "uint8_t", "bool": "bool",
+}
+
+
+def _fits_value(value: Any, dtype: Dtype) -> bool:
+    """`fits` for a kernel input at run time: a number or a 0-dim tensor."""
+    return fits(value.item() if isinstance(value, torch.Tensor) else value, dtype)
 
 
 @functools.cache
