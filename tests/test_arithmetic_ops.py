@@ -23,8 +23,8 @@ from nncfuse.tensorexpr.dtype import from_torch
 from nncfuse.tensorexpr.loopnest import compute
 from nncfuse.tensorexpr.passes.vectorize import vectorize_inner_loops
 
-BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
-FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+from .fused import BACKENDS, FLOATS, assert_exact, check, run_fused
+
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 0.5, -0.5, 1.0, -1.0, 2.5, -3.0, 7.0]
 # eager's vectorized kernels fuse multiply-adds on these; elsewhere it may round twice
@@ -48,38 +48,10 @@ def ints(dtype, n=67, nonzero=False):
     return x.to(dtype)
 
 
-def run_fused(fn, *args, use_llvm=True):
-    """`fn(*args)` through nncfuse (after its profiling call), asserting that it fused.
-
-    With tensors only, `fn` is traced (numbers in it become constants);
-    otherwise it is scripted, and its numbers are inputs of the graph.
-    """
-    if all(isinstance(a, torch.Tensor) for a in args):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fn = torch.jit.trace(lambda *a: fn(*a), args, check_trace=False)
-    f = nncfuse.jit(fn, min_group_size=1, use_llvm=use_llvm)
-    f(*args)
-    out = f(*args)
-    assert nncfuse.fusion_groups(f.graph_for(*args)), "nothing was fused"
-    return out
 
 
-def assert_exact(got, want):
-    """Same dtype and values bit for bit, the sign of zeros included (NaN is any NaN)."""
-    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-    if want.is_floating_point():
-        numbers = ~want.isnan()
-        assert torch.equal(got.signbit()[numbers], want.signbit()[numbers]), (got, want)
 
 
-def check(fn, *args, exact=True, use_llvm=True):
-    got = run_fused(fn, *args, use_llvm=use_llvm)
-    want = fn(*args)
-    if exact:
-        assert_exact(got, want)
-    else:
-        torch.testing.assert_close(got, want, equal_nan=True)
 
 
 # -- the fma and powi intrinsics ------------------------------------------------------

@@ -9,7 +9,6 @@ does.
 """
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -17,8 +16,8 @@ import torch.nn.functional as F
 
 import nncfuse
 
-BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
-FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+from .fused import BACKENDS, FLOATS, assert_exact, check, run_fused
+
 SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 0.5, -0.5, 1.5, -2.5, 3.0, -3.0, 6.0, 1e-3]
 
 
@@ -29,38 +28,10 @@ def special(dtype, n=67):
     return x.to(dtype)
 
 
-def run_fused(fn, *args, use_llvm=True):
-    """`fn(*args)` through nncfuse (after its profiling call), asserting that it fused.
-
-    With tensors only, `fn` is traced (parameters become constants);
-    otherwise it is scripted, and its numbers are inputs of the graph.
-    """
-    if all(isinstance(a, torch.Tensor) for a in args):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fn = torch.jit.trace(lambda *a: fn(*a), args, check_trace=False)
-    f = nncfuse.jit(fn, min_group_size=1, use_llvm=use_llvm)
-    f(*args)
-    out = f(*args)
-    assert nncfuse.fusion_groups(f.graph_for(*args)), "nothing was fused"
-    return out
 
 
-def assert_exact(got, want):
-    """Same dtype and values bit for bit, the sign of zeros included (NaN is any NaN)."""
-    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-    if want.is_floating_point():
-        numbers = ~want.isnan()
-        assert torch.equal(got.signbit()[numbers], want.signbit()[numbers]), (got, want)
 
 
-def check(fn, *args, exact=True, use_llvm=True):
-    got = run_fused(fn, *args, use_llvm=use_llvm)
-    want = fn(*args)
-    if exact:
-        assert_exact(got, want)
-    else:
-        torch.testing.assert_close(got, want, equal_nan=True)
 
 
 # -- signed zeros and NaN --------------------------------------------------------

@@ -1,0 +1,47 @@
+"""Helpers shared by the per-family op tests: run through nncfuse, compare bit for bit."""
+
+import warnings
+
+import pytest
+import torch
+
+import nncfuse
+
+BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def run_fused(fn, *args, use_llvm=True):
+    """`fn(*args)` through nncfuse (after its profiling call), asserting that it fused.
+
+    With tensors only, `fn` is traced (numbers in it become constants);
+    otherwise it is scripted, and its numbers are inputs of the graph.
+    """
+    if all(isinstance(a, torch.Tensor) for a in args):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn = torch.jit.trace(lambda *a: fn(*a), args, check_trace=False)
+    f = nncfuse.jit(fn, min_group_size=1, use_llvm=use_llvm)
+    f(*args)
+    out = f(*args)
+    assert nncfuse.fusion_groups(f.graph_for(*args)), "nothing was fused"
+    return out
+
+
+def assert_exact(got, want):
+    """Same dtype and values bit for bit, the sign of zeros included (NaN is any NaN)."""
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    if want.is_floating_point():
+        numbers = ~want.isnan()
+        assert torch.equal(got.signbit()[numbers], want.signbit()[numbers]), (got, want)
+
+
+def check(fn, *args, exact=True, use_llvm=True):
+    """`fn(*args)` fused equals eager: bit for bit, or within assert_close's tolerance."""
+    got = run_fused(fn, *args, use_llvm=use_llvm)
+    want = fn(*args)
+    if exact:
+        assert_exact(got, want)
+    else:
+        torch.testing.assert_close(got, want, equal_nan=True)
+    return got
