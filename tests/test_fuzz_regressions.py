@@ -40,3 +40,16 @@ def test_interpreter_fma_overflow_rounds_like_ieee():
     assert _fma_scalar(-big, one, -one) == -big
     assert _fma_scalar(big, one, half_ulp) == np.inf  # a tie: to even, which is infinity
     assert _fma_scalar(big, one, np.float32(2.0**102)) == big
+
+
+@pytest.mark.parametrize("n", [2, 37])
+def test_llvm_scalar_fmod_by_nan(n):
+    """Seeds 24117 and 22995: fmod(x, NaN) with x converted from an integer compiled to
+    nothing: LLVM turned the libm call into `frem nnan` (poison for a NaN operand) and
+    deleted the store, leaving the output uninitialized."""
+
+    def f(x):
+        return torch.isnan(torch.fmod(x, float("nan"))), torch.remainder(x, float("nan"))
+
+    x = torch.arange(-n // 2, n - n // 2, dtype=torch.int16)
+    _check(torch.jit.script(f), x, use_llvm=True)

@@ -128,6 +128,10 @@ def _call(cg: LLVMCodeGen, name: str, args: list[Any], dtype: Dtype) -> Any:
     if name in vecmath.LLVM_NATIVE:
         return cg.intrinsic(vecmath.LLVM_NATIVE[name], value_type, args)
     if dtype.lanes == 1:
+        if name == "fmod":
+            # frem is C's fmod; a call of libm's fmod LLVM may rewrite into `frem nnan`,
+            # which is poison when an operand is NaN (LLVM 22 does, for fmodf(finite, NaN)).
+            return cg.builder.frem(*args)
         if name in vecmath.LLVM_SCALAR:
             return cg.intrinsic(name, value_type, args)
         fn = cg.declare(vecmath.libm_name(name, dtype.name), value_type, [a.type for a in args])
