@@ -23,7 +23,8 @@ What counts:
 - mismatch: an output differs, an input was modified, or nncfuse returned
   where eager raised. Two kinds of difference are not nncfuse's and are
   counted apart: `unstable`, where eager itself, its approximate ops
-  (`OpSpec.approx`) perturbed by a couple of ulps, reaches nncfuse's value
+  (`OpSpec.approx`) perturbed by a couple of ulps and the zeros of its
+  min/max-like ops (`OpSpec.zero_sign`) of either sign, reaches nncfuse's value
   at every differing element (the program amplifies last-bit noise there);
   and `torchscript`, where the unfused ScriptFunction already differs from
   eager.
@@ -165,6 +166,13 @@ class Nudger:
             out = torch.where(step < 0, torch.nextafter(out, -up), out)
         return torch.where(torch.isfinite(t), out, t)
 
+    def zeros(self, t: Any) -> Any:
+        """`t` with the sign of each zero flipped at random."""
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+            return t
+        flip = (t == 0) & (torch.rand(t.shape, generator=self.gen) < 0.5)
+        return torch.where(flip, -t, t)
+
 
 class _Spread:
     """Per element of one output: the range of values eager takes under noise, and NaNs."""
@@ -182,8 +190,8 @@ class _Spread:
         """Where `got` lies within the spread (widened by the comparison's tolerance)."""
         rtol, atol = TOLERANCES.get(want.dtype, (0.0, 0.0))
         got = got.double()
-        slack = atol + rtol * got.abs()
-        inside = (got >= self.lo - slack) & (got <= self.hi + slack)
+        slack = torch.where(got.isfinite(), atol + rtol * got.abs(), 0.0)
+        inside = (got >= self.lo - slack) & (got <= self.hi + slack)  # inf - 0 is inf
         return inside | (got.isnan() & self.nan)
 
 

@@ -20,6 +20,9 @@ fmod and remainder, whose float results eager computes two ways that
 disagree once `a / b` overflows (its vector loop returns NaN, its scalar
 tail the exact remainder, so the answer depends on the element's position):
 the generator keeps such operands away, as there is no one answer to match.
+`zero_sign` marks min/max-like ops, whose zero's sign also depends on the
+loop (max(0.0, -0.0) is 0.0 in eager's scalar loop, -0.0 in its vector
+loop): the checker flips the sign of their zeros when it looks for noise.
 
 Spellings that TorchScript compiles differently from eager (`2.0 - x` is
 `neg` then `add`, wrong for uint8; `2.0 / x` is `reciprocal` then `mul`)
@@ -70,6 +73,7 @@ class OpSpec:
     approx: bool = False
     divides: bool = False
     finite_quotient: bool = False
+    zero_sign: bool = False
     weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -138,8 +142,9 @@ UNARY = [
 ]
 
 ACTIVATIONS = [
-    *_spellings("relu", ["torch.relu({0})", F + "relu({0})"], "t", dtypes="nobool"),
-    OpSpec("relu6", F + "relu6({0})", dtypes="nobool"),
+    *_spellings("relu", ["torch.relu({0})", F + "relu({0})"], "t", dtypes="nobool",
+                zero_sign=True),
+    OpSpec("relu6", F + "relu6({0})", dtypes="nobool", zero_sign=True),
     OpSpec("leaky_relu", F + "leaky_relu({0}, {slope})", dtypes="float",
            extras={"slope": ["0.01", "0.2", "-1.5"]}),
     OpSpec("elu", F + "elu({0}, {alpha})", dtypes="float", extras={"alpha": ["1.0", "0.5"]},
@@ -151,7 +156,7 @@ ACTIVATIONS = [
     OpSpec("softplus", F + "softplus({0}, {beta}, {threshold})", dtypes="float",
            extras={"beta": ["1.0", "2.0", "0.5"], "threshold": ["20.0", "1.0"]}, approx=True),
     OpSpec("hardtanh", F + "hardtanh({0}, {lo}, {hi})", dtypes="nobool",
-           extras={"lo": ["-1.0", "-0.5", "0.0"], "hi": ["1.0", "2.5"]}),
+           extras={"lo": ["-1.0", "-0.5", "0.0"], "hi": ["1.0", "2.5"]}, zero_sign=True),
     OpSpec("hardshrink", F + "hardshrink({0}, {lambd})", dtypes="float",
            extras={"lambd": ["0.5", "1.0", "0.0"]}),
     OpSpec("threshold", F + "threshold({0}, {th}, {value})", dtypes="nobool",
@@ -159,10 +164,10 @@ ACTIVATIONS = [
 ]
 
 _MINMAX = [
-    *_binary("maximum", operands="tt"),
-    *_binary("minimum", operands="tt"),
-    OpSpec("max", "torch.max({0}, {1})", "tt"),
-    OpSpec("min", "torch.min({0}, {1})", "tt"),
+    *_binary("maximum", operands="tt", zero_sign=True),
+    *_binary("minimum", operands="tt", zero_sign=True),
+    OpSpec("max", "torch.max({0}, {1})", "tt", zero_sign=True),
+    OpSpec("min", "torch.min({0}, {1})", "tt", zero_sign=True),
 ]
 _CLAMP_SPELLINGS = [
     ("torch.clamp({0}, {1}, {2})", "tss"),
@@ -174,10 +179,10 @@ _CLAMP_SPELLINGS = [
 ]
 MINMAX = [
     *_MINMAX,
-    *(OpSpec("clamp", t, o, "nobool", weight=1.5 / len(_CLAMP_SPELLINGS))
+    *(OpSpec("clamp", t, o, "nobool", weight=1.5 / len(_CLAMP_SPELLINGS), zero_sign=True)
       for t, o in _CLAMP_SPELLINGS),
-    *_binary("clamp_min", dtypes="nobool"),
-    *_binary("clamp_max", dtypes="nobool"),
+    *_binary("clamp_min", dtypes="nobool", zero_sign=True),
+    *_binary("clamp_max", dtypes="nobool", zero_sign=True),
 ]
 
 SELECT = [

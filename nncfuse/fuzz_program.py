@@ -62,6 +62,7 @@ class Call:
     text: str
     uses: tuple[str, ...]
     approx: bool = False
+    zero_sign: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,16 @@ class Program:
     name: str = "fuzzed"
 
     def source(self, nudge: bool = False) -> str:
-        """The program as TorchScript (and Python) source; `nudge` wraps approximate calls."""
+        """The program as TorchScript (and Python) source; `nudge` wraps the calls whose
+        results eager may give otherwise (`OpSpec.approx`, `OpSpec.zero_sign`) in `_nudge`."""
 
         def line(call: Call) -> str:
-            return f"_nudge({call.text})" if nudge and call.approx else call.text
+            text = call.text
+            if nudge and call.zero_sign:
+                text = f"_nudge.zeros({text})"
+            if nudge and call.approx:
+                text = f"_nudge({text})"
+            return text
 
         args = ", ".join(f"{p.name}: {'torch.Tensor' if p.kind == 'Tensor' else p.kind}"
                          for p in self.params)
@@ -262,7 +269,8 @@ class _Builder:
                 uses.append(name)
         extras = {k: self.rng.choice(choices) for k, choices in spec.extras.items()}
         text = spec.template.format(*texts, **extras)
-        return Call(spec.name, text, tuple(dict.fromkeys(uses)), spec.approx), data
+        call = Call(spec.name, text, tuple(dict.fromkeys(uses)), spec.approx, spec.zero_sign)
+        return call, data
 
     # -- statements -------------------------------------------------------------------------
     def evaluate(self, call: Call, refuse: Callable[[int], bool] | None = None) -> list | None:

@@ -215,6 +215,18 @@ def test_noise_is_told_from_bugs():
     assert not fuzz._is_noise(case, 0, wrong, want)
 
 
+def test_zero_signs_of_min_max_are_noise():
+    """Eager's max(0.0, -0.0) is either zero, by loop; 1 / that is +-inf, and either is right."""
+    params = tuple(Param(n, "Tensor", TensorSpec(torch.float32, (16,))) for n in ("x0", "x1"))
+    stmts = (Stmt("v0", Call("maximum", "torch.maximum(x0, x1)", ("x0", "x1"), zero_sign=True)),
+             Stmt("v1", Call("reciprocal", "torch.reciprocal(v0)", ("v0",))))
+    x0, x1 = torch.zeros(16), -torch.zeros(16)
+    case = Case(Program(params, stmts, ("v1",)), ((x0, x1), (x0, x1)))
+    want = (torch.reciprocal(torch.maximum(x0, x1)),)
+    assert fuzz._is_noise(case, 0, (-want[0],), want)
+    assert not fuzz._is_noise(case, 0, (torch.full((16,), float("nan")),), want)
+
+
 def test_minimizer_shrinks_to_the_failing_part(monkeypatch):
     """With every output spoiled, one statement is enough to fail: the minimizer finds it."""
     monkeypatch.setattr(fuzz.nncfuse, "jit", _Wrong(_plus_one))
