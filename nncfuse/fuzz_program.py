@@ -171,10 +171,15 @@ def _out_of_bounds(spec: OpSpec, operands: list[list[Any]], k: int) -> bool:
     a, b = (torch.as_tensor(x[k]) for x in operands[:2])
     if spec.divides and a.dtype in (torch.int32, torch.int64) and not b.is_floating_point():
         return bool((a == torch.iinfo(a.dtype).min).any() and (b == -1).any())
-    if spec.finite_quotient and (a.is_floating_point() or b.is_floating_point()):
-        wide = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+    promoted = torch.result_type(operands[0][k], operands[1][k])
+    if spec.finite_quotient and promoted.is_floating_point:
+        # eager divides in the promoted type, float16/bfloat16 in float32
+        wide = torch.float64 if promoted == torch.float64 else torch.float32
         a, b = a.to(wide), b.to(wide)
-        return bool((a.isfinite() & b.isfinite() & (b != 0) & (a / b).isinf()).any())
+        try:
+            return bool((a.isfinite() & b.isfinite() & (b != 0) & (a / b).isinf()).any())
+        except RuntimeError:  # shapes that do not broadcast: eager will reject the call
+            return False
     return False
 
 
