@@ -18,6 +18,7 @@ import selectors
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,14 @@ def _worker(backends: Sequence[str]) -> int:
     sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
     for line in sys.stdin:
         seed = int(line)
-        case, outcome = fuzz.check_seed(seed, backends)
+        try:
+            case, outcome = fuzz.check_seed(seed, backends)
+        except Exception:  # noqa: BLE001 - the fuzzer's own bug, not nncfuse's
+            answer = {"seed": seed, "status": "invalid", "fused": False,
+                      "report": f"=== fuzzer error (seed {seed}) ===\n{traceback.format_exc()}"}
+            out.write(_TAG + json.dumps(answer) + "\n")
+            out.flush()
+            continue
         failing = outcome.status in ("mismatch", "crash", "invalid")
         answer = {
             "seed": seed,
@@ -102,7 +110,7 @@ class Tally:
             f"mismatches:             {len(self.seeds['mismatch'])}",
             f"crashes:                {len(self.seeds['crash'])}"
             f" (timeouts among them: {len(self.seeds['timeout'])})",
-            f"invalid programs:       {len(self.seeds['invalid'])}",
+            f"invalid (fuzzer bugs):  {len(self.seeds['invalid'])}",
             f"unstable (noise, not counted as mismatches): {len(self.seeds['unstable'])}",
             f"torchscript differs from eager (not nncfuse): {len(self.seeds['torchscript'])}",
             f"kernel errors run unfused (distinct): {len(self.kernel_errors)}",
