@@ -55,3 +55,17 @@ def test_large_outputs_stream_past_the_caches(threads, shape):
     ir_text = kernel_of(group).get_code_text("ir")
     # Rows of 1001 floats leave vectors unaligned: plain stores there.
     assert ("!nontemporal" in ir_text) == (shape[-1] % 16 == 0)
+
+
+def test_large_outputs_ask_for_huge_pages():
+    f = nncfuse.jit(chain)
+    a, b = torch.randn(1 << 21), torch.randn(1 << 21)  # 8 MB outputs
+    f(a, b)
+    torch.testing.assert_close(f(a, b), chain(a, b))
+    (group,) = nncfuse.fusion_groups(f.graph_for(a, b))
+    assert "huge_pages(" in kernel_of(group).call.source
+    small = nncfuse.jit(chain)
+    x = torch.randn(1000)
+    small(x, x)
+    (group,) = nncfuse.fusion_groups(small.graph_for(x, x))
+    assert "huge_pages(" not in kernel_of(group).call.source

@@ -16,10 +16,42 @@ of eager PyTorch's dispatch per op:
 
 from __future__ import annotations
 
+import ctypes
+import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+#: Outputs of at least this many bytes ask the kernel for transparent huge pages.
+#: A fresh 64 MB output costs 16,384 page faults when first written (about 25 ms
+#: here, more than the computation); in 2 MB pages, a third of that.
+HUGE_PAGE_BYTES = 4 << 20
+_HUGE = 1 << 21
+_MADV_HUGEPAGE = 14
+
+
+def _madvise() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn
+
+
+_madvise_fn = _madvise()
+
+
+def huge_pages(address: int, nbytes: int) -> None:
+    """Advise transparent huge pages for the whole 2 MB pages inside [address, +nbytes)."""
+    start = (address + _HUGE - 1) & ~(_HUGE - 1)
+    length = (address + nbytes - start) & ~(_HUGE - 1)
+    if _madvise_fn is not None and length > 0:
+        _madvise_fn(start, length, _MADV_HUGEPAGE)  # advice only: failure is harmless
 
 Source = tuple[str, Any]  # ("arg", position) or ("const", value)
 
@@ -74,6 +106,10 @@ def make_entry(
                 f"    {name} = empty_strided({tuple(value.sizes)}, {tuple(value.strides)}, "
                 f"dtype=dt{n_out})"
             )
+            nbytes = math.prod(value.sizes) * torch.empty((), dtype=value.dtype).element_size()
+            if nbytes >= HUGE_PAGE_BYTES:
+                env["huge_pages"] = huge_pages
+                lines.append(f"    huge_pages({name}.data_ptr(), {nbytes})")
             n_out += 1
         tensors.append(name)
         pointers.append(name if kind == "number" else f"{name}.data_ptr()")
