@@ -53,3 +53,18 @@ def test_llvm_scalar_fmod_by_nan(n):
 
     x = torch.arange(-n // 2, n - n // 2, dtype=torch.int16)
     _check(torch.jit.script(f), x, use_llvm=True)
+
+
+@pytest.mark.parametrize("repeat", [1, 4])  # a scalar loop, and a vector loop with a tail
+def test_interpreter_pow_by_a_half_follows_c(repeat):
+    """Seed 53984: the interpreter's pow(-inf, 0.5) was NaN and pow(-0.0, 0.5) was -0.0
+    (numpy's power takes a square root there); C's pow, which eager and the LLVM backend
+    follow, gives inf and 0.0."""
+
+    def f(x, y):
+        return torch.pow(x, y)
+
+    x = torch.tensor([-float("inf"), -0.0, 4.0, -2.0, float("inf")] * repeat)
+    y = torch.tensor([0.5, 0.5, 0.5, 0.5, -0.5] * repeat)
+    for use_llvm in (False, True):
+        _check(torch.jit.script(f), x, y, use_llvm=use_llvm)

@@ -162,7 +162,9 @@ _CALLS: dict[str, Callable[..., Any]] = {
     "erf": _torch_fn("erf"),
     "erfc": _torch_fn("erfc"),
     "lgamma": _torch_fn("lgamma"),
-    "pow": np.power,
+    # numpy's power takes a square root for an exponent of 0.5, so pow(-inf, 0.5) is NaN and
+    # pow(-0.0, 0.5) is -0.0; C's pow (eager's, SLEEF's) gives inf and 0.0.
+    "pow": _torch_fn("pow"),
     "atan2": np.arctan2,
     "fmod": np.fmod,
     "copysign": np.copysign,
