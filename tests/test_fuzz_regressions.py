@@ -68,3 +68,18 @@ def test_interpreter_pow_by_a_half_follows_c(repeat):
     y = torch.tensor([0.5, 0.5, 0.5, 0.5, -0.5] * repeat)
     for use_llvm in (False, True):
         _check(torch.jit.script(f), x, y, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", [True, False], ids=["llvm", "interp"])
+def test_float_floor_division_that_overflows_is_infinite(use_llvm):
+    """Fuzzer seeds 20215, 62389: ATen uses `a` for `a - fmod(a, b)` where a / b overflows."""
+
+    def f(a, b):
+        return a // b
+
+    a = torch.tensor([3e38, -3e38, 1.0, 3e38, float("inf")] * 4)
+    b = torch.tensor([0.5, 0.5, 3.0, -0.25, 2.0] * 4)
+    g = nncfuse.jit(f, min_group_size=1, use_llvm=use_llvm)
+    g(a, b)
+    torch.testing.assert_close(g(a, b), f(a, b), equal_nan=True)
+    assert nncfuse.fusion_groups(g.graph_for(a, b))

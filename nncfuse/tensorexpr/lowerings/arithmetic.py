@@ -21,6 +21,7 @@ where the steps round:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from .. import expr as E
@@ -143,13 +144,19 @@ def _floor_div_int(a: E.Expr, b: E.Expr) -> E.Expr:
 
 
 def _floor_div_float(a: E.Expr, b: E.Expr, rnd: Rounding) -> E.Expr:
-    """ATen's `div_floor_floating_vec`: Python's `a // b` from fmod, rounding each step."""
+    """ATen's `div_floor_floating_vec`: Python's `a // b` from fmod, rounding each step.
+
+    Like ATen, `a` stands in for `a - mod` where the quotient overflows (SLEEF's
+    fmod is NaN there) and `a` is finite.
+    """
     mod = E.call("fmod", a, b)
-    div = rnd(rnd(a - mod) / b)
+    quotient = rnd(a / b)
+    inf = E.as_expr(math.inf, a.dtype)
+    overflows = E.And(E.cmp("==", E.call("abs", quotient), inf), E.cmp("!=", E.call("abs", a), inf))
+    div = rnd(E.select(overflows, a, rnd(a - mod)) / b)
     div = E.select(E.And(E.cmp("!=", mod, 0), _signs_differ(b, mod)), rnd(div - 1), div)
     floor = E.call("floor", div)
     floor = E.select(E.cmp(">", div - floor, 0.5), rnd(floor + 1), floor)
-    quotient = rnd(a / b)
     signed_zero = E.call("copysign", E.as_expr(0.0, a.dtype), quotient)
     floor = E.select(E.cmp("==", div, 0), signed_zero, floor)
     return E.select(E.cmp("==", b, 0), quotient, floor)
