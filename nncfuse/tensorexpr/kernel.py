@@ -54,6 +54,7 @@ from .lowerings import (
 )
 from .passes.collapse_loops import collapse_loops
 from .passes.cse import eliminate_common_subexpressions
+from .passes.dead_stores import eliminate_dead_stores
 from .passes.flatten_indices import flatten_indices
 from .passes.fuse_loops import fuse_loops
 from .passes.inline import inline_intermediates
@@ -254,12 +255,13 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
     bufs = [p for p in lowered.params if isinstance(p, Buf)]
     return [
         ("inline_intermediates", partial(inline_intermediates, outputs=outputs)),
+        ("simplify", simplify),  # unit loops gone: loads of size-1 dims match their stores
         ("fuse_loops", fuse_loops),
-        ("simplify", simplify),
         ("flatten_indices", flatten_indices),
         ("simplify", simplify),
         ("collapse_loops", collapse_loops),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
+        ("eliminate_dead_stores", partial(eliminate_dead_stores, params=bufs)),
         ("vectorize_inner_loops", partial(vectorize_inner_loops, vector_bits=vector_width)),
         ("simplify", simplify),
         ("parallelize_outer_loops", parallelize_outer_loops),

@@ -5,9 +5,11 @@ import torch
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.dtype import FLOAT32, INT64
-from nncfuse.tensorexpr.loopnest import compute
+from nncfuse.tensorexpr.ir_visitor import walk
+from nncfuse.tensorexpr.loopnest import as_block, compute
 from nncfuse.tensorexpr.passes.collapse_loops import collapse_loops
 from nncfuse.tensorexpr.passes.cse import eliminate_common_subexpressions
+from nncfuse.tensorexpr.passes.dead_stores import eliminate_dead_stores
 from nncfuse.tensorexpr.passes.flatten_indices import flatten_indices
 from nncfuse.tensorexpr.passes.fuse_loops import fuse_loops
 from nncfuse.tensorexpr.passes.inline import inline_intermediates
@@ -35,22 +37,83 @@ def rand_args(*shapes):
     return lambda: [torch.randn(s if isinstance(s, tuple) else (s,)) for s in shapes]
 
 
-def test_inline_removes_temporaries_and_keeps_outputs():
+def test_inline_substitutes_single_uses_only():
     t0, out, prog = seed_program()
     after = inline_intermediates(prog, outputs=[out])
+    # aten_mul, read once, is substituted; aten_sin, read twice, stays a nest of its own.
     assert text(after) == "\n".join(
         [
             "{",
             "  for (int64_t i = 0; i < 4; i++) {",
             "    for (int64_t j = 0; j < 8; j++) {",
-            "      aten_mul_1[i, j] = sin(t0[i, j] * t0[i, j]) * sin(t0[i, j] * t0[i, j]);",
+            "      aten_sin[i, j] = sin(t0[i, j] * t0[i, j]);",
+            "    }",
+            "  }",
+            "  for (int64_t i_1 = 0; i_1 < 4; i_1++) {",
+            "    for (int64_t j_1 = 0; j_1 < 8; j_1++) {",
+            "      aten_mul_1[i_1, j_1] = aten_sin[i_1, j_1] * aten_sin[i_1, j_1];",
             "    }",
             "  }",
             "}",
         ]
     )
-    prog_alloc = insert_allocations(prog, params=[t0, out])
-    same_results(prog_alloc, after, [t0, out], rand_args((4, 8), (4, 8)))
+    aten_sin = next(s.buf for s in walk(after) if isinstance(s, S.Store))
+    before = insert_allocations(prog, params=[t0, out])
+    same_results(before, insert_allocations(after, params=[t0, out]), [t0, out],
+                 rand_args((4, 8), (4, 8)))
+    assert aten_sin.name == "aten_sin"
+
+
+def test_repeated_reads_stay_linear_and_end_as_lets():
+    """lerp(x, x, x) nested: each value read three times. Substituting would grow the
+    expression exponentially; fusing, forwarding and dropping dead stores keeps it linear."""
+    x = buf("x", [16])
+    prev, nests = x, []
+    for k in range(12):
+        src = prev
+        b, nest = compute(f"t{k}", FLOAT32, [16], lambda i, src=src: (
+            E.Load(src, (i,)) * E.Load(src, (i,)) - E.Load(src, (i,))))
+        nests.append(nest)
+        prev = b
+    prog = S.Block(tuple(nests))
+    stmt = inline_intermediates(prog, outputs=[prev])
+    stmt = eliminate_common_subexpressions(fuse_loops(simplify(stmt)))
+    stmt = eliminate_dead_stores(stmt, params=[x, prev])
+    assert len(text(stmt).splitlines()) < 40  # linear in the chain's length
+    assert text(stmt).count("for (") == 1 and "t3[" not in text(stmt)
+    before = insert_allocations(prog, params=[x, prev])
+    same_results(before, stmt, [x, prev], rand_args(16, 16))
+
+
+def test_fuse_loops_sinks_a_nest_past_independent_ones():
+    x, b = buf("x", [4, 8]), buf("b", [8])
+    p, s1 = compute("p", FLOAT32, [4, 8], lambda i, j: E.Load(x, (i, j)) * 2.0)
+    q, s2 = compute("q", FLOAT32, [8], lambda j: E.call("exp", E.Load(b, (j,))))
+    o, s3 = compute("o", FLOAT32, [4, 8], lambda i, j: E.Load(p, (i, j)) * E.Load(q, (j,))
+                    + E.Load(p, (i, j)))
+    fused = fuse_loops(S.Block((s1, s2, s3)))
+    nests = as_block(fused).stmts
+    assert len(nests) == 2 and "q[" in text(nests[0]) and "p[i, j] = " in text(nests[1])
+    same_results(S.Block((s1, s2, s3)), fused, [x, b, p, q, o],
+                 rand_args((4, 8), 8, (4, 8), 8, (4, 8)))
+
+
+def test_dead_stores_and_lets_are_dropped():
+    x, tmp, out = buf("x", [8]), buf("tmp", [8]), buf("out", [8])
+    i, v, w = var(), E.Var("v", FLOAT32), E.Var("w", FLOAT32)
+    body = S.Block((
+        S.Let(v, E.call("sin", E.Load(x, (i,)))),
+        S.Let(w, E.Load(x, (i,)) * 3.0),
+        S.Store(tmp, (i,), v),
+        S.Store(out, (i,), v * v),
+    ))
+    after = eliminate_dead_stores(S.For(i, E.imm(0), E.imm(8), body), params=[x, out])
+    assert text(after).splitlines() == [
+        "for (int64_t i = 0; i < 8; i++) {",
+        "  float v = sin(x[i]);",
+        "  out[i] = v * v;",
+        "}",
+    ]
 
 
 def test_inline_keeps_expensive_values_that_a_broadcast_reuses():

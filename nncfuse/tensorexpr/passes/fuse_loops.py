@@ -7,7 +7,8 @@
 Two top-level nests fuse when their loops have the same bounds and every
 element the second reads from a buffer the first writes is the element the
 first wrote in the same iteration (so no iteration reads ahead of a write).
-The loads of `y` after the store are then removed by
+A nest moves down past nests that do not read what it writes, to reach a
+nest it fuses with. The loads of `y` after the store are then removed by
 `eliminate_common_subexpressions`.
 """
 
@@ -49,15 +50,25 @@ def _fuse(a: S.Stmt, b: S.Stmt) -> S.Stmt | None:
     return na.build(S.Block.make(*as_block(na.body).stmts, *as_block(body_b).stmts))
 
 
+def _fuse_one(nests: list[S.Stmt]) -> bool:
+    """Fuse some nest into a later one it can reach; whether that happened."""
+    for i, first in enumerate(nests):
+        written = {st.buf.root for st in stores(first)}
+        for j in range(i + 1, len(nests)):
+            fused = _fuse(first, nests[j])
+            if fused is not None:
+                nests[j] = fused
+                del nests[i]
+                return True
+            if any(ld.buf.root in written for ld in loads(nests[j])):
+                break  # nests[j] reads what `first` writes: `first` cannot move past it
+    return False
+
+
 def fuse_loops(stmt: S.Stmt) -> S.Stmt:
-    """Fuse each run of adjacent, compatible top-level nests; see the module docstring."""
-    out: list[S.Stmt] = []
+    """Fuse compatible top-level nests; see the module docstring."""
+    nests = list(as_block(stmt).stmts)
     changed = False
-    for nest in as_block(stmt).stmts:
-        fused = _fuse(out[-1], nest) if out else None
-        if fused is None:
-            out.append(nest)
-        else:
-            out[-1] = fused
-            changed = True
-    return S.Block(tuple(out)) if changed else stmt
+    while _fuse_one(nests):
+        changed = True
+    return S.Block(tuple(nests)) if changed else stmt

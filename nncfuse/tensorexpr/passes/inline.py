@@ -1,13 +1,15 @@
-"""inline_intermediates: replace loads of temporaries by the expressions that define them.
+"""inline_intermediates: replace the one load of a temporary by the expression defining it.
 
     for i: aten_mul[i] = t0[i] * t0[i];
-    for i: aten_sin[i] = sin(aten_mul[i]);          for i: aten_sin[i] = sin(t0[i] * t0[i]);
-    for i: out[i] = aten_sin[i] * aten_sin[i];  ->  for i: out[i] = sin(t0[i] * t0[i]) *
-                                                                     sin(t0[i] * t0[i]);
-(`aten_sin` was an output here, so it stays.) Each temporary defined by a
-`compute` nest and not a kernel output is substituted into every later nest,
-and its nest is dropped. Repeated subexpressions this creates are bound once
-by `eliminate_common_subexpressions`.
+    for i: aten_sin[i] = sin(aten_mul[i]);    ->   for i: aten_sin[i] = sin(t0[i] * t0[i]);
+    for i: out[i] = aten_sin[i] * aten_sin[i];     for i: out[i] = aten_sin[i] * aten_sin[i];
+Each temporary defined by a `compute` nest, not a kernel output, and loaded
+exactly once by the later nests is substituted there, and its nest is
+dropped. A temporary loaded more than once stays: substituting it would copy
+its expression once per load, and chains of such values (`lerp(x, x, x)`
+nested) would grow exponentially. `fuse_loops` then puts it in the same loop
+as its readers, `eliminate_common_subexpressions` turns its loads into a
+`Let`, and `eliminate_dead_stores` drops its stores.
 
 One exception: an expensive definition (a transcendental call) read by a
 nest that runs more often than the temporary has elements (a broadcast)
@@ -22,7 +24,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
-from ..loopnest import as_block, buffers_loaded, definition, extent
+from ..loopnest import as_block, buffers_loaded, definition, extent, loads
 
 _CHEAP_CALLS = {"abs", "floor", "ceil", "trunc", "rint", "copysign"}
 
@@ -54,6 +56,10 @@ def inline_intermediates(stmt: S.Stmt, outputs: Iterable[Buf] = ()) -> S.Stmt:
             result.append(nest)
             continue
         buf, indices, value = found
+        uses = sum(1 for n in nests[k + 1 :] for ld in loads(n) if ld.buf.root is buf)
+        if uses != 1:
+            result.append(nest)
+            continue
         consumers = [n for n in nests[k + 1 :] if buf in buffers_loaded(n)]
         size = extent(nest)
         if _expensive(value) and any((extent(c) or 0) > (size or 0) for c in consumers):
