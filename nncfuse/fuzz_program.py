@@ -21,6 +21,7 @@ raises where eager does.
 
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from collections.abc import Callable
@@ -165,7 +166,15 @@ class _Value:
 
 def _out_of_bounds(spec: OpSpec, operands: list[list[Any]], k: int) -> bool:
     """Whether input set `k` gives `spec` operands eager has no single answer for (or dies on):
-    see `OpSpec.divides` and `OpSpec.finite_quotient`."""
+    see `OpSpec.divides`, `OpSpec.finite_quotient` and `OpSpec.overflow_band`."""
+    if spec.overflow_band:
+        x = torch.as_tensor(operands[0][k])
+        if not x.is_floating_point():
+            return False
+        wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+        big = math.log(torch.finfo(wide).max)
+        magnitude = x.to(wide).abs()
+        return bool(((magnitude > big) & (magnitude < big + math.log(2.0))).any())
     if not (spec.divides or spec.finite_quotient):
         return False
     a, b = (torch.as_tensor(x[k]) for x in operands[:2])

@@ -280,3 +280,10 @@ def test_parallelize_marks_only_large_outer_loops():
     big = parallelize_outer_loops(S.Block((nest,)), grain=1000)
     assert "/* parallel */" in text(big)
     assert parallelize_outer_loops(S.Block((nest,)), grain=10**9) == S.Block((nest,))
+
+
+def test_collapse_loops_ignores_float_division():
+    a, out = buf("a", [16, 8]), buf("out", [16, 8])
+    _, nest = compute("out", FLOAT32, [16, 8], lambda i, j: 1.0 / E.Load(a, (i, j)), out=out)
+    collapsed = collapse_loops(simplify(flatten_indices(nest)))
+    assert text(collapsed).splitlines()[0] == "for (int64_t i = 0; i < 128; i++) {"

@@ -133,6 +133,20 @@ def _torch_fn(name: str) -> Callable[..., Any]:
     return apply
 
 
+def _overflowing_early(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """sinh or cosh as SLEEF computes them: infinite once |x| > log(max float), where exp
+    overflows, though the true value is finite up to log(2 max). Eager's vector loops
+    (and so compiled kernels) use SLEEF; this keeps the interpreter their oracle."""
+
+    def apply(x: Any) -> Any:
+        x = np.asarray(x)
+        y = fn(x)
+        big = np.abs(x) > np.log(np.finfo(x.dtype).max)
+        return np.where(big, np.copysign(np.inf, y), y)
+
+    return apply
+
+
 _CALLS: dict[str, Callable[..., Any]] = {
     "sin": np.sin,
     "cos": np.cos,
@@ -140,8 +154,8 @@ _CALLS: dict[str, Callable[..., Any]] = {
     "asin": np.arcsin,
     "acos": np.arccos,
     "atan": np.arctan,
-    "sinh": np.sinh,
-    "cosh": np.cosh,
+    "sinh": _overflowing_early(np.sinh),
+    "cosh": _overflowing_early(np.cosh),
     "tanh": np.tanh,
     "asinh": np.arcsinh,
     "acosh": np.arccosh,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .. import expr as E
 from .. import stmt as S
+from ..dtype import INDEX
 from ..ir_visitor import Mutator, substitute, walk
 from .simplify import simplify
 
@@ -28,8 +29,11 @@ def _try_collapse(outer: S.For, inner: S.For) -> S.Stmt | None:
     body = simplify(S.For(fused, E.imm(0), outer.stop * inner.stop, body))
     if not isinstance(body, S.For):
         return body
-    if any(isinstance(n, (E.Div, E.Mod)) and any(m is fused for m in walk(n)) for n in walk(body)):
-        return None
+    if any(
+        isinstance(n, (E.Div, E.Mod)) and n.dtype == INDEX and any(m is fused for m in walk(n))
+        for n in walk(body)
+    ):
+        return None  # an index still divides the fused variable: the loops are not dense
     return body
 
 
