@@ -52,18 +52,17 @@ def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
     ])
 
 
-class _NoTorchScriptOptimizations:
-    """Run graphs exactly as built: TorchScript's own optimizing passes off (thread-local)."""
+def _run_as_built(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call `fn`, a graph function, with TorchScript's own optimizing passes off.
 
-    def __enter__(self) -> None:
-        self.previous = torch._C._get_graph_executor_optimize()
-        torch._C._set_graph_executor_optimize(False)
-
-    def __exit__(self, *exc: Any) -> None:
-        torch._C._set_graph_executor_optimize(self.previous)
-
-
-_as_built = _NoTorchScriptOptimizations()
+    The switch is thread-local; it is restored after the call.
+    """
+    previous = torch._C._get_graph_executor_optimize()
+    torch._C._set_graph_executor_optimize(False)
+    try:
+        return fn(*args)
+    finally:
+        torch._C._set_graph_executor_optimize(previous)
 
 
 class GraphPlan:
@@ -76,8 +75,7 @@ class GraphPlan:
 
     def run(self, args: tuple[Any, ...]) -> Any:
         full = args if self.receiver is None else (self.receiver, *args)
-        with _as_built:
-            return self.fn(*full)
+        return _run_as_built(self.fn, *full)
 
 
 class KernelPlan:
@@ -287,8 +285,7 @@ class FusedFunction:
             self._profiles[key] = (profiler, fn)
         profiler, fn = self._profiles[key]
         full = args if self._receiver is None else (self._receiver, *args)
-        with _as_built:
-            result = profiler.run(fn, *full)
+        result = _run_as_built(profiler.run, fn, *full)
         if profiler.runs >= self.options.profiling_runs:
             del self._profiles[key]
             profiler.finish()

@@ -21,14 +21,13 @@ import torch
 from ..tensorexpr.kernel import TensorExprKernel
 
 _lib = torch.library.Library("nncfuse", "FRAGMENT")
-_kinds: set[str] = set()
-_kernels: dict[str, TensorExprKernel] = {}
+_kernels: dict[str, TensorExprKernel] = {}  # op kind -> the kernel it runs
 _serial = itertools.count(1)
 _SCHEMA_TYPES = {"TensorType": "Tensor", "FloatType": "float", "IntType": "int", "BoolType": "bool"}
 
 
 def is_fused_op(node: Any) -> bool:
-    return node.kind() in _kinds
+    return node.kind() in _kernels
 
 
 def kernel_of(node: Any) -> TensorExprKernel:
@@ -39,7 +38,7 @@ def kernel_of(node: Any) -> TensorExprKernel:
 def register_kernel(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: int) -> str:
     """Register an op running `kernel` on values typed like `inputs`; return its node kind."""
     name = kernel.name
-    while f"nncfuse::{name}" in _kinds:
+    while f"nncfuse::{name}" in _kernels:
         name = f"{kernel.name}_k{next(_serial)}"
     args = ", ".join(f"{_SCHEMA_TYPES[v.type().kind()]} i{k}" for k, v in enumerate(inputs))
     rets = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
@@ -50,6 +49,5 @@ def register_kernel(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: 
     )
     _lib.impl(name, lambda *args: entry(args), "CompositeExplicitAutograd")
     kind = f"nncfuse::{name}"
-    _kinds.add(kind)
     _kernels[kind] = kernel
     return kind
