@@ -32,7 +32,7 @@ def jit(fn: Any = None, **options: Any) -> Any:
     """Fuse `fn`: a Python function, a ScriptFunction (scripted or traced) or a module.
 
     Options (see `Options`): min_group_size (2), profiling_runs (1),
-    max_specializations (2). Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
+    max_specializations (12). Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
     """
     if fn is None:
         return lambda f: jit(f, **options)

@@ -20,6 +20,8 @@ class Options:
     min_group_size:      fusion groups with fewer nodes stay unfused.
     profiling_runs:      calls profiled per input signature before optimizing.
     max_specializations: input signatures optimized per function; others run unfused.
+                         12, as many as PyTorch's profiling executor makes by default
+                         (2 static + 10 dynamic); here each one is static.
     use_llvm:            compile kernels with LLVM (else the IR interpreter runs them);
                          NNCFUSE_DONT_USE_LLVM=1 turns it off.
     disable:             run everything unfused (NNCFUSE_DISABLE=1).
@@ -27,7 +29,7 @@ class Options:
 
     min_group_size: int = 2
     profiling_runs: int = 1
-    max_specializations: int = 2
+    max_specializations: int = 12
     use_llvm: bool = True
     disable: bool = False
 

@@ -37,7 +37,7 @@ def test_control_flow_and_other_ops_profile_by_running(monkeypatch):
     x = torch.randn(8)
     for _ in range(2):
         torch.testing.assert_close(g(x, True), f(x, True))
-    assert not g._elementwise_only
+    assert not g._last.elementwise_only
 
     def h(x):
         return torch.mm(x, x).sin() * 2.0
@@ -45,7 +45,7 @@ def test_control_flow_and_other_ops_profile_by_running(monkeypatch):
     assert nncfuse.jit(h).graph.findNode("aten::mm") is not None
     hh = nncfuse.jit(h)
     hh(torch.randn(4, 4))
-    assert not hh._elementwise_only
+    assert not hh._last.elementwise_only
 
 
 def test_meta_inference_failure_falls_back_to_profiling():

@@ -74,6 +74,86 @@ def test_kwargs_and_defaults():
         torch.testing.assert_close(g(a, 0.5, 0.25), f(a, 0.5, 0.25))
 
 
+def test_parameters_are_typed_by_their_values_as_in_eager_python():
+    def f(x, s, flag, y=None):  # no annotations: TorchScript alone takes them all for tensors
+        if y is not None:
+            x = x + y
+        if flag:
+            x = x * 2
+        return torch.sigmoid(x * s) + s
+
+    g = nncfuse.jit(f)
+    x, i = torch.randn(20), torch.arange(20, dtype=torch.int32)
+    calls = [(x, 2.5, True), (x, 3, False), (i, 3, True), (x, 0.5, True, x), (x, 0.5, False, None)]
+    for args in calls:
+        for _ in range(2):
+            torch.testing.assert_close(g(*args), f(*args))  # dtypes included
+        assert len(nncfuse.fusion_groups(g.graph_for(*args))) == 1
+    plans = len(g._plans)
+    for s in (-1.5, 7.25, float("nan")):  # a new number is a kernel argument, not a recompile
+        torch.testing.assert_close(g(x, s, True), f(x, s, True), equal_nan=True)
+    assert len(g._plans) == plans
+
+
+def test_an_int_for_a_float_annotation_computes_as_eager_python_does():
+    def f(x, s: float):
+        return x * s + 1
+
+    g = nncfuse.jit(f)
+    i = torch.arange(6)
+    for s in (2, 2.0):
+        torch.testing.assert_close(g(i, s), f(i, s))  # int64 for 2, float32 for 2.0
+
+
+def test_lists_and_tuples_of_tensors_and_numbers():
+    def f(xs, ks):
+        return torch.exp(xs[0] * ks[0]) + xs[1] * ks[1]
+
+    g = nncfuse.jit(f)
+    x, y = torch.randn(9), torch.randn(9)
+    for ks in ([2, 3], [0.5, 1.5], (2, 0.5), [2, 0.5]):  # the last has no TorchScript type
+        for _ in range(2):
+            torch.testing.assert_close(g([x, y], ks), f([x, y], ks))
+    assert len(nncfuse.fusion_groups(g.graph_for([x, y], (2, 0.5)))) == 1
+
+
+def test_what_torchscript_cannot_take_runs_eagerly():
+    six = torch.full((5,), 6.0)
+
+    def closes_over_a_tensor(x):
+        return torch.minimum(torch.relu(x), six) * 2
+
+    def takes_a_dict(x, d):
+        return x * d["k"] + 1  # scripted with d: Dict[str, float]; Dict[str, str] runs eagerly
+
+    x = torch.randn(5)
+    g = nncfuse.jit(closes_over_a_tensor)
+    with pytest.warns(UserWarning, match="cannot script"):
+        torch.testing.assert_close(g(x), closes_over_a_tensor(x))
+    torch.testing.assert_close(g(x), closes_over_a_tensor(x))
+    h = nncfuse.jit(takes_a_dict)
+    for _ in range(2):
+        torch.testing.assert_close(h(x, {"k": 3.0}), takes_a_dict(x, {"k": 3.0}))
+    with pytest.raises(TypeError):
+        h(x, {"k": "text"})  # as eager Python: a tensor times a string
+    with pytest.raises(TypeError):
+        h(x)  # as eager Python: a missing argument
+
+
+def test_a_script_given_none_for_a_tensor_raises_as_the_script_does():
+    def k(x, y=None):  # scripted, y is a Tensor that defaults to None
+        if y is None:
+            return x.exp() + 1
+        return (x + y).exp() * 2
+
+    script = torch.jit.script(k)
+    x = torch.randn(5)
+    for fn in (script, nncfuse.jit(script)):
+        with pytest.raises(RuntimeError, match="Expected a proper Tensor but got None"):
+            fn(x)
+    torch.testing.assert_close(nncfuse.jit(script)(x, x), k(x, x))
+
+
 def test_new_shapes_get_their_own_kernel_up_to_the_limit():
     f = nncfuse.jit(chain, max_specializations=2)
     shapes = [(4, 4), (16,), (3, 5), (4, 4)]

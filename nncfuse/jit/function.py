@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ import torch
 from .. import log
 from ..config import Options
 from ..tensorexpr.lowerings import lowering_for
-from . import runtime
+from . import runtime, scripting
 from .profiling import Profiler, infer_types
 from .tensorexpr_fuser import fuse_tensor_exprs
 
@@ -44,10 +45,12 @@ _log = log.get_logger(__file__)
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """What a plan is specialized to: tensor metadata, other arguments' types, grad mode."""
+    """What a plan is specialized to: tensor metadata, other arguments' types (of the items
+    of lists, tuples and dicts too), grad mode."""
     return (torch.is_grad_enabled(), *[
         (a.dtype, a.shape, a.stride(), a.device, a.requires_grad)
-        if isinstance(a, torch.Tensor) else type(a)
+        if isinstance(a, torch.Tensor)
+        else scripting.annotation(a) if type(a) in (list, tuple, dict) else type(a)
         for a in args
     ])
 
@@ -167,85 +170,142 @@ def _kernel_plan(graph: torch._C.Graph, offset: int) -> KernelPlan | None:
     return KernelPlan(graph, runtime.kernel_of(fused), sources, returns)
 
 
+@dataclasses.dataclass
+class _Variant:
+    """One scripted form of the function: what it runs unfused and the graph it fuses from."""
+
+    script: Any  # a ScriptFunction, or a ScriptModule's forward method
+    receiver: Any  # the module's C++ object (the graph's `self`), or None
+    graph: torch._C.Graph  # inlined, in-place ops removed
+    elementwise_only: bool  # see FusedFunction._infer_types
+
+    def run(self, args: tuple[Any, ...]) -> Any:
+        return self.script(*args)
+
+    @property
+    def parameters(self) -> list[Any]:
+        """The schema's arguments after `self`."""
+        return self.script.schema.arguments[1 if self.receiver is not None else 0 :]
+
+
+def _variant(script: Any, receiver: Any) -> _Variant:
+    graph = script.graph.copy()
+    torch._C._jit_pass_inline(graph)
+    # Folds lists of constants (expand's sizes) into constants, which fuse.
+    torch._C._jit_pass_constant_propagation(graph)
+    torch._C._jit_pass_remove_mutation(graph)
+    torch._C._jit_pass_dce(graph)
+    elementwise_only = (
+        receiver is None
+        and all(_elementwise(n) for n in graph.nodes())
+        and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in graph.inputs())
+    )
+    return _Variant(script, receiver, graph, elementwise_only)
+
+
+_ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType,
+                       torch._C.BoolType, torch._C.NoneType)
+
+
+def _bind(parameters: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`args` and `kwargs` as one tuple of a schema's `parameters`, or None if they do not bind."""
+    if len(args) > len(parameters):
+        return None
+    bound = list(args)
+    for arg in parameters[len(args) :]:
+        if arg.name in kwargs:
+            bound.append(kwargs.pop(arg.name))
+        elif arg.has_default_value():
+            bound.append(arg.default_value)
+        else:
+            return None
+    return None if kwargs else tuple(bound)
+
+
 class FusedFunction:
-    """A function, ScriptFunction or ScriptModule that runs with fused kernels."""
+    """A function, ScriptFunction or ScriptModule that runs with fused kernels.
+
+    A ScriptFunction or module has one scripted form. A plain Python function
+    is scripted once per pattern of argument types (`scripting.py`), with each
+    parameter typed by its value as eager Python would treat it; a function
+    TorchScript cannot compile runs eagerly, with a warning.
+    """
 
     def __init__(self, fn: Any, options: Options):
         self.options = options
         self.target = fn
-        self._script: Any = None
-        self._receiver: Any = None
-        self._graph: torch._C.Graph | None = None
+        self._variants: dict[scripting.Pattern, _Variant | None] = {}
+        self._last: _Variant | None = None
         self._plans: dict[tuple[Any, ...], Any] = {}
         self._profiles: dict[tuple[Any, ...], tuple[Profiler, Any]] = {}
-        self._broken = False
-        self._arity = -1  # number of arguments once prepared: enables the fast path
-        self._elementwise_only = False  # see _infer_types
+        self._params: list[Any] | None = None  # a plain function's, when variants apply
+        self._arity = -1  # number of arguments once known: enables the fast path
+        self._optimized = 0  # signatures optimized, up to options.max_specializations
+        self._plain = not isinstance(fn, (torch.nn.Module, torch.jit.ScriptFunction))
+        if self._plain:
+            self._params = scripting.parameters(fn)
+            if self._params is not None:
+                self._arity = len(self._params)
         if callable(fn) and not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn, updated=())
 
     # -- set-up -------------------------------------------------------------------
-    def _prepare(self) -> bool:
-        if self._graph is not None or self._broken:
-            return not self._broken
-        fn = self.target
-        with warnings.catch_warnings():
-            # torch.jit.script/trace warn that TorchScript is deprecated; that is our substrate.
-            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.jit")
-            return self._script_and_prepare(fn)
+    def _prepare(self, types: scripting.Pattern = ()) -> _Variant | None:
+        """The scripted form for argument types `types` (plain functions), or None if none."""
+        if types not in self._variants:
+            with warnings.catch_warnings():
+                # torch.jit.script/trace warn that TorchScript is deprecated; that is our substrate.
+                warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.jit")
+                self._variants[types] = self._script(types)
+        variant = self._variants[types]
+        if variant is not None:
+            self._last = variant
+            if self._arity < 0:
+                self._arity = len(variant.parameters)
+        return variant
 
-    def _script_and_prepare(self, fn: Any) -> bool:
+    def _script(self, types: scripting.Pattern) -> _Variant | None:
+        fn = self.target
         try:
             if isinstance(fn, torch.nn.Module) and not isinstance(fn, torch.jit.ScriptModule):
                 fn = torch.jit.script(fn)
             if isinstance(fn, torch.jit.ScriptModule):
-                self._script, self._receiver = fn.forward, fn._c
-                graph = fn.forward.graph.copy()
-            elif isinstance(fn, torch.jit.ScriptFunction):
-                self._script, graph = fn, fn.graph.copy()
-            else:
-                self._script = torch.jit.script(fn)
-                graph = self._script.graph.copy()
+                return _variant(fn.forward, fn._c)
+            if isinstance(fn, torch.jit.ScriptFunction):
+                return _variant(fn, None)
+            if self._params is None:
+                return _variant(torch.jit.script(fn), None)
+            return _variant(scripting.script(fn, types), None)
         except Exception as e:  # noqa: BLE001
-            warnings.warn(f"nncfuse: cannot script {fn!r}, running it unfused: {e}", stacklevel=3)
-            self._broken = True
-            return False
-        torch._C._jit_pass_inline(graph)
-        # Folds lists of constants (expand's sizes) into constants, which fuse.
-        torch._C._jit_pass_constant_propagation(graph)
-        torch._C._jit_pass_remove_mutation(graph)
-        torch._C._jit_pass_dce(graph)
-        self._graph = graph
-        self._elementwise_only = (
-            self._receiver is None
-            and self.options.profiling_runs == 1
-            and all(_elementwise(n) for n in graph.nodes())
-            and all(isinstance(v.type(), (torch._C.TensorType, torch._C.FloatType,
-                                          torch._C.IntType, torch._C.BoolType))
-                    for v in graph.inputs())
-        )
-        self._arity = len(self._script.schema.arguments) - (self._receiver is not None)
-        return True
+            warnings.warn(f"nncfuse: cannot script {fn!r}, running it unfused: {e}", stacklevel=4)
+            return None
 
     @property
     def graph(self) -> torch._C.Graph | None:
-        """The function's graph as nncfuse starts from it (inlined, in-place ops removed)."""
-        self._prepare()
-        return self._graph
+        """The graph nncfuse starts from (inlined, in-place ops removed), of the last call's
+        argument types; before any call, of the declared ones."""
+        variant = self._last or self._prepare()
+        return None if variant is None else variant.graph
 
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-        schema_args = self._script.schema.arguments[1 if self._receiver is not None else 0 :]
-        if len(args) > len(schema_args):
-            return None
-        bound = list(args)
-        for arg in schema_args[len(args) :]:
-            if arg.name in kwargs:
-                bound.append(kwargs.pop(arg.name))
-            elif arg.has_default_value():
-                bound.append(arg.default_value)
-            else:
+    def _resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """(all arguments by position, the variant that takes them), or None when there is
+        none: the arguments do not bind, or the function cannot be scripted for them."""
+        if self._params is not None:
+            try:
+                bound = inspect.signature(self.target).bind(*args, **kwargs)
+            except TypeError:
                 return None
-        return None if kwargs else tuple(bound)
+            bound.apply_defaults()
+            values = tuple(bound.args)
+            variant = self._prepare(scripting.pattern(values))
+        else:
+            variant = self._prepare()
+            values = None if variant is None else _bind(variant.parameters, args, dict(kwargs))
+        if variant is None or values is None:
+            return None
+        if not scripting.accepts(variant.parameters, values):
+            return None
+        return values, variant
 
     # -- calls ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -257,49 +317,56 @@ class FusedFunction:
         return self._call(args, kwargs)
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.options.disable or not self._prepare():
+        if self.options.disable:
             return self.target(*args, **kwargs)
-        bound = self._bind(args, dict(kwargs))
-        if bound is None:
-            return self._script(*args, **kwargs)  # let TorchScript report the error
-        key = _signature(bound)
+        resolved = self._resolve(args, kwargs)
+        if resolved is None:
+            # Eager Python (or TorchScript, for a script) runs it, and reports any error.
+            if not kwargs and len(args) == self._arity:
+                self._plans[_signature(args)] = UnfusedPlan(self.target, None)
+            return self.target(*args, **kwargs)
+        values, variant = resolved
+        key = _signature(values)
         plan = self._plans.get(key)
         if plan is None:
-            return self._profile(key, bound)
-        return plan.run(bound)
+            return self._profile(key, values, variant)
+        return plan.run(values)
 
-    def _profile(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
-        if len(self._plans) >= self.options.max_specializations:
+    def _profile(self, key: tuple[Any, ...], args: tuple[Any, ...], variant: _Variant) -> Any:
+        if self._optimized >= self.options.max_specializations:
             _log.update("Too many input signatures; running unfused")
-            self._plans[key] = UnfusedPlan(self._script, self._graph)
-            return self._script(*args)
-        if self._elementwise_only and key not in self._profiles and _all_contiguous(args):
-            graph = self._infer_types(args)
+            self._plans[key] = UnfusedPlan(variant.script, variant.graph)
+            return variant.run(args)
+        if (variant.elementwise_only and self.options.profiling_runs == 1
+                and key not in self._profiles and _all_contiguous(args)):
+            graph = self._infer_types(variant.graph, args)
             if graph is not None:
-                self._plans[key] = plan = self._optimize(graph)
+                self._plans[key] = plan = self._optimize(graph, variant)
                 return plan.run(args)
         if key not in self._profiles:
-            graph = self._graph.copy()  # type: ignore[union-attr]
+            graph = variant.graph.copy()
             profiler = Profiler(graph)
             fn = torch._C._create_function_from_graph("nncfuse_profile", graph)
             self._profiles[key] = (profiler, fn)
         profiler, fn = self._profiles[key]
-        full = args if self._receiver is None else (self._receiver, *args)
+        full = args if variant.receiver is None else (variant.receiver, *args)
         result = _run_as_built(profiler.run, fn, *full)
         if profiler.runs >= self.options.profiling_runs:
             del self._profiles[key]
             profiler.finish()
-            self._plans[key] = self._optimize(profiler.graph)
+            self._plans[key] = self._optimize(profiler.graph, variant)
         return result
 
-    def _infer_types(self, args: tuple[Any, ...]) -> torch._C.Graph | None:
-        """The graph typed by running it on meta tensors shaped like `args`, if that works.
+    @staticmethod
+    def _infer_types(graph: torch._C.Graph, args: tuple[Any, ...]) -> torch._C.Graph | None:
+        """A copy of `graph` typed by running it on meta tensors shaped like `args`, if that
+        works.
 
         Only for graphs of elementwise ops without control flow, whose output
         metadata meta tensors compute exactly as the CPU does: then the first
         call runs compiled code instead of a profiling run at eager speed.
         """
-        graph = self._graph.copy()  # type: ignore[union-attr]
+        graph = graph.copy()
         position = {v.unique(): k for k, v in enumerate(graph.inputs())}
 
         def example(value: Any) -> Any:
@@ -320,25 +387,26 @@ class FusedFunction:
                 value.setType(dataclasses.replace(meta, device=torch.device("cpu")).to_type())
         return graph
 
-    def _optimize(self, graph: torch._C.Graph) -> Any:
+    def _optimize(self, graph: torch._C.Graph, variant: _Variant) -> Any:
+        self._optimized += 1
         try:
             fuse_tensor_exprs(graph, self.options)
-            offset = 0 if self._receiver is None else 1
-            plan = _kernel_plan(graph, offset) if self._receiver is None else None
-            return plan or GraphPlan(graph, self._receiver)
+            plan = _kernel_plan(graph, 0) if variant.receiver is None else None
+            return plan or GraphPlan(graph, variant.receiver)
         except Exception as e:  # noqa: BLE001
             _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
             warnings.warn(f"nncfuse: optimization failed, running unfused: {e}", stacklevel=4)
-            return UnfusedPlan(self._script, graph)
+            return UnfusedPlan(variant.script, graph)
 
     def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:
-        """The optimized graph that runs for these inputs (profiling and compiling if needed)."""
-        if self.options.disable or not self._prepare():
+        """The optimized graph that runs for these inputs (profiling and compiling if needed);
+        None when they run unfused without one (nncfuse disabled, the function not scripted)."""
+        if self.options.disable:
             return None
-        bound = self._bind(args, dict(kwargs))
-        if bound is None:
-            raise TypeError("arguments do not match the function's signature")
-        key = _signature(bound)
+        resolved = self._resolve(args, kwargs)
+        if resolved is None:
+            return None
+        key = _signature(resolved[0])
         for _ in range(self.options.profiling_runs + 1):
             if key in self._plans:
                 break

@@ -28,10 +28,10 @@ _lib.define("profile(Tensor x, int id) -> ()", alias_analysis="CONSERVATIVE")
 _active = threading.local()
 
 
-def _profile_kernel(x: torch.Tensor | float | int | bool, id: int) -> None:
+def _profile_kernel(x: torch.Tensor | float | int | bool | None, id: int) -> None:
     profiler = getattr(_active, "profiler", None)
     if profiler is not None:
-        if not isinstance(x, torch.Tensor):
+        if x is not None and not isinstance(x, torch.Tensor):
             # A wrapped number (a traced Python number) reaches Python as the number.
             x = torch.tensor(x, dtype=_WRAPPED_DTYPES[type(x)])
         profiler.record(id, x)
@@ -134,8 +134,9 @@ class Profiler:
         self.nodes += [node, const]
         return node
 
-    def record(self, vid: int, t: torch.Tensor) -> None:
-        meta = TensorMeta.of(t)
+    def record(self, vid: int, t: torch.Tensor | None) -> None:
+        """Merge an observation; None (an undefined tensor) leaves the value untyped."""
+        meta = None if t is None else TensorMeta.of(t)
         if vid not in self.seen:
             self.seen[vid] = meta
         elif self.seen[vid] != meta:
