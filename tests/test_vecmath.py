@@ -30,8 +30,8 @@ def whole_range(dtype, seed):
     bits = torch.randint(info.min, info.max, (N // 2,), generator=g, dtype=torch.int64)
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, -1.0,
                             0.5, 2.0, 88.7, -103.9, 710.0, -745.0], dtype=dtype)
-    x = torch.cat([bits.to(int_type).view(dtype), torch.randn(N // 2, generator=g,
-                                                              dtype=dtype) * 10, special])
+    x = torch.cat([special, bits.to(int_type).view(dtype),
+                   torch.randn(N // 2, generator=g, dtype=dtype) * 10])
     return x[:N].contiguous()
 
 
@@ -66,3 +66,20 @@ def test_fast_variants_only_where_measured_safe():
         symbol = vecmath.sleef_name(name, "float32", 16)
         assert symbol is None or symbol.endswith("_u35")
     assert vecmath.sleef_name("asinh", "float32", 16) is None  # SLEEF's overflows early
+
+
+
+def test_inline_erf_is_within_6_ulp_and_exact_at_the_special_values():
+    x = whole_range(torch.float32, 2)
+    x[N // 2 :] = torch.linspace(-4.5, 4.5, N - N // 2)  # the fitted range, densely
+    got = run_kernel("erf", [x]).double()
+    reference = torch.erf(x.double())
+    magnitude = reference.float().abs()
+    ulp = (torch.nextafter(magnitude, torch.tensor(float("inf"))) - magnitude).double()
+    finite = ~reference.isnan()
+    assert ((got - reference).abs()[finite] / ulp[finite]).max() <= 6.0
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf")])
+    at = [int((x == v).logical_and(x.signbit() == v.signbit()).nonzero()[0]) for v in special]
+    assert got[at].tolist() == [0.0, -0.0, 1.0, -1.0]
+    assert got[at].signbit().tolist() == [False, True, False, True]
+    assert got[x.isnan()].isnan().all()
