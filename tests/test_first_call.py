@@ -1,9 +1,12 @@
 """Graphs of elementwise ops are typed on meta tensors: the first call already runs fused."""
 
+import subprocess
+import sys
+
 import torch
 
 import nncfuse
-from nncfuse.jit import profiling
+from nncfuse.jit import function, profiling
 
 
 def gelu(x):
@@ -11,6 +14,7 @@ def gelu(x):
 
 
 def test_elementwise_graph_skips_the_profiling_run(monkeypatch):
+    monkeypatch.setattr(function, "_meta_is_cheap", lambda: True)
     runs = []
     real = profiling.Profiler.run
 
@@ -73,3 +77,38 @@ def test_strided_inputs_profile_by_running():
     want = f(a, b)
     torch.testing.assert_close(got, want)
     assert got.stride() == want.stride()
+
+
+def test_a_first_call_does_not_load_torchdynamo(tmp_path):
+    """Meta kernels would import it (1.3 s): until it is loaded, the first call profiles."""
+    script = tmp_path / "first.py"
+    script.write_text(
+        "import sys, torch, nncfuse\n"
+        "def f(x):\n"
+        "    return torch.sin(x * x) * 2.0\n"
+        "g = nncfuse.jit(f)\n"
+        "x = torch.randn(1000)\n"
+        "for _ in range(3):\n"
+        "    torch.testing.assert_close(g(x), f(x))\n"
+        "assert len(nncfuse.fusion_groups(g.graph_for(x))) == 1\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, str(script)], check=True)
+
+
+def test_without_torchdynamo_loaded_the_first_call_profiles(monkeypatch):
+    monkeypatch.setattr(function, "_meta_is_cheap", lambda: False)
+    runs = []
+    real = profiling.Profiler.run
+
+    def spy(self, fn, *args):
+        runs.extend(x.device.type for x in args if isinstance(x, torch.Tensor))
+        return real(self, fn, *args)
+
+    monkeypatch.setattr(profiling.Profiler, "run", spy)
+    f = nncfuse.jit(gelu)
+    x = torch.randn(7, 300)
+    torch.testing.assert_close(f(x), gelu(x))
+    assert runs == ["cpu"]
+    torch.testing.assert_close(f(x), gelu(x))
+    assert runs == ["cpu"] and len(nncfuse.fusion_groups(f.graph_for(x))) == 1

@@ -9,7 +9,8 @@ kernel arguments. For a new signature:
    (each call returns its real result); a graph of elementwise ops only, with
    no control flow, called with contiguous tensors, is instead typed by
    running it on meta tensors, which then compute output metadata exactly as
-   the CPU does, so that its first call already runs compiled code;
+   the CPU does, so that its first call already runs compiled code (once
+   TorchDynamo is loaded: see `_meta_is_cheap`);
 2. the profiled graph is fused (`tensorexpr_fuser`): groups are formed,
    compiled and guarded;
 3. the optimized graph becomes this signature's plan. When the whole graph
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -122,6 +124,17 @@ def _all_contiguous(args: tuple[Any, ...]) -> bool:
                     return False
                 expect *= size
     return True
+
+
+def _meta_is_cheap() -> bool:
+    """Whether typing on meta tensors costs less than a profiling run.
+
+    Many meta kernels are Python decompositions wrapped to disable TorchDynamo,
+    and the first call of one imports `torch._dynamo`: 1.3 s, once per process.
+    Until something else (torch.compile) has imported it, a profiling run at
+    eager speed is far cheaper.
+    """
+    return "torch._dynamo" in sys.modules
 
 
 def _elementwise(node: Any) -> bool:
@@ -338,7 +351,7 @@ class FusedFunction:
             self._plans[key] = UnfusedPlan(variant.script, variant.graph)
             return variant.run(args)
         if (variant.elementwise_only and self.options.profiling_runs == 1
-                and key not in self._profiles and _all_contiguous(args)):
+                and key not in self._profiles and _all_contiguous(args) and _meta_is_cheap()):
             graph = self._infer_types(variant.graph, args)
             if graph is not None:
                 self._plans[key] = plan = self._optimize(graph, variant)
