@@ -105,6 +105,16 @@ def test_an_int_for_a_float_annotation_computes_as_eager_python_does():
         torch.testing.assert_close(g(i, s), f(i, s))  # int64 for 2, float32 for 2.0
 
 
+def test_dtype_and_device_parameters():
+    def f(x, dt, device):
+        return (x * 2).to(device=device, dtype=dt) + 1
+
+    g = nncfuse.jit(f)
+    x = torch.randn(9)
+    for dt in (torch.float64, torch.int32, torch.float64):
+        torch.testing.assert_close(g(x, dt, torch.device("cpu")), f(x, dt, torch.device("cpu")))
+
+
 def test_lists_and_tuples_of_tensors_and_numbers():
     def f(xs, ks):
         return torch.exp(xs[0] * ks[0]) + xs[1] * ks[1]

@@ -5,8 +5,8 @@ function called eagerly as `f(x, 2.0)` or `f(x, None)` cannot be scripted as
 written: the call fails, or `y is None` is folded to False. Eager Python
 ignores annotations; the values decide. So nncfuse scripts one variant of the
 function per pattern of argument types, annotating each parameter with its
-value's type (`float`, `int`, `bool`, `str`, `None`, `Tensor`, and lists,
-tuples and dicts of those), and keeping the declared annotation where a value has no
+value's type (`float`, `int`, `bool`, `str`, `None`, `Tensor`, `torch.dtype`,
+`torch.device`, and lists, tuples and dicts of those), and keeping the declared annotation where a value has no
 TorchScript type it can name.
 
     def f(x, s, y=None):            f(x, 2.0)  ->  f(x: Tensor, s: float, y: None)
@@ -46,6 +46,8 @@ def annotation(value: Any) -> str | None:
         return "None"
     if type(value) in _SCALARS:
         return _SCALARS[type(value)]
+    if isinstance(value, (torch.dtype, torch.device)):
+        return f"torch.{type(value).__name__}"
     if type(value) in (list, tuple) and value:
         items = [annotation(v) for v in value]
         if None in items:
