@@ -69,7 +69,7 @@ def test_fast_variants_only_where_measured_safe():
 
 
 
-def test_inline_erf_is_within_6_ulp_and_exact_at_the_special_values():
+def test_inline_erf_is_within_2_5_ulp_half_an_ulp_near_one_and_exact_at_special_values():
     x = whole_range(torch.float32, 2)
     x[N // 2 :] = torch.linspace(-4.5, 4.5, N - N // 2)  # the fitted range, densely
     got = run_kernel("erf", [x]).double()
@@ -77,7 +77,9 @@ def test_inline_erf_is_within_6_ulp_and_exact_at_the_special_values():
     magnitude = reference.float().abs()
     ulp = (torch.nextafter(magnitude, torch.tensor(float("inf"))) - magnitude).double()
     finite = ~reference.isnan()
-    assert ((got - reference).abs()[finite] / ulp[finite]).max() <= 6.0
+    error = (got - reference).abs() / ulp
+    assert error[finite].max() <= 2.5
+    assert error[finite & (x.abs() >= 2)].max() <= 0.55  # acos(erf(x)) and 1 - erf(x) rely on it
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf")])
     at = [int((x == v).logical_and(x.signbit() == v.signbit()).nonzero()[0]) for v in special]
     assert got[at].tolist() == [0.0, -0.0, 1.0, -1.0]

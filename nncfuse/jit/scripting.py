@@ -6,8 +6,8 @@ written: the call fails, or `y is None` is folded to False. Eager Python
 ignores annotations; the values decide. So nncfuse scripts one variant of the
 function per pattern of argument types, annotating each parameter with its
 value's type (`float`, `int`, `bool`, `str`, `None`, `Tensor`, `torch.dtype`,
-`torch.device`, and lists, tuples and dicts of those), and keeping the declared annotation where a value has no
-TorchScript type it can name.
+`torch.device`, and lists, tuples and dicts of those), and keeping the
+declared annotation where a value has no TorchScript type it can name.
 
     def f(x, s, y=None):            f(x, 2.0)  ->  f(x: Tensor, s: float, y: None)
         ...                         f(x, 2, t) ->  f(x: Tensor, s: int, y: Tensor)

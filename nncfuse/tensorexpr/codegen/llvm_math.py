@@ -198,21 +198,25 @@ def _inline_exp(cg: LLVMCodeGen, x: Any, lanes: int) -> Any:
     return b.select(b.fcmp_unordered("uno", x, x), x, result)
 
 
-# erf(x) = x * P(x**2) / Q(x**2) on |x| <= 3.92 (beyond, erf rounds to 1), fitted by
-# `benchmarks/fit_erf.py` (Sanathanan-Koerner iterations with Lawson weights, relative error).
-ERF_P = (2.05008291231934e-06, 2.8486884548328817e-04, 3.765227273106575e-03,
-         5.2747491747140884e-02, 1.9039811193943024e-01, 1.1283791065216064)
-ERF_Q = (3.809094778262079e-05, 1.1624317849054933e-03, 1.4968435280025005e-02,
-         1.1410554498434067e-01, 5.020686984062195e-01, 1.0)
-ERF_ONE = 3.92
+# erf(x) = x * P(x**2) for |x| < 1; 1 - exp(-x**2 + R(|x| - 2.46)) for 1 <= |x| <= 3.92, where
+# R fits log(erfc(x)) + x**2; beyond 3.92 erf rounds to 1. `benchmarks/fit_erf.py` fits them.
+ERF_SMALL = (-5.63146430067718e-4, 4.917563404887915e-3, -2.6711324229836464e-2,
+             1.1280180513858795e-1, -3.7612324953079224e-1, 1.1283791065216064)
+ERF_LARGE = (1.6319640963047277e-6, -1.3800534361507744e-5, 8.112360228551552e-5,
+             -4.39258583355695e-4, 2.2511600982397795e-3, -1.1211683042347431e-2,
+             5.743040889501572e-2, -3.5722190141677856e-1, -1.5426175594329834)
+ERF_CENTER, ERF_ONE = 2.46, 3.92
 
 
 def _inline_erf(cg: LLVMCodeGen, x: Any, lanes: int) -> Any:
-    """erf of a float32 vector inline: a rational function, within 6 ULP.
+    """erf of a float32 vector inline: both pieces, then a select.
 
-    3-4x faster than SLEEF's `erff16_u10`, whose double-float arithmetic made
-    gelu (erf) slower than eager's oneDNN kernel (benchmarks/vecmath.py for
-    speed and error). erf(-0.0) is -0.0, erf(+-inf) is +-1, NaN stays NaN.
+    Within 2.3 ULP for |x| < 1 and half an ULP near +-1, where chains like
+    acos(erf(x)) magnify every ULP (a rational function over the whole range
+    was twice as fast but 6 ULP off there: the fuzzer found it). 3x faster
+    than SLEEF's `erff16_u10`, whose double-float arithmetic made gelu (erf)
+    2.5x slower than eager's oneDNN kernel. erf(-0.0) is -0.0, erf(+-inf) is
+    +-1, NaN stays NaN.
     """
     b = cg.builder
     f32 = FLOAT32.with_lanes(lanes)
@@ -227,12 +231,13 @@ def _inline_erf(cg: LLVMCodeGen, x: Any, lanes: int) -> Any:
         return p
 
     a = cg.intrinsic("fabs", x.type, [x])
-    a = b.select(b.fcmp_ordered(">", a, c(ERF_ONE)), c(ERF_ONE), a)
-    u = b.fmul(a, a)
-    r = b.fdiv(b.fmul(a, horner(ERF_P, u)), horner(ERF_Q, u))
-    r = b.select(b.fcmp_ordered(">", r, c(1.0)), c(1.0), r)
-    r = b.select(b.fcmp_unordered("uno", x, x), x, r)
-    return cg.intrinsic("copysign", x.type, [r, x])
+    near_zero = b.fmul(a, horner(ERF_SMALL, b.fmul(a, a)))
+    clamped = b.select(b.fcmp_ordered(">", a, c(ERF_ONE)), c(ERF_ONE), a)
+    r = horner(ERF_LARGE, b.fsub(clamped, c(ERF_CENTER)))
+    near_one = b.fsub(c(1.0), _inline_exp(cg, cg.intrinsic("fma", x.type, [
+        b.fneg(clamped), clamped, r]), lanes))
+    magnitude = b.select(b.fcmp_ordered("<", a, c(1.0)), near_zero, near_one)
+    return cg.intrinsic("copysign", x.type, [magnitude, x])
 
 
 def ll_type_of(dtype: Dtype) -> Any:
