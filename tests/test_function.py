@@ -72,6 +72,9 @@ def test_kwargs_and_defaults():
         torch.testing.assert_close(g(a), f(a))
         torch.testing.assert_close(g(a, shift=3.0), f(a, shift=3.0))
         torch.testing.assert_close(g(a, 0.5, 0.25), f(a, 0.5, 0.25))
+    assert len(g._plans) == 1  # one signature, however the arguments are passed
+    with pytest.raises(TypeError):
+        g(a, 2.0, scale=3.0)  # as eager Python: scale given twice
 
 
 def test_parameters_are_typed_by_their_values_as_in_eager_python():

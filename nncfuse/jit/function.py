@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import sys
 import warnings
 from collections.abc import Callable
@@ -235,6 +234,21 @@ def _bind(parameters: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return None if kwargs else tuple(bound)
 
 
+def _bind_python(parameters: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """As `_bind`, for a Python function's `inspect.Parameter`s (all positional-or-keyword)."""
+    if len(args) > len(parameters):
+        return None
+    bound = list(args)
+    for param in parameters[len(args) :]:
+        if param.name in kwargs:
+            bound.append(kwargs.pop(param.name))
+        elif param.default is not param.empty:
+            bound.append(param.default)
+        else:
+            return None
+    return None if kwargs else tuple(bound)
+
+
 class FusedFunction:
     """A function, ScriptFunction or ScriptModule that runs with fused kernels.
 
@@ -300,25 +314,22 @@ class FusedFunction:
         variant = self._last or self._prepare()
         return None if variant is None else variant.graph
 
-    def _resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """(all arguments by position, the variant that takes them), or None when there is
-        none: the arguments do not bind, or the function cannot be scripted for them."""
+    def _bind_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """All arguments by position (defaults filled in), or None if they do not bind."""
         if self._params is not None:
-            try:
-                bound = inspect.signature(self.target).bind(*args, **kwargs)
-            except TypeError:
-                return None
-            bound.apply_defaults()
-            values = tuple(bound.args)
+            return _bind_python(self._params, args, dict(kwargs))
+        variant = self._prepare()
+        return None if variant is None else _bind(variant.parameters, args, dict(kwargs))
+
+    def _variant_for(self, values: tuple[Any, ...]) -> _Variant | None:
+        """The scripted form that takes `values`, or None if there is none."""
+        if self._params is not None:
             variant = self._prepare(scripting.pattern(values))
         else:
             variant = self._prepare()
-            values = None if variant is None else _bind(variant.parameters, args, dict(kwargs))
-        if variant is None or values is None:
+        if variant is None or not scripting.accepts(variant.parameters, values):
             return None
-        if not scripting.accepts(variant.parameters, values):
-            return None
-        return values, variant
+        return variant
 
     # -- calls ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -332,17 +343,18 @@ class FusedFunction:
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.options.disable:
             return self.target(*args, **kwargs)
-        resolved = self._resolve(args, kwargs)
-        if resolved is None:
-            # Eager Python (or TorchScript, for a script) runs it, and reports any error.
-            if not kwargs and len(args) == self._arity:
-                self._plans[_signature(args)] = UnfusedPlan(self.target, None)
-            return self.target(*args, **kwargs)
-        values, variant = resolved
+        values = self._bind_args(args, kwargs)
+        if values is None:
+            return self.target(*args, **kwargs)  # Python or TorchScript reports the error
         key = _signature(values)
         plan = self._plans.get(key)
         if plan is None:
-            return self._profile(key, values, variant)
+            variant = self._variant_for(values)
+            if variant is None:
+                # Eager Python (or TorchScript, for a script) runs these arguments.
+                self._plans[key] = plan = UnfusedPlan(self.target, None)
+            else:
+                return self._profile(key, values, variant)
         return plan.run(values)
 
     def _profile(self, key: tuple[Any, ...], args: tuple[Any, ...], variant: _Variant) -> Any:
@@ -416,10 +428,10 @@ class FusedFunction:
         None when they run unfused without one (nncfuse disabled, the function not scripted)."""
         if self.options.disable:
             return None
-        resolved = self._resolve(args, kwargs)
-        if resolved is None:
+        values = self._bind_args(args, kwargs)
+        if values is None:
             return None
-        key = _signature(resolved[0])
+        key = _signature(values)
         for _ in range(self.options.profiling_runs + 1):
             if key in self._plans:
                 break
