@@ -137,8 +137,10 @@ ARITHMETIC = [
 UNARY = [
     *_unary("exp expm1 log log2 log10 log1p sin cos tan asin acos atan tanh", True),
     *(OpSpec(n, f"torch.{n}({{0}})", approx=True, overflow_band=True) for n in ("sinh", "cosh")),
-    *_unary("sigmoid erf erfc lgamma rsqrt", True),
-    *_unary("sqrt reciprocal square floor ceil trunc sign", False),
+    # Eager's float32 sqrt is not correctly rounded on every machine (one ulp off for 17% of
+    # the integers below 10**5 on an AMD EPYC): seed 400238, exp(exp(sqrt(19))).
+    *_unary("sigmoid erf erfc lgamma rsqrt sqrt", True),
+    *_unary("reciprocal square floor ceil trunc sign", False),
     *_unary("neg abs", False, dtypes="nobool"),
     *_unary("frac", False, dtypes="float"),
     OpSpec("round", "torch.round({0})"),
