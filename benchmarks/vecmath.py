@@ -113,6 +113,7 @@ def _nncfuse(name: str, args: list[torch.Tensor], eager: torch.Tensor, ref: torc
         f"def f(a, b):\n    return torch.{name}(a{', b' if name in BINARY else ''})\n"
     ).f, min_group_size=1)
     b = args[-1]
+    fn(args[0], b)  # a first call may run in the profiling interpreter (eager's ops)
     out = fn(args[0], b)
     typical = [torch.randn_like(a) * 3 for a in args]
     fn(typical[0], typical[-1])
