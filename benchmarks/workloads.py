@@ -34,6 +34,12 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x**3)))
 
 
+def bias_gelu_erf(x, b):
+    # A transformer MLP's bias + gelu, the exact (erf) form, as F.gelu computes it.
+    y = x + b
+    return y * 0.5 * (1 + torch.erf(y * 0.7071067811865476))
+
+
 def silu(x):
     return x * torch.sigmoid(x)
 
@@ -110,6 +116,10 @@ def _rand1(shape: tuple[int, ...]) -> Inputs:
     return (torch.rand(shape),)
 
 
+def _bias(shape: tuple[int, ...]) -> Inputs:
+    return torch.randn(shape), torch.randn(shape[-1])
+
+
 def _bias_residual(shape: tuple[int, ...]) -> Inputs:
     return torch.randn(shape), torch.randn(shape[-1]), torch.randn(shape)
 
@@ -160,6 +170,7 @@ WORKLOADS: list[Workload] = [
     Workload("seed_1024x1024", seed_chain, _randn, (1024, 1024), _Q2),
     Workload("seed_4096x4096", seed_chain, _randn, (4096, 4096), _Q2),
     Workload("gelu_tanh", gelu_tanh, _randn, (_N,), _Q1),
+    Workload("bias_gelu_erf", bias_gelu_erf, _bias, (2048, 2048), _Q2),
     Workload("silu", silu, _randn, (_N,), _Q1),
     Workload("bias_relu_residual", bias_relu_residual, _bias_residual, (2048, 2048), _Q2),
     Workload("swish", swish, _randn, (_N,), _Q1),
