@@ -13,8 +13,9 @@ def gelu(x):
     return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
 
 
-def test_elementwise_graph_skips_the_profiling_run(monkeypatch):
-    monkeypatch.setattr(function, "_meta_is_cheap", lambda: True)
+def profiled_devices(monkeypatch, meta_is_cheap):
+    """The devices of the tensors every profiling run gets, as a list that fills up."""
+    monkeypatch.setattr(function, "_meta_is_cheap", lambda: meta_is_cheap)
     runs = []
     real = profiling.Profiler.run
 
@@ -24,6 +25,11 @@ def test_elementwise_graph_skips_the_profiling_run(monkeypatch):
         return real(self, fn, *args)
 
     monkeypatch.setattr(profiling.Profiler, "run", spy)
+    return runs
+
+
+def test_elementwise_graph_skips_the_profiling_run(monkeypatch):
+    runs = profiled_devices(monkeypatch, meta_is_cheap=True)
     f = nncfuse.jit(gelu)
     x = torch.randn(7, 300)
     torch.testing.assert_close(f(x), gelu(x))
@@ -97,15 +103,7 @@ def test_a_first_call_does_not_load_torchdynamo(tmp_path):
 
 
 def test_without_torchdynamo_loaded_the_first_call_profiles(monkeypatch):
-    monkeypatch.setattr(function, "_meta_is_cheap", lambda: False)
-    runs = []
-    real = profiling.Profiler.run
-
-    def spy(self, fn, *args):
-        runs.extend(x.device.type for x in args if isinstance(x, torch.Tensor))
-        return real(self, fn, *args)
-
-    monkeypatch.setattr(profiling.Profiler, "run", spy)
+    runs = profiled_devices(monkeypatch, meta_is_cheap=False)
     f = nncfuse.jit(gelu)
     x = torch.randn(7, 300)
     torch.testing.assert_close(f(x), gelu(x))

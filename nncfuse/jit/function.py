@@ -219,31 +219,28 @@ _ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType
                        torch._C.BoolType, torch._C.NoneType)
 
 
-def _bind(parameters: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """`args` and `kwargs` as one tuple of a schema's `parameters`, or None if they do not bind."""
+_MISSING = object()  # a parameter without a default
+
+
+def _defaults(parameters: list[Any]) -> list[tuple[str, Any]]:
+    """(name, default or _MISSING) of a schema's arguments or a function's `inspect.Parameter`s."""
+    if parameters and hasattr(parameters[0], "has_default_value"):
+        return [(a.name, a.default_value if a.has_default_value() else _MISSING)
+                for a in parameters]
+    return [(p.name, _MISSING if p.default is p.empty else p.default) for p in parameters]
+
+
+def _bind(parameters: list[tuple[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`args` and `kwargs` as one tuple of `parameters` (see `_defaults`), or None if they do
+    not bind."""
     if len(args) > len(parameters):
         return None
     bound = list(args)
-    for arg in parameters[len(args) :]:
-        if arg.name in kwargs:
-            bound.append(kwargs.pop(arg.name))
-        elif arg.has_default_value():
-            bound.append(arg.default_value)
-        else:
-            return None
-    return None if kwargs else tuple(bound)
-
-
-def _bind_python(parameters: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """As `_bind`, for a Python function's `inspect.Parameter`s (all positional-or-keyword)."""
-    if len(args) > len(parameters):
-        return None
-    bound = list(args)
-    for param in parameters[len(args) :]:
-        if param.name in kwargs:
-            bound.append(kwargs.pop(param.name))
-        elif param.default is not param.empty:
-            bound.append(param.default)
+    for name, default in parameters[len(args) :]:
+        if name in kwargs:
+            bound.append(kwargs.pop(name))
+        elif default is not _MISSING:
+            bound.append(default)
         else:
             return None
     return None if kwargs else tuple(bound)
@@ -265,14 +262,15 @@ class FusedFunction:
         self._last: _Variant | None = None
         self._plans: dict[tuple[Any, ...], Any] = {}
         self._profiles: dict[tuple[Any, ...], tuple[Profiler, Any]] = {}
-        self._params: list[Any] | None = None  # a plain function's, when variants apply
+        self._params: list[tuple[str, Any]] | None = None  # a plain function's, with variants
         self._arity = -1  # number of arguments once known: enables the fast path
         self._optimized = 0  # signatures optimized, up to options.max_specializations
         self._plain = not isinstance(fn, (torch.nn.Module, torch.jit.ScriptFunction))
         if self._plain:
-            self._params = scripting.parameters(fn)
-            if self._params is not None:
-                self._arity = len(self._params)
+            params = scripting.parameters(fn)
+            if params is not None:
+                self._params = _defaults(params)
+                self._arity = len(params)
         if callable(fn) and not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn, updated=())
 
@@ -317,9 +315,9 @@ class FusedFunction:
     def _bind_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """All arguments by position (defaults filled in), or None if they do not bind."""
         if self._params is not None:
-            return _bind_python(self._params, args, dict(kwargs))
+            return _bind(self._params, args, dict(kwargs))
         variant = self._prepare()
-        return None if variant is None else _bind(variant.parameters, args, dict(kwargs))
+        return None if variant is None else _bind(_defaults(variant.parameters), args, dict(kwargs))
 
     def _variant_for(self, values: tuple[Any, ...]) -> _Variant | None:
         """The scripted form that takes `values`, or None if there is none."""
