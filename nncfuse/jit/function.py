@@ -147,7 +147,7 @@ def _values(graph: torch._C.Graph) -> list[Any]:
     return [*graph.inputs(), *(v for n in graph.nodes() for v in n.outputs())]
 
 
-def _kernel_plan(graph: torch._C.Graph, offset: int) -> KernelPlan | None:
+def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
     """A KernelPlan if `graph` is TypeCheck + If(kernel) over its inputs, else None."""
     nodes = [n for n in graph.nodes() if n.kind() != "prim::Constant"]
     tuple_out = None
@@ -160,12 +160,12 @@ def _kernel_plan(graph: torch._C.Graph, offset: int) -> KernelPlan | None:
     if len(fused_nodes) != 1 or not runtime.is_fused_op(fused_nodes[0]):
         return None
     fused = fused_nodes[0]
-    position = {v.unique(): k - offset for k, v in enumerate(graph.inputs())}
+    position = {v.unique(): k for k, v in enumerate(graph.inputs())}
     checked = {out.unique(): inp for inp, out in zip(check.inputs(), check.outputs())}
     sources: list[tuple[str, Any]] = []
     for v in fused.inputs():
         v = checked.get(v.unique(), v)
-        if v.unique() in position and position[v.unique()] >= 0:
+        if v.unique() in position:
             sources.append(("arg", position[v.unique()]))
         elif v.node().kind() == "prim::Constant":
             sources.append(("const", v.toIValue()))
@@ -265,8 +265,7 @@ class FusedFunction:
         self._params: list[tuple[str, Any]] | None = None  # a plain function's, with variants
         self._arity = -1  # number of arguments once known: enables the fast path
         self._optimized = 0  # signatures optimized, up to options.max_specializations
-        self._plain = not isinstance(fn, (torch.nn.Module, torch.jit.ScriptFunction))
-        if self._plain:
+        if not isinstance(fn, (torch.nn.Module, torch.jit.ScriptFunction)):
             params = scripting.parameters(fn)
             if params is not None:
                 self._params = _defaults(params)
@@ -414,7 +413,7 @@ class FusedFunction:
         self._optimized += 1
         try:
             fuse_tensor_exprs(graph, self.options)
-            plan = _kernel_plan(graph, 0) if variant.receiver is None else None
+            plan = _kernel_plan(graph) if variant.receiver is None else None
             return plan or GraphPlan(graph, variant.receiver)
         except Exception as e:  # noqa: BLE001
             _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
