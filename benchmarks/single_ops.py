@@ -4,17 +4,16 @@
 
 A lone op is not fused by default (`min_group_size=2`, as in NNC); this shows
 what fusing it would give: ATen's kernel against nncfuse's loop and vector
-math on the same tensor (normal, sd 1; `acosh` on 1 + |x|). Rounds
-alternate between the two; the table has medians and the ratio.
+math on the same tensor (normal, sd 1), timed side by side in interleaved
+rounds (`harness.compare`); the table has medians and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from harness import compare
 
 import nncfuse
 
@@ -32,18 +31,12 @@ OPS = {
 }
 
 
-def _batch(fn, x: torch.Tensor, reps: int) -> float:
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn(x)
-    return (time.perf_counter() - start) / reps
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1 << 22)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--target-ms", type=float, default=50)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     x = torch.randn(args.n)
@@ -57,13 +50,11 @@ def main() -> None:
         fused = nncfuse.jit(unit.f, min_group_size=1)
         data = eval(arg, {"torch": torch, "x": x})  # noqa: S307 - a fixed table above
         plain = eval(f"lambda x: {call}", {"torch": torch})  # noqa: S307
+        fused(data)  # a first call may run in the profiling interpreter (eager's ops)
         torch.testing.assert_close(fused(data), plain(data), equal_nan=True)
-        reps = max(1, int(0.05 / max(_batch(plain, data, 1), 1e-6)))
-        eager_t, fused_t = [], []
-        for _ in range(args.rounds):
-            eager_t.append(_batch(plain, data, reps))
-            fused_t.append(_batch(fused, data, reps))
-        e, f = statistics.median(eager_t), statistics.median(fused_t)
+        times = compare({"eager": lambda: plain(data), "nncfuse": lambda: fused(data)},
+                        rounds=args.rounds, target_s=args.target_ms / 1e3)
+        e, f = times["eager"], times["nncfuse"]
         print(f"{name:10s} {e * 1e3:8.2f}ms {f * 1e3:8.2f}ms {e / f:8.2f}x")
 
 
