@@ -14,6 +14,7 @@ requires_grad is recorded as eager autograd would see it: false under
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,11 @@ class TensorMeta:
         if None in (sizes, strides, dtype, device, rg) or None in sizes or None in strides:
             return None
         return TensorMeta(dtype, tuple(sizes), tuple(strides), device, bool(rg))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements (as if dense: what a fresh output of these sizes holds)."""
+        return self.dtype.itemsize * math.prod(self.sizes)
 
     def empty(self, device: str | torch.device | None = None) -> torch.Tensor:
         """An uninitialized tensor with this metadata (requires_grad aside)."""

@@ -24,7 +24,6 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from math import prod
 from typing import Any
 
 import torch
@@ -274,10 +273,6 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
 STREAMING_BYTES = 8 << 20
 
 
-def _nbytes(meta: TensorMeta) -> int:
-    return torch.empty((), dtype=meta.dtype).element_size() * prod(meta.sizes)
-
-
 def _long_running(stmt: S.Stmt) -> bool:
     """Whether calls should release the GIL: the kernel has parallel loops or much work."""
     if any(isinstance(n, S.For) and n.parallel for n in walk(stmt)):
@@ -315,7 +310,7 @@ class TensorExprKernel:
 
             streaming = frozenset(
                 b for b, meta in lowered.output_metas.items()
-                if _nbytes(meta) >= STREAMING_BYTES
+                if meta.nbytes >= STREAMING_BYTES
             )
             self.jit = compile_stmt(
                 stmt, lowered.params, lowered.name, _long_running(stmt), streaming

@@ -17,7 +17,6 @@ of eager PyTorch's dispatch per op:
 from __future__ import annotations
 
 import ctypes
-import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -106,10 +105,9 @@ def make_entry(
                 f"    {name} = empty_strided({tuple(value.sizes)}, {tuple(value.strides)}, "
                 f"dtype=dt{n_out})"
             )
-            nbytes = math.prod(value.sizes) * torch.empty((), dtype=value.dtype).element_size()
-            if nbytes >= HUGE_PAGE_BYTES:
+            if value.nbytes >= HUGE_PAGE_BYTES:
                 env["huge_pages"] = huge_pages
-                lines.append(f"    huge_pages({name}.data_ptr(), {nbytes})")
+                lines.append(f"    huge_pages({name}.data_ptr(), {value.nbytes})")
             n_out += 1
         tensors.append(name)
         pointers.append(name if kind == "number" else f"{name}.data_ptr()")
