@@ -9,6 +9,7 @@ Vector intrinsics call SLEEF in chunks of the widest width it offers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import llvmlite.ir as ir
@@ -153,6 +154,15 @@ def _call(cg: LLVMCodeGen, name: str, args: list[Any], dtype: Dtype) -> Any:
     return _concat(cg, chunks)
 
 
+def _horner(cg: LLVMCodeGen, coefficients: Sequence[float], t: Any) -> Any:
+    """The polynomial with `coefficients` (highest degree first) at float32 vector `t`."""
+    dtype = FLOAT32.with_lanes(t.type.count)
+    p = cg.const(dtype, coefficients[0])
+    for coefficient in coefficients[1:]:
+        p = cg.intrinsic("fma", t.type, [p, t, cg.const(dtype, coefficient)])
+    return p
+
+
 # exp(x) = 2**n * exp(r), n = rint(x / ln 2), r = x - n ln 2 (ln 2 split in two parts so
 # that n * LN2_HI is exact); exp(r) by Cephes' degree-6 polynomial, about 1 ULP.
 LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
@@ -185,10 +195,7 @@ def _inline_exp(cg: LLVMCodeGen, x: Any, lanes: int, in_normal_range: bool = Fal
     n = cg.intrinsic("rint", x.type, [b.fmul(xc, c(1.4426950408889634))])
     r = fma(n, c(-LN2_HI), xc)
     r = fma(n, c(-LN2_LO), r)
-    p = c(EXP_POLY[0])
-    for coefficient in EXP_POLY[1:]:
-        p = fma(p, r, c(coefficient))
-    p = fma(b.fmul(r, r), p, b.fadd(r, c(1.0)))
+    p = fma(b.fmul(r, r), _horner(cg, EXP_POLY, r), b.fadd(r, c(1.0)))
     ni = b.fptosi(n, ll_type_of(i32))
 
     def pow2(k: Any) -> Any:
@@ -229,17 +236,11 @@ def _inline_erf(cg: LLVMCodeGen, x: Any, lanes: int) -> Any:
     def c(value: float) -> Any:
         return cg.const(f32, value)
 
-    def horner(coefficients: tuple[float, ...], t: Any) -> Any:
-        p = c(coefficients[0])
-        for coefficient in coefficients[1:]:
-            p = cg.intrinsic("fma", t.type, [p, t, c(coefficient)])
-        return p
-
     a = cg.intrinsic("fabs", x.type, [x])
-    near_zero = b.fmul(a, horner(ERF_SMALL, b.fmul(a, a)))
+    near_zero = b.fmul(a, _horner(cg, ERF_SMALL, b.fmul(a, a)))
     # NaN is clamped too, so that no NaN reaches the exp's float-to-int conversion (poison).
     clamped = b.select(b.fcmp_unordered(">", a, c(ERF_ONE)), c(ERF_ONE), a)
-    r = horner(ERF_LARGE, b.fsub(clamped, c(ERF_CENTER)))
+    r = _horner(cg, ERF_LARGE, b.fsub(clamped, c(ERF_CENTER)))
     # -x**2 + R lies in [-17.5, -1.8] for 1 <= x <= 3.92.
     near_one = b.fsub(c(1.0), _inline_exp(cg, cg.intrinsic("fma", x.type, [
         b.fneg(clamped), clamped, r]), lanes, in_normal_range=True))
