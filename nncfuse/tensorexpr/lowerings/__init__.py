@@ -252,6 +252,17 @@ class Ctx:
         compute, result = elementwise_dtypes([a.example() for a in operands], kind)
         return from_torch(compute), from_torch(result)
 
+    def promote_to_output(self, args: Sequence[Arg], kind: Promotion) -> Dtype:
+        """The computation dtype of `args`, tensors or numbers, whose promotion must give the
+        profiled output type (else LoweringError)."""
+        for a in args:
+            if not isinstance(a, (TensorArg, ScalarArg)):
+                raise LoweringError("operand is neither a tensor nor a number")
+        compute, result = self.promote(args, kind)
+        if result != self.out_dtype:
+            raise LoweringError(f"promotion gives {result}, eager gave {self.out_dtype}")
+        return compute
+
     def operands(
         self, args: Sequence[Arg], kind: Promotion, scalar_opmath: bool = False
     ) -> tuple[list[E.Expr], Dtype]:
@@ -264,12 +275,7 @@ class Ctx:
         `scalar_opmath`, a second operand of one element skips the first
         step: ATen's mul and div kernels read it at float32 precision.
         """
-        for a in args:
-            if not isinstance(a, (TensorArg, ScalarArg)):
-                raise LoweringError("operand is neither a tensor nor a number")
-        compute, result = self.promote(args, kind)
-        if result != self.out_dtype:
-            raise LoweringError(f"promotion gives {result}, eager gave {self.out_dtype}")
+        compute = self.promote_to_output(args, kind)
         promoted = self.promote(args, Promotion.NO_OPMATH)[1]
         values = []
         for k, a in enumerate(args):

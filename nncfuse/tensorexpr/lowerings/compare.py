@@ -13,8 +13,6 @@ those compute in float32 for float16/bfloat16 and round only the result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from .. import expr as E
 from ..dtype import BOOL, Dtype
 from . import (
@@ -44,17 +42,6 @@ _COMPARISONS = {
     "aten::greater": ">",
     "aten::greater_equal": ">=",
 }
-
-
-def _promote(ctx: Ctx, args: Sequence[Arg]) -> Dtype:
-    """The type eager promotes `args` to, which must be the output type."""
-    for a in args:
-        if not isinstance(a, (TensorArg, ScalarArg)):
-            raise LoweringError("operand is neither a tensor nor a number")
-    _, common = ctx.promote(args, Promotion.DEFAULT)
-    if common != ctx.out_dtype:
-        raise LoweringError(f"promotion gives {common}, eager gave {ctx.out_dtype}")
-    return common
 
 
 def _operand(ctx: Ctx, arg: Arg, common: Dtype) -> E.Expr:
@@ -92,7 +79,8 @@ def where(ctx: Ctx) -> E.Expr:
     cond = ctx.args[0]
     if not isinstance(cond, TensorArg):
         raise LoweringError("where's condition is not a tensor")
-    common = _promote(ctx, ctx.args[1:3])
+    ctx.promote_to_output(ctx.args[1:3], Promotion.DEFAULT)
+    common = ctx.out_dtype
     on_true, on_false = (_operand(ctx, a, common) for a in ctx.args[1:3])
     # A uint8 condition (deprecated, still accepted) selects where nonzero.
     return E.cast(ctx.out_dtype, E.Select(ctx.load(cond, BOOL), on_true, on_false))
@@ -142,7 +130,8 @@ def _clamp(ctx: Ctx, low: int | None, high: int | None) -> E.Expr:
     bounds = [k for k in (low, high) if k is not None and not ctx.is_none(k)]
     if not bounds:
         raise LoweringError("clamp without bounds")
-    common = _promote(ctx, [ctx.args[0], *(ctx.args[k] for k in bounds)])
+    ctx.promote_to_output([ctx.args[0], *(ctx.args[k] for k in bounds)], Promotion.DEFAULT)
+    common = ctx.out_dtype
     value = _operand(ctx, ctx.args[0], common)
     for k in bounds:
         bound = _operand(ctx, ctx.args[k], common)
