@@ -182,7 +182,12 @@ def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
     return KernelPlan(graph, runtime.kernel_of(fused), sources, returns)
 
 
-@dataclasses.dataclass
+_ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType,
+                       torch._C.BoolType, torch._C.NoneType)
+_MISSING = object()  # a parameter without a default
+
+
+@dataclasses.dataclass(frozen=True)
 class _Variant:
     """One scripted form of the function: what it runs unfused and the graph it fuses from."""
 
@@ -190,17 +195,17 @@ class _Variant:
     receiver: Any  # the module's C++ object (the graph's `self`), or None
     graph: torch._C.Graph  # inlined, in-place ops removed
     elementwise_only: bool  # see FusedFunction._infer_types
+    parameters: list[Any]  # the schema's arguments after `self`
+    defaults: list[tuple[str, Any]]  # (name, default or _MISSING) of each, for `_bind`
 
     def run(self, args: tuple[Any, ...]) -> Any:
         return self.script(*args)
 
-    @property
-    def parameters(self) -> list[Any]:
-        """The schema's arguments after `self`."""
-        return self.script.schema.arguments[1 if self.receiver is not None else 0 :]
-
 
 def _variant(script: Any, receiver: Any) -> _Variant:
+    parameters = script.schema.arguments[1 if receiver is not None else 0 :]
+    defaults = [(a.name, a.default_value if a.has_default_value() else _MISSING)
+                for a in parameters]
     graph = script.graph.copy()
     torch._C._jit_pass_inline(graph)
     # Folds lists of constants (expand's sizes) into constants, which fuse.
@@ -212,27 +217,12 @@ def _variant(script: Any, receiver: Any) -> _Variant:
         and all(_elementwise(n) for n in graph.nodes())
         and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in graph.inputs())
     )
-    return _Variant(script, receiver, graph, elementwise_only)
-
-
-_ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType,
-                       torch._C.BoolType, torch._C.NoneType)
-
-
-_MISSING = object()  # a parameter without a default
-
-
-def _defaults(parameters: list[Any]) -> list[tuple[str, Any]]:
-    """(name, default or _MISSING) of a schema's arguments or a function's `inspect.Parameter`s."""
-    if parameters and hasattr(parameters[0], "has_default_value"):
-        return [(a.name, a.default_value if a.has_default_value() else _MISSING)
-                for a in parameters]
-    return [(p.name, _MISSING if p.default is p.empty else p.default) for p in parameters]
+    return _Variant(script, receiver, graph, elementwise_only, parameters, defaults)
 
 
 def _bind(parameters: list[tuple[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """`args` and `kwargs` as one tuple of `parameters` (see `_defaults`), or None if they do
-    not bind."""
+    """`args` and `kwargs` as one tuple of `parameters`, (name, default or _MISSING) pairs;
+    None if they do not bind."""
     if len(args) > len(parameters):
         return None
     bound = list(args)
@@ -268,7 +258,8 @@ class FusedFunction:
         if not isinstance(fn, (torch.nn.Module, torch.jit.ScriptFunction)):
             params = scripting.parameters(fn)
             if params is not None:
-                self._params = _defaults(params)
+                self._params = [(p.name, _MISSING if p.default is p.empty else p.default)
+                                for p in params]
                 self._arity = len(params)
         if callable(fn) and not isinstance(fn, torch.nn.Module):
             functools.update_wrapper(self, fn, updated=())
@@ -316,7 +307,7 @@ class FusedFunction:
         if self._params is not None:
             return _bind(self._params, args, dict(kwargs))
         variant = self._prepare()
-        return None if variant is None else _bind(_defaults(variant.parameters), args, dict(kwargs))
+        return None if variant is None else _bind(variant.defaults, args, dict(kwargs))
 
     def _variant_for(self, values: tuple[Any, ...]) -> _Variant | None:
         """The scripted form that takes `values`, or None if there is none."""
