@@ -60,20 +60,19 @@ def _sigmoid(x: E.Expr) -> E.Expr:
     return one / (one + E.call("exp", -x))
 
 
-def _hardsigmoid(x: E.Expr) -> E.Expr:
+def _relu6_shifted(x: E.Expr) -> E.Expr:
+    """clamp(x + 3, 0, 6), shared by hardsigmoid and hardswish."""
     zero, three, six = (E.as_expr(v, x.dtype) for v in (0.0, 3.0, 6.0))
-    return _clamp(x + three, zero, six) / six
+    return _clamp(x + three, zero, six)
 
 
 #: aten op -> its formula on a float value (float32 for float16/bfloat16).
 _FORMULAS = {
     "aten::silu": lambda x: x / (E.as_expr(1.0, x.dtype) + E.call("exp", -x)),
     "aten::mish": lambda x: x * E.call("tanh", E.call("log1p", E.call("exp", x))),
-    "aten::hardsigmoid": _hardsigmoid,
+    "aten::hardsigmoid": lambda x: _relu6_shifted(x) / E.as_expr(6.0, x.dtype),
     # (x * clamp(x + 3, 0, 6)) / 6, in the kernel's order.
-    "aten::hardswish": lambda x: x * _clamp(
-        x + E.as_expr(3.0, x.dtype), E.as_expr(0.0, x.dtype), E.as_expr(6.0, x.dtype)
-    ) / E.as_expr(6.0, x.dtype),
+    "aten::hardswish": lambda x: x * _relu6_shifted(x) / E.as_expr(6.0, x.dtype),
 }
 
 
