@@ -7,8 +7,7 @@ sweep (`-m slow`) takes them all, or NNCFUSE_SLOW_SAMPLE per op and dtype.
 import pytest
 
 from nncfuse import testing
-
-from .conftest import slow_sample
+from tests.conftest import slow_sample
 
 pytest.importorskip("expecttest")
 OPS = {testing.op_id(op): op for op in testing.opinfos()}

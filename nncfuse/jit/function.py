@@ -38,8 +38,10 @@ import torch
 from .. import log
 from ..config import Options
 from ..tensorexpr.lowerings import lowering_for
+from ..tensorexpr.meta import infer_types
 from . import runtime, scripting
-from .profiling import Profiler, infer_types
+from .guard import CompileFailure
+from .profiling import Profiler
 from .tensorexpr_fuser import fuse_tensor_exprs
 
 _log = log.get_logger(__file__)
@@ -255,6 +257,8 @@ class FusedFunction:
         self._params: list[tuple[str, Any]] | None = None  # a plain function's, with variants
         self._arity = -1  # number of arguments once known: enables the fast path
         self._optimized = 0  # signatures optimized, up to options.max_specializations
+        #: groups that failed to lower or compile (they run unfused), for tools and tests
+        self.compile_failures: list[CompileFailure] = []
         if not isinstance(fn, (torch.nn.Module, torch.jit.ScriptFunction)):
             params = scripting.parameters(fn)
             if params is not None:
@@ -403,7 +407,7 @@ class FusedFunction:
     def _optimize(self, graph: torch._C.Graph, variant: _Variant) -> Any:
         self._optimized += 1
         try:
-            fuse_tensor_exprs(graph, self.options)
+            self.compile_failures += fuse_tensor_exprs(graph, self.options)
             plan = _kernel_plan(graph) if variant.receiver is None else None
             return plan or GraphPlan(graph, variant.receiver)
         except Exception as e:  # noqa: BLE001

@@ -20,6 +20,7 @@ fails to lower or compile is logged and replaced by its nodes, unguarded.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,8 +28,9 @@ import torch
 from .. import log
 from ..config import Options
 from ..tensorexpr.kernel import TensorExprKernel
+from ..tensorexpr.meta import is_tensor
 from . import runtime
-from .profiling import is_tensor
+from .subgraph import unmerge
 
 _log = log.get_logger(__file__)
 is_fused_op = runtime.is_fused_op
@@ -66,10 +68,27 @@ def _compile(group: Any, options: Options) -> str | Exception:
     return _compiled[key]
 
 
-def guard_fusion_groups(graph: torch._C.Graph, groups: list[Any], options: Options) -> None:
-    """Replace each `prim::TensorExprGroup` in `groups` by a guarded kernel (or its nodes)."""
-    from .tensorexpr_fuser import unmerge
+@dataclass(frozen=True)
+class CompileFailure:
+    """A fusion group that failed to lower or compile, and now runs unfused."""
 
+    subgraph: torch._C.Graph
+    error: Exception
+
+    @property
+    def ops(self) -> list[str]:
+        return [n.kind() for n in self.subgraph.nodes() if n.kind() != "prim::Constant"]
+
+    def __str__(self) -> str:
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+def guard_fusion_groups(
+    graph: torch._C.Graph, groups: list[Any], options: Options
+) -> list[CompileFailure]:
+    """Replace each `prim::TensorExprGroup` in `groups` by a guarded kernel (or its nodes);
+    return the groups that failed to compile."""
+    failures = []
     for group in groups:
         kind = _compile(group, options)
         if isinstance(kind, Exception):
@@ -77,9 +96,11 @@ def guard_fusion_groups(graph: torch._C.Graph, groups: list[Any], options: Optio
                 "Fusion group not compiled, running it unfused: ",
                 type(kind).__name__, ": ", kind, "\n", group.g("Subgraph"),
             )
+            failures.append(CompileFailure(group.g("Subgraph").copy(), kind))
             unmerge(graph, group)
             continue
         _guard(graph, group, kind)
+    return failures
 
 
 def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:

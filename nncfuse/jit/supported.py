@@ -16,7 +16,7 @@ import torch
 
 from ..tensorexpr.dtype import from_torch
 from ..tensorexpr.lowerings import lowering_for
-from .profiling import TensorMeta, is_tensor
+from ..tensorexpr.meta import TensorMeta, is_tensor
 
 _NUMBER_KINDS = {"FloatType", "IntType", "BoolType"}
 

@@ -29,16 +29,10 @@ import torch
 from .. import log
 from ..config import Options
 from . import guard
+from .subgraph import is_group, make_group, merge_into, unmerge
 from .supported import why_not_fusible
 
 _log = log.get_logger(__file__)
-GROUP = "prim::TensorExprGroup"
-
-
-def is_group(node: Any) -> bool:
-    return node.kind() == GROUP
-
-
 def _body_size(group: Any) -> int:
     return sum(1 for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant")
 
@@ -158,86 +152,6 @@ def _move_together(producer: Any, consumer: Any) -> bool:
     return False
 
 
-def make_group(graph: Any, node: Any) -> Any:
-    """Wrap `node` alone in a new fusion group in its place."""
-    group = graph.create(GROUP, 0)
-    group.insertBefore(node)
-    group.g_("Subgraph", torch._C.Graph())
-    _absorb(group, node)
-    return group
-
-
-def merge_into(graph: Any, group: Any, producer: Any) -> None:
-    """Move `producer` (a node or a group), which precedes `group`, into it."""
-    nodes = unmerge(graph, producer) if is_group(producer) else [producer]
-    for node in reversed(nodes):
-        if node.kind() != "prim::Constant":
-            _absorb(group, node)
-
-
-def _absorb(group: Any, node: Any) -> None:
-    """Clone `node` into the start of `group`'s subgraph and route its values through."""
-    subgraph = group.g("Subgraph")
-    inner_inputs = list(subgraph.inputs())
-    index = {v.unique(): k for k, v in enumerate(group.inputs())}
-    first = next(iter(subgraph.nodes()), None)
-
-    def place(clone: Any) -> Any:
-        if first is None:
-            subgraph.appendNode(clone)
-        else:
-            clone.insertBefore(first)
-        return clone
-
-    def lookup(v: Any) -> Any:
-        if v.node().kind() == "prim::Constant":
-            return place(subgraph.createClone(v.node(), lambda x: x)).output()
-        if v.unique() not in index:
-            group.addInput(v)
-            inner = subgraph.addInput()
-            inner.setType(v.type())
-            inner_inputs.append(inner)
-            index[v.unique()] = len(inner_inputs) - 1
-        return inner_inputs[index[v.unique()]]
-
-    clone = place(subgraph.createClone(node, lookup))
-    pairs = list(zip(node.outputs(), clone.outputs()))
-    consumed = []
-    for out, inner in pairs:
-        inner.setType(out.type())
-        if out.unique() in index:
-            inner_inputs[index[out.unique()]].replaceAllUsesWith(inner)
-            consumed.append(index[out.unique()])
-    for k in sorted(consumed, reverse=True):
-        group.removeInput(k)
-        subgraph.eraseInput(k)
-    for out, inner in pairs:
-        if list(out.uses()):
-            subgraph.registerOutput(inner)
-            new = group.addOutput()
-            new.setType(out.type())
-            out.replaceAllUsesWith(new)
-    node.destroy()
-
-
-def unmerge(graph: Any, group: Any) -> list[Any]:
-    """Replace `group` by copies of its nodes, in place; return them in order."""
-    subgraph = group.g("Subgraph")
-    env = {v.unique(): outer for v, outer in zip(subgraph.inputs(), group.inputs())}
-    moved: list[Any] = []
-    for node in subgraph.nodes():
-        clone = graph.createClone(node, lambda v: env[v.unique()])
-        clone.insertBefore(group)
-        for out, new in zip(node.outputs(), clone.outputs()):
-            new.setType(out.type())
-            env[out.unique()] = new
-        moved.append(clone)
-    for inner, outer in zip(subgraph.outputs(), group.outputs()):
-        outer.replaceAllUsesWith(env[inner.unique()])
-    group.destroy()
-    return moved
-
-
 def fusion_groups(graph: Any) -> list[Any]:
     """Every fusion-group node of `graph`, nested blocks included, in order."""
     found: list[Any] = []
@@ -253,12 +167,15 @@ def fusion_groups(graph: Any) -> list[Any]:
     return found
 
 
-def fuse_tensor_exprs(graph: torch._C.Graph, options: Options) -> None:
-    """Form, compile and guard fusion groups in `graph`, in place."""
+def fuse_tensor_exprs(graph: torch._C.Graph, options: Options) -> list[guard.CompileFailure]:
+    """Form, compile and guard fusion groups in `graph`, in place; return the groups that
+    failed to compile (they run unfused)."""
     _log.dump("Before TExprFuser:\n", graph)
     _Fuser(graph, options).run(graph.block())
     _log.dump("After creating fusion groups:\n", graph)
-    guard.guard_fusion_groups(graph, [n for n in fusion_groups(graph) if is_group(n)], options)
+    groups = [n for n in fusion_groups(graph) if is_group(n)]
+    failures = guard.guard_fusion_groups(graph, groups, options)
     _log.dump("After guarding fusion groups:\n", graph)
     torch._C._jit_pass_dce(graph)
     _log.dump("After TExprFuser:\n", graph)
+    return failures

@@ -15,10 +15,12 @@ alike are still different variables.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from .dtype import BOOL, INDEX, Dtype
 
@@ -26,6 +28,10 @@ if TYPE_CHECKING:
     from .buffer import Buf
 
 Number = int | float | bool
+
+#: How `str()` prints expressions ("expr") and statements ("stmt"). The IR sits below its
+#: printer, so `ir_printer` installs itself here when imported (the package imports it).
+PRINTERS: dict[str, Callable[[Any], str]] = {"expr": repr, "stmt": repr}
 
 
 class Expr:
@@ -67,9 +73,7 @@ class Expr:
         return Sub(as_expr(zero, self.dtype), self)
 
     def __str__(self) -> str:
-        from .ir_printer import print_expr
-
-        return print_expr(self)
+        return PRINTERS["expr"](self)
 
 
 ExprLike = Expr | Number
@@ -108,8 +112,6 @@ def _round_float(value: float, dtype: Dtype) -> float:
     if math.isnan(value) or math.isinf(value) or dtype.name == "float64":
         return float(value)
     if dtype.name == "bfloat16":
-        import torch
-
         return float(torch.tensor(value, dtype=torch.float64).to(torch.bfloat16).item())
     with np.errstate(over="ignore"):
         return float(np.dtype(dtype.name).type(value))

@@ -174,3 +174,6 @@ def print_expr(e: E.Expr) -> str:
 
 def print_stmt(s: S.Stmt) -> str:
     return "\n".join(IRPrinter().stmt(s))
+
+
+E.PRINTERS.update(expr=print_expr, stmt=print_stmt)

@@ -30,14 +30,14 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..jit.profiling import TensorMeta, infer_types, is_tensor
 from . import expr as E
 from . import stmt as S
 from .buffer import Buf
 from .codegen.entry import Source, make_entry
-from .codegen.ir_eval import IREvaluator
+from .codegen.llvm_codegen import compile_stmt
 from .codegen.llvm_jit import vector_bits
 from .dtype import BOOL, FLOAT64, INT64, from_torch
+from .ir_eval import IREvaluator
 from .ir_verifier import verify
 from .ir_visitor import walk
 from .loopnest import compute
@@ -51,6 +51,7 @@ from .lowerings import (
     lowering_for,
     scalar_dtype,
 )
+from .meta import TensorMeta, infer_types, is_tensor
 from .passes.collapse_loops import collapse_loops
 from .passes.cse import eliminate_common_subexpressions
 from .passes.dead_stores import eliminate_dead_stores
@@ -306,8 +307,6 @@ class TensorExprKernel:
         self.jit = None
         self.evaluator = None
         if self.options.use_llvm:
-            from .codegen.llvm_codegen import compile_stmt
-
             streaming = frozenset(
                 b for b, meta in lowered.output_metas.items()
                 if meta.nbytes >= STREAMING_BYTES

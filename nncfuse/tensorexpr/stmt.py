@@ -12,16 +12,14 @@ from dataclasses import dataclass
 
 from .buffer import Buf
 from .dtype import INDEX
-from .expr import Expr, Var, _access_lanes, _check_access
+from .expr import PRINTERS, Expr, Var, _access_lanes, _check_access
 
 
 class Stmt:
     """Base class of statements."""
 
     def __str__(self) -> str:
-        from .ir_printer import print_stmt
-
-        return print_stmt(self)
+        return PRINTERS["stmt"](self)
 
 
 @dataclass(frozen=True)

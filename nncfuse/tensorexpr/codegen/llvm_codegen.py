@@ -31,36 +31,24 @@ from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
 from ..passes.simplify import Simplifier
 from . import llvm_math, llvm_parallel
 from .llvm_jit import JitFunction, compile_ir, vector_bits
+from .llvm_types import (
+    F32,
+    F64,
+    I1,
+    I8,
+    I16,
+    I32,
+    I64,
+    PTR,
+    bf16_constant_bits,
+    ll_type,
+    memory_type,
+    type_suffix,
+)
 
 _log = log.get_logger(__file__)
 
-I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-F32, F64 = ir.FloatType(), ir.DoubleType()
-PTR = ir.PointerType()
-_SCALAR = {
-    "bool": I1,
-    "uint8": I8,
-    "int8": I8,
-    "int16": I16,
-    "int32": I32,
-    "int64": I64,
-    "float16": ir.HalfType(),
-    "bfloat16": I16,
-    "float32": F32,
-    "float64": F64,
-}
 _FCMP = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
-
-
-def ll_type(dtype: Dtype) -> ir.Type:
-    """The LLVM type of values of `dtype` (bool as i1, bfloat16 as its bits)."""
-    t = _SCALAR[dtype.name]
-    return t if dtype.lanes == 1 else ir.VectorType(t, dtype.lanes)
-
-
-def _memory_type(dtype: Dtype) -> ir.Type:
-    """The LLVM type elements of `dtype` have in memory (bool as a byte)."""
-    return I8 if dtype.is_bool else _SCALAR[dtype.name]
 
 
 def param_ctype(p: Buf | E.Var) -> Any:
@@ -141,7 +129,7 @@ class LLVMCodeGen:
         return fn
 
     def intrinsic(self, name: str, value_type: ir.Type, args: Sequence[ir.Value]) -> ir.Value:
-        suffix = _type_suffix(value_type)
+        suffix = type_suffix(value_type)
         fn = self.declare(f"llvm.{name}.{suffix}", value_type, [a.type for a in args])
         return self.builder.call(fn, list(args))
 
@@ -162,7 +150,7 @@ class LLVMCodeGen:
     def const(self, dtype: Dtype, value: Any) -> ir.Value:
         scalar = dtype.scalar
         if scalar.name == "bfloat16":
-            c = ir.Constant(I16, _bf16_bits(float(value)))
+            c = ir.Constant(I16, bf16_constant_bits(float(value)))
         elif scalar.is_bool:
             c = ir.Constant(I1, int(bool(value)))
         else:
@@ -261,12 +249,12 @@ class LLVMCodeGen:
         return llvm_math.emit_call(self, e)
 
     def address(self, buf: Buf, index: ir.Value) -> ir.Value:
-        return self.builder.gep(self.bufs[buf.root], [index], source_etype=_memory_type(buf.dtype))
+        return self.builder.gep(self.bufs[buf.root], [index], source_etype=memory_type(buf.dtype))
 
     def expr_Load(self, e: E.Load) -> ir.Value:
         (index,) = e.indices
         b = self.builder
-        mem = _memory_type(e.buf.dtype)
+        mem = memory_type(e.buf.dtype)
         lanes = e.dtype.lanes
         if lanes == 1:
             v = b.load(self.address(e.buf, self.expr(index)), typ=mem)
@@ -367,22 +355,6 @@ def _aligned(base: E.Expr, lanes: int, itemsize: int) -> bool:
         return False
     linear = Simplifier().linear(base)
     return all(c % lanes == 0 for c in linear.terms.values()) and linear.const % lanes == 0
-
-
-def _type_suffix(t: ir.Type) -> str:
-    if isinstance(t, ir.VectorType):
-        return f"v{t.count}{_type_suffix(t.element)}"
-    if isinstance(t, ir.IntType):
-        return f"i{t.width}"
-    return {"float": "f32", "double": "f64", "half": "f16"}[str(t)]
-
-
-def _bf16_bits(value: float) -> int:
-    import numpy as np
-
-    from .ir_eval import _bf16_bits as bits
-
-    return int(bits(np.float32(value)))
 
 
 def _binary(b: ir.IRBuilder, cg: LLVMCodeGen, e: E.BinaryOp, x: Any, y: Any, dt: Dtype) -> Any:

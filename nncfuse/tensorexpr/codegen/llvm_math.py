@@ -17,11 +17,11 @@ import llvmlite.ir as ir
 from .. import expr as E
 from ..dtype import BOOL, FLOAT32, Dtype
 from . import vecmath
+from .llvm_types import I32, ll_type
 
 if TYPE_CHECKING:
     from .llvm_codegen import LLVMCodeGen
 
-I32 = ir.IntType(32)
 
 
 def _fbits(dtype: Dtype) -> int:
@@ -29,8 +29,6 @@ def _fbits(dtype: Dtype) -> int:
 
 
 def emit_cast(cg: LLVMCodeGen, v: Any, src: Dtype, dst: Dtype) -> Any:
-    from .llvm_codegen import ll_type
-
     b = cg.builder
     lanes = src.lanes
     src, dst = src.scalar, dst.scalar
@@ -63,8 +61,6 @@ def emit_cast(cg: LLVMCodeGen, v: Any, src: Dtype, dst: Dtype) -> Any:
 
 
 def _float_to_int(cg: LLVMCodeGen, v: Any, src: Dtype, dst: Dtype, lanes: int) -> Any:
-    from .llvm_codegen import ll_type
-
     b = cg.builder
     if src.name == "float16":  # every half is exactly a float; 2**31 is not a half
         v, src = b.fpext(v, ll_type(FLOAT32.with_lanes(lanes))), FLOAT32
@@ -101,8 +97,6 @@ def emit_call(cg: LLVMCodeGen, e: E.Call) -> Any:
 
 def _powi(cg: LLVMCodeGen, a: Any, b: Any, dtype: Dtype) -> Any:
     """Integer power by squaring, unrolled over the exponent's bits (see `E.INTRINSICS`)."""
-    from .llvm_codegen import ll_type
-
     bld = cg.builder
     one, zero, minus_one = (cg.const(dtype, v) for v in (1, 0, -1))
     bit_type = ll_type(BOOL.with_lanes(dtype.lanes))
@@ -196,7 +190,7 @@ def _inline_exp(cg: LLVMCodeGen, x: Any, lanes: int, in_normal_range: bool = Fal
     r = fma(n, c(-LN2_HI), xc)
     r = fma(n, c(-LN2_LO), r)
     p = fma(b.fmul(r, r), _horner(cg, EXP_POLY, r), b.fadd(r, c(1.0)))
-    ni = b.fptosi(n, ll_type_of(i32))
+    ni = b.fptosi(n, ll_type(i32))
 
     def pow2(k: Any) -> Any:
         biased = b.shl(b.add(k, cg.const(i32, 127)), cg.const(i32, 23))
@@ -247,12 +241,6 @@ def _inline_erf(cg: LLVMCodeGen, x: Any, lanes: int) -> Any:
     magnitude = b.select(b.fcmp_ordered("<", a, c(1.0)), near_zero, near_one)
     result = cg.intrinsic("copysign", x.type, [magnitude, x])
     return b.select(b.fcmp_unordered("uno", x, x), x, result)
-
-
-def ll_type_of(dtype: Dtype) -> Any:
-    from .llvm_codegen import ll_type
-
-    return ll_type(dtype)
 
 
 def _per_lane(cg: LLVMCodeGen, name: str, args: list[Any], dtype: Dtype) -> Any:

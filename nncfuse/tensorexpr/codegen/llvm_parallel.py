@@ -20,12 +20,11 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import walk
+from .llvm_types import I32, I64, PTR
 
 if TYPE_CHECKING:
     from .llvm_codegen import LLVMCodeGen
 
-I32, I64 = ir.IntType(32), ir.IntType(64)
-PTR = ir.PointerType()
 _serial = itertools.count()
 
 

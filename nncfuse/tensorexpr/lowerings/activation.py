@@ -17,8 +17,8 @@ import torch
 
 from .. import expr as E
 from ..dtype import INT64, Dtype
-from . import Ctx, LoweringError, Promotion, ScalarArg, pointwise
 from .casts import checked, fits
+from .registry import Ctx, LoweringError, Promotion, ScalarArg, pointwise
 
 
 def _param(ctx: Ctx, k: int, dtype: Dtype, compute: Dtype) -> E.Expr:

@@ -25,10 +25,19 @@ import math
 from collections.abc import Callable
 
 from .. import expr as E
-from ..codegen.ir_eval import evaluate
 from ..dtype import FLOAT64, INT64, Dtype
-from . import Arg, Ctx, LoweringError, Promotion, ScalarArg, pointwise, register, schema_overload
+from ..ir_eval import evaluate
 from .casts import checked
+from .registry import (
+    Arg,
+    Ctx,
+    LoweringError,
+    Promotion,
+    ScalarArg,
+    pointwise,
+    register,
+    schema_overload,
+)
 
 Rounding = Callable[[E.Expr], E.Expr]
 

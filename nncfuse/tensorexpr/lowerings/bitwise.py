@@ -9,7 +9,7 @@ operands are converted to the promoted type with wrap-around, as eager does
 from __future__ import annotations
 
 from .. import expr as E
-from . import Ctx, LoweringError, pointwise
+from .registry import Ctx, LoweringError, pointwise
 
 # Overload names: `bitwise_and.Scalar` but `bitwise_left_shift.Tensor_Scalar`, `__lshift__.Scalar`.
 _BINARY_OVERLOADS = ("Tensor", "Scalar", "Scalar_Tensor")

@@ -22,7 +22,7 @@ import torch
 
 from .. import expr as E
 from ..dtype import FLOAT32, INT64, Dtype
-from . import Arg, Ctx, LoweringError, ScalarArg, TensorArg, register
+from .registry import Arg, Ctx, LoweringError, ScalarArg, TensorArg, register
 
 # TorchScript passes a MemoryFormat as an int: its value in c10::MemoryFormat.
 _MEMORY_FORMATS = (

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from .. import expr as E
 from ..dtype import BOOL, Dtype
-from . import (
+from .casts import checked, convert
+from .registry import (
     Arg,
     Ctx,
     LoweringError,
@@ -26,7 +27,6 @@ from . import (
     pointwise,
     register,
 )
-from .casts import checked, convert
 
 # aten op -> comparison; the aliases (`greater`, ...) are other spellings of the same.
 _COMPARISONS = {

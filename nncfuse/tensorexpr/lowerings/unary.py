@@ -13,7 +13,7 @@ rsqrt (see there).
 from __future__ import annotations
 
 from .. import expr as E
-from . import Ctx, LoweringError, Promotion, pointwise
+from .registry import Ctx, LoweringError, Promotion, pointwise
 
 #: aten op -> the intrinsic computing it, for float functions of one call.
 _FLOAT_CALLS = {

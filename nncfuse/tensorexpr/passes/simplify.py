@@ -22,8 +22,8 @@ from typing import Any
 
 from .. import expr as E
 from .. import stmt as S
-from ..codegen.ir_eval import evaluate
 from ..dtype import INDEX
+from ..ir_eval import evaluate
 from ..ir_visitor import Mutator, children, substitute
 
 Bounds = tuple[int, int] | None

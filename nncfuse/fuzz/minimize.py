@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from .fuzz import Failure, check_case
-from .fuzz_inputs import TensorSpec
-from .fuzz_program import Case, Param, Program, Stmt
+from .inputs import TensorSpec
+from .oracle import Failure, check_case
+from .program import Assign, Case, Param, Program
 
 
 def _values(case: Case, k: int) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def _values(case: Case, k: int) -> dict[str, Any]:
 def _prune(case: Case, program: Program) -> Case:
     """`program` without statements nothing returns or reads, and without unread inputs."""
     needed = set(program.outputs)
-    kept: list[Stmt] = []
+    kept: list[Assign] = []
     for s in reversed(program.stmts):
         if s.target in needed:
             kept.append(s)
@@ -99,7 +99,7 @@ def _variants(case: Case) -> Iterator[Case]:
         if s.orelse is not None:
             taken = s.call if flags[s.flag] else s.orelse  # type: ignore[index]
             stmts = list(program.stmts)
-            stmts[index] = Stmt(s.target, taken)
+            stmts[index] = Assign(s.target, taken)
             yield _prune(case, replace(program, stmts=tuple(stmts)))
     for index, (p, x) in enumerate(zip(program.params, case.inputs[0])):
         if isinstance(x, torch.Tensor) and not x.is_contiguous():

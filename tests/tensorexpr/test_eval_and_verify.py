@@ -8,11 +8,10 @@ import torch
 
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
-from nncfuse.tensorexpr.codegen.ir_eval import cast_value, evaluate
 from nncfuse.tensorexpr.dtype import BFLOAT16, BOOL, FLOAT32, INT8, INT32, UINT8
+from nncfuse.tensorexpr.ir_eval import cast_value, evaluate
 from nncfuse.tensorexpr.ir_verifier import IRError, verify
-
-from .helpers import buf, run, var
+from tests.tensorexpr.helpers import buf, run, var
 
 
 def ev(e):

@@ -4,7 +4,7 @@ Cases run in worker processes (`--worker`, fed seeds on stdin, answering one
 JSON line per seed), so a kernel that kills its process (SIGSEGV, SIGFPE)
 or hangs (`--timeout`) costs one counted crash, not the run. Workers are
 recycled every `--recycle` cases to bound the memory that compiled kernels
-and registered ops accumulate. The summary counts what `fuzz.py`
+and registered ops accumulate. The summary counts what `oracle.py`
 describes; the exit status is 1 on any mismatch or crash.
 """
 
@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import fuzz
+from . import oracle
+from .minimize import minimize_case, repro_script
 
 _TAG = "@@fuzz "
 
@@ -35,7 +36,7 @@ def _worker(backends: Sequence[str]) -> int:
     for line in sys.stdin:
         seed = int(line)
         try:
-            case, outcome = fuzz.check_seed(seed, backends)
+            case, outcome = oracle.check_seed(seed, backends)
         except Exception:  # noqa: BLE001 - the fuzzer's own bug, not nncfuse's
             answer = {"seed": seed, "status": "invalid", "fused": False,
                       "report": f"=== fuzzer error (seed {seed}) ===\n{traceback.format_exc()}"}
@@ -52,7 +53,7 @@ def _worker(backends: Sequence[str]) -> int:
             "kernel_errors": outcome.kernel_errors,
             "fused_kinds": sorted(outcome.fused_kinds),
             "ops": case.program.ops,
-            "report": fuzz.report(case, outcome) if failing or outcome.noise else "",
+            "report": oracle.report(case, outcome) if failing or outcome.noise else "",
         }
         out.write(_TAG + json.dumps(answer) + "\n")
         out.flush()
@@ -187,6 +188,19 @@ def run(seeds: Sequence[int], backends: Sequence[str], jobs: int, timeout: float
     return tally
 
 
+def replay(
+    seed: int, backends: Sequence[str] = oracle.BACKENDS, minimize: bool = False
+) -> oracle.Outcome:
+    """Check the case of `seed` again and print its report (and a minimized repro)."""
+    case, outcome = oracle.check_seed(seed, backends)
+    print(oracle.report(case, outcome))
+    if minimize and outcome.status in ("mismatch", "crash"):
+        failure = next(f for f in outcome.failures if f.kind == outcome.status)
+        small = minimize_case(case, failure)
+        print("\n=== minimized ===\n" + repro_script(small, failure.backend))
+    return outcome
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nncfuse.fuzz", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,11 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minimize", action="store_true", help="with --replay: minimize")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    backends = fuzz.BACKENDS if args.backend == "both" else tuple(args.backend.split(","))
+    backends = oracle.BACKENDS if args.backend == "both" else tuple(args.backend.split(","))
     if args.worker:
         return _worker(backends)
     if args.replay is not None:
-        outcome = fuzz.replay(args.replay, backends, minimize=args.minimize)
+        outcome = replay(args.replay, backends, minimize=args.minimize)
         return 1 if outcome.status in ("mismatch", "crash", "invalid") else 0
     first = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "little")
     print(f"[fuzz] seeds {first}..{first + args.n - 1}, backends {','.join(backends)}",

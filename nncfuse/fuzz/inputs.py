@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fuzz_ops import DTYPE_CLASSES, FLOATS
+from .op_specs import DTYPE_CLASSES, FLOATS
 
 #: How often each dtype is drawn for a new tensor input (float32 is the common case).
 DTYPE_WEIGHTS: dict[torch.dtype, float] = {

@@ -160,7 +160,7 @@ def test_adjacent_independent_groups_merge_into_one_kernel():
 
 
 def test_a_group_that_fails_to_compile_runs_unfused(monkeypatch, capsys):
-    from nncfuse.tensorexpr import lowerings
+    from nncfuse.tensorexpr.lowerings import registry as lowerings
 
     def broken(ctx):
         raise RuntimeError("lowering exploded")
@@ -172,6 +172,8 @@ def test_a_group_that_fails_to_compile_runs_unfused(monkeypatch, capsys):
     fused, graph = optimized(seed, torch.randn(1, 1, 8, 8))
     assert nncfuse.fusion_groups(graph) == []
     assert "lowering exploded" in capsys.readouterr().err
+    assert [str(f) for f in fused.compile_failures] == ["RuntimeError: lowering exploded"]
+    assert "aten::sin" in fused.compile_failures[0].ops
     a = torch.randn(1, 1, 8, 8)
     torch.testing.assert_close(fused(a), seed(a))
 

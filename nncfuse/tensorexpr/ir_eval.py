@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import expr as E
-from .. import stmt as S
-from ..buffer import Buf
-from ..dtype import Dtype
+from . import expr as E
+from . import stmt as S
+from .buffer import Buf
+from .dtype import Dtype
 
 Env = dict[int, Any]
 Fn = Callable[[Env], Any]
@@ -45,11 +45,11 @@ def _round_bf16(x: Any) -> Any:
     return out.astype(np.float32) if np.ndim(x) else np.float32(out)
 
 
-def _bf16_bits(x: Any) -> Any:
+def bf16_bits(x: Any) -> Any:
     return (np.asarray(_round_bf16(x), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def _from_bf16_bits(bits: Any) -> Any:
+def _frombf16_bits(bits: Any) -> Any:
     return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
@@ -319,10 +319,10 @@ class _Compiler:
         def run(env: Env) -> Any:
             x = np.asarray(v(env))
             if src.name == "bfloat16":
-                x = _bf16_bits(x)
+                x = bf16_bits(x)
             out = x.view(np.uint16 if dst.name == "bfloat16" else _np_dtype(dst))
             if dst.name == "bfloat16":
-                out = _from_bf16_bits(out)
+                out = _frombf16_bits(out)
             return out if x.ndim else out[()]
 
         return run
@@ -343,7 +343,7 @@ class _Compiler:
             if lanes > 1:
                 off = np.broadcast_to(off, (lanes,))
             value = env[slot][off]
-            return _from_bf16_bits(value) if bf16 else value
+            return _frombf16_bits(value) if bf16 else value
 
         return load
 
@@ -397,7 +397,7 @@ class _Compiler:
 
         def store(env: Env) -> None:
             v = value(env)
-            env[slot][offset(env)] = _bf16_bits(v) if bf16 else v
+            env[slot][offset(env)] = bf16_bits(v) if bf16 else v
 
         return store
 

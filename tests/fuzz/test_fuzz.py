@@ -15,11 +15,12 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import nncfuse
-from nncfuse import fuzz, fuzz_cli
-from nncfuse.fuzz_inputs import TensorSpec, lay_out, random_values
-from nncfuse.fuzz_minimize import minimize_case, repro_script
-from nncfuse.fuzz_ops import OP_NAMES, OPS
-from nncfuse.fuzz_program import Call, Case, Param, Program, Stmt, generate
+from nncfuse.fuzz import cli as fuzz_cli
+from nncfuse.fuzz import oracle as fuzz
+from nncfuse.fuzz.inputs import TensorSpec, lay_out, random_values
+from nncfuse.fuzz.minimize import minimize_case, repro_script
+from nncfuse.fuzz.op_specs import OP_NAMES, OPS
+from nncfuse.fuzz.program import Assign, Case, OpCall, Param, Program, generate
 
 EXAMPLES = int(os.environ.get("NNCFUSE_FUZZ_EXAMPLES", "0"))
 
@@ -140,8 +141,8 @@ def _small_case(divisor: int = 3) -> Case:
     """`v0 = x0 * x1; v1 = v0 // s0` on int32 tensors, written by hand."""
     params = (Param("x0", "Tensor", TensorSpec(torch.int32, (2, 3))),
               Param("x1", "Tensor", TensorSpec(torch.int32, (3,))), Param("s0", "int"))
-    stmts = (Stmt("v0", Call("mul", "x0 * x1", ("x0", "x1"))),
-             Stmt("v1", Call("floor_divide", "v0 // s0", ("v0", "s0"))))
+    stmts = (Assign("v0", OpCall("mul", "x0 * x1", ("x0", "x1"))),
+             Assign("v1", OpCall("floor_divide", "v0 // s0", ("v0", "s0"))))
     x0 = torch.arange(-3, 3, dtype=torch.int32).view(2, 3)
     x1 = torch.tensor([5, 0, -7], dtype=torch.int32)
     inputs = ((x0, x1, 2), (x0 + 1, x1, divisor))
@@ -196,8 +197,8 @@ def test_nudger_moves_values_by_a_few_ulps(dtype):
 
 def _exp_tan_case(x: torch.Tensor) -> Case:
     params = (Param("x0", "Tensor", TensorSpec(x.dtype, tuple(x.shape))),)
-    stmts = (Stmt("v0", Call("exp", "torch.exp(x0)", ("x0",), approx=True)),
-             Stmt("v1", Call("tan", "torch.tan(v0)", ("v0",), approx=True)))
+    stmts = (Assign("v0", OpCall("exp", "torch.exp(x0)", ("x0",), approx=True)),
+             Assign("v1", OpCall("tan", "torch.tan(v0)", ("v0",), approx=True)))
     return Case(Program(params, stmts, ("v0", "v1")), ((x,), (x,)))
 
 
@@ -218,8 +219,8 @@ def test_noise_is_told_from_bugs():
 def test_zero_signs_of_min_max_are_noise():
     """Eager's max(0.0, -0.0) is either zero, by loop; 1 / that is +-inf, and either is right."""
     params = tuple(Param(n, "Tensor", TensorSpec(torch.float32, (16,))) for n in ("x0", "x1"))
-    stmts = (Stmt("v0", Call("maximum", "torch.maximum(x0, x1)", ("x0", "x1"), zero_sign=True)),
-             Stmt("v1", Call("reciprocal", "torch.reciprocal(v0)", ("v0",))))
+    stmts = (Assign("v0", OpCall("maximum", "torch.maximum(x0, x1)", ("x0", "x1"), zero_sign=True)),
+             Assign("v1", OpCall("reciprocal", "torch.reciprocal(v0)", ("v0",))))
     x0, x1 = torch.zeros(16), -torch.zeros(16)
     case = Case(Program(params, stmts, ("v1",)), ((x0, x1), (x0, x1)))
     want = (torch.reciprocal(torch.maximum(x0, x1)),)

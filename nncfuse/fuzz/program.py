@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from .fuzz_inputs import TensorSpec, base_shape, make_tensor, random_spec, tensor_source
-from .fuzz_ops import (
+from .inputs import TensorSpec, base_shape, make_tensor, random_spec, tensor_source
+from .op_specs import (
     DTYPE_CLASSES,
     FLOAT_LITERAL_WEIGHTS,
     FLOAT_LITERALS,
@@ -56,7 +56,7 @@ class Param:
 
 
 @dataclass(frozen=True)
-class Call:
+class OpCall:
     """One op call: its table name, its source text, and the values it reads."""
 
     op: str
@@ -67,12 +67,12 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Stmt:
+class Assign:
     """`target = call`, or `if flag: target = call else: target = orelse`."""
 
     target: str
-    call: Call
-    orelse: Call | None = None
+    call: OpCall
+    orelse: OpCall | None = None
     flag: str | None = None
 
     @property
@@ -81,14 +81,14 @@ class Stmt:
         return (*self.call.uses, *extra)
 
     @property
-    def calls(self) -> tuple[Call, ...]:
+    def calls(self) -> tuple[OpCall, ...]:
         return (self.call, self.orelse) if self.orelse else (self.call,)
 
 
 @dataclass(frozen=True)
 class Program:
     params: tuple[Param, ...]
-    stmts: tuple[Stmt, ...]
+    stmts: tuple[Assign, ...]
     outputs: tuple[str, ...]
     name: str = "fuzzed"
 
@@ -96,7 +96,7 @@ class Program:
         """The program as TorchScript (and Python) source; `nudge` wraps the calls whose
         results eager may give otherwise (`OpSpec.approx`, `OpSpec.zero_sign`) in `_nudge`."""
 
-        def line(call: Call) -> str:
+        def line(call: OpCall) -> str:
             text = call.text
             if nudge and call.zero_sign:
                 text = f"_nudge.zeros({text})"
@@ -202,7 +202,7 @@ class _Builder:
         self.params: list[Param] = []
         self.values: dict[str, _Value] = {}
         self.scalars: list[_Value] = []
-        self.stmts: list[Stmt] = []
+        self.stmts: list[Assign] = []
         self.alive = [True, True]  # whether eager has not yet raised on input set k
 
     # -- parameters -------------------------------------------------------------------------
@@ -263,7 +263,7 @@ class _Builder:
         value = eval(text)  # noqa: S307 - a literal from our own table
         return text, [value, value], None
 
-    def draw_call(self, spec: OpSpec) -> tuple[Call, list[list[Any]]]:
+    def draw_call(self, spec: OpSpec) -> tuple[OpCall, list[list[Any]]]:
         """Operands and extras for `spec`: the call, and each operand's value per input set."""
         texts: list[str] = []
         uses: list[str] = []
@@ -283,11 +283,11 @@ class _Builder:
                 uses.append(name)
         extras = {k: self.rng.choice(choices) for k, choices in spec.extras.items()}
         text = spec.template.format(*texts, **extras)
-        call = Call(spec.name, text, tuple(dict.fromkeys(uses)), spec.approx, spec.zero_sign)
+        call = OpCall(spec.name, text, tuple(dict.fromkeys(uses)), spec.approx, spec.zero_sign)
         return call, data
 
     # -- statements -------------------------------------------------------------------------
-    def evaluate(self, call: Call, refuse: Callable[[int], bool] | None = None) -> list | None:
+    def evaluate(self, call: OpCall, refuse: Callable[[int], bool] | None = None) -> list | None:
         """The call's eager result per input set (`_RAISED` where it raised), or None to redraw.
 
         Raising on the first input set, or now and then on the second, means redraw.
@@ -313,7 +313,7 @@ class _Builder:
             results.append(out)
         return results
 
-    def commit(self, stmt: Stmt, results: list[Any]) -> None:
+    def commit(self, stmt: Assign, results: list[Any]) -> None:
         target = stmt.target
         for name in stmt.uses:
             self.values[name].used = True
@@ -340,7 +340,7 @@ class _Builder:
             call, data = self.draw_call(spec)
             results = self.evaluate(call, lambda k: _out_of_bounds(spec, data, k))
             if results is not None:
-                self.commit(Stmt(self.fresh_name(), call), results)
+                self.commit(Assign(self.fresh_name(), call), results)
                 return True
             self.rollback(n_params)
         return False
@@ -362,7 +362,7 @@ class _Builder:
             ):
                 a, b = branches
                 picked = [a[k] if flag.data[k] else b[k] for k in range(2)]
-                self.commit(Stmt(self.fresh_name(), *calls, flag=flag.name), picked)
+                self.commit(Assign(self.fresh_name(), *calls, flag=flag.name), picked)
                 return True
             self.rollback(n_params)
         self.rollback(before_flag)  # drops the flag if this call created it
@@ -377,17 +377,17 @@ class _Builder:
             v = self.rng.choice(matrices)
             k = v.data[0].shape[1]
             w = self.new_tensor(TensorSpec(v.data[0].dtype, (k, k)))
-            call = Call("mm", f"torch.mm({v.name}, {w.name})", (v.name, w.name))
+            call = OpCall("mm", f"torch.mm({v.name}, {w.name})", (v.name, w.name))
         else:
             ranked = [v for v in tensors if v.data[0].dim() >= 1]
             if not ranked:
                 return False
             v = self.rng.choice(ranked)
-            call = Call("sum", f"{v.name}.sum(-1, keepdim=True)", (v.name,))
+            call = OpCall("sum", f"{v.name}.sum(-1, keepdim=True)", (v.name,))
         results = self.evaluate(call)
         if results is None or _RAISED in results:
             return False
-        self.commit(Stmt(self.fresh_name(), call), results)
+        self.commit(Assign(self.fresh_name(), call), results)
         return True
 
     def fresh_name(self) -> str:
@@ -416,7 +416,7 @@ def generate(seed: int) -> Case:
         builder.values.clear()
         builder.params.clear()
         x = builder.new_tensor(TensorSpec(torch.float32, builder.base))
-        builder.commit(Stmt("v0", Call("mul", f"torch.mul({x.name}, 2.0)", (x.name,))),
+        builder.commit(Assign("v0", OpCall("mul", f"torch.mul({x.name}, 2.0)", (x.name,))),
                        [x.data[0] * 2.0, x.data[1] * 2.0])
     program = Program(tuple(builder.params), tuple(builder.stmts), builder.outputs())
     inputs = tuple(tuple(builder.values[p.name].data[k] for p in builder.params) for k in range(2))

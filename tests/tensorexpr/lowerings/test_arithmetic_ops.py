@@ -17,13 +17,12 @@ import torch
 import nncfuse
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr.buffer import Buf
-from nncfuse.tensorexpr.codegen.ir_eval import IREvaluator
 from nncfuse.tensorexpr.codegen.llvm_codegen import compile_stmt
 from nncfuse.tensorexpr.dtype import from_torch
+from nncfuse.tensorexpr.ir_eval import IREvaluator
 from nncfuse.tensorexpr.loopnest import compute
 from nncfuse.tensorexpr.passes.vectorize import vectorize_inner_loops
-
-from .fused import BACKENDS, FLOATS, assert_exact, check, run_fused
+from tests.fused import BACKENDS, FLOATS, assert_exact, check, run_fused
 
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 0.5, -0.5, 1.0, -1.0, 2.5, -3.0, 7.0]

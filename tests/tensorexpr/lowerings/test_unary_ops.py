@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
-
-from .fused import BACKENDS, FLOATS, assert_exact, check, run_fused
+from tests.fused import BACKENDS, FLOATS, assert_exact, check, run_fused
 
 SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 0.5, -0.5, 1.5, -2.5, 3.0, -3.0, 6.0, 1e-3]
 

@@ -14,7 +14,8 @@ def gelu(x):
 
 
 def profiled_devices(monkeypatch, meta_is_cheap):
-    """The devices of the tensors every profiling run gets, as a list that fills up."""
+    """The devices of the tensors every profiling or meta-typing run gets, as a list that fills
+    up."""
     monkeypatch.setattr(function, "_meta_is_cheap", lambda: meta_is_cheap)
     runs = []
     real = profiling.Profiler.run
@@ -24,7 +25,15 @@ def profiled_devices(monkeypatch, meta_is_cheap):
         runs.extend(x.device.type for x in flat if isinstance(x, torch.Tensor))
         return real(self, fn, *args)
 
+    real_infer = function.infer_types
+
+    def spy_infer(graph, example):
+        runs.extend(x.device.type for x in map(example, graph.inputs())
+                    if isinstance(x, torch.Tensor))
+        return real_infer(graph, example)
+
     monkeypatch.setattr(profiling.Profiler, "run", spy)
+    monkeypatch.setattr(function, "infer_types", spy_infer)
     return runs
 
 

@@ -16,8 +16,7 @@ from nncfuse.tensorexpr.passes.inline import inline_intermediates
 from nncfuse.tensorexpr.passes.insert_allocations import insert_allocations
 from nncfuse.tensorexpr.passes.simplify import simplify
 from nncfuse.tensorexpr.passes.vectorize import vectorize_inner_loops
-
-from .helpers import buf, same_results, text, var
+from tests.tensorexpr.helpers import buf, same_results, text, var
 
 
 def seed_program(n=4, m=8):

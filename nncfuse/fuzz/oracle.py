@@ -1,11 +1,11 @@
-"""Differential fuzzer: random elementwise TorchScript programs, nncfuse against eager PyTorch.
+"""oracle: one fuzz case, a random elementwise TorchScript program, nncfuse against eager.
 
     python -m nncfuse.fuzz -n 10000 [--seed S] [--backend llvm|interp|both] [-j JOBS]
     python -m nncfuse.fuzz --replay SEED [--minimize]
 
-`fuzz_program.generate(seed)` makes a case: a program of 1-12 elementwise
-ops (`fuzz_ops`) over random dtypes, shapes, broadcasts, layouts and numbers
-(`fuzz_inputs`), and two input sets of the same types. `check_case` runs the
+`program.generate(seed)` makes a case: a program of 1-12 elementwise
+ops (`op_specs`) over random dtypes, shapes, broadcasts, layouts and numbers
+(`inputs`), and two input sets of the same types. `check_case` runs the
 program as plain Python (eager PyTorch, the reference) and through
 `nncfuse.jit` with each backend, calling it on set A (profiling), set A
 again (the optimized graph) and set B (the optimized graph, other values),
@@ -38,19 +38,19 @@ the process (SIGSEGV, SIGFPE) is a counted crash and the run goes on.
 
 from __future__ import annotations
 
-import contextlib
 import traceback
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 import nncfuse
+from nncfuse.tensorexpr.lowerings import LoweringError
 
-from .fuzz_inputs import describe
-from .fuzz_program import Case, generate
+from .inputs import describe
+from .program import Case, generate
 
 BACKENDS = ("llvm", "interp")
 CALLS = (0, 0, 1)  # input set per call: profile on A, run A optimized, then B
@@ -226,35 +226,18 @@ def _is_noise(case: Case, k: int, got: Any, want: Any) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def recording_kernel_errors(errors: list[str]) -> Iterator[None]:
-    """Record groups that fail to compile for a reason other than a LoweringError.
-
-    The guard swallows such failures by design (the group runs unfused), so
-    without this hook the fuzzer would never see them.
-    """
-    from .jit import guard
-    from .tensorexpr.lowerings import LoweringError
-
-    original = guard.TensorExprKernel
-
-    class Recording(original):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any):
-            try:
-                super().__init__(*args, **kwargs)
-            except LoweringError:
-                raise
-            except Exception as e:
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                at = f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}"
-                errors.append(f"{type(e).__name__} at {at}: " + str(e).split("\n")[0][:200])
-                raise
-
-    guard.TensorExprKernel = Recording
-    try:
-        yield
-    finally:
-        guard.TensorExprKernel = original
+def _kernel_errors(fused: Any) -> list[str]:
+    """Groups that failed to compile for a reason other than a LoweringError (the guard runs
+    them unfused by design, so only its record shows them)."""
+    errors = []
+    for failure in fused.compile_failures:
+        if isinstance(failure.error, LoweringError):
+            continue
+        where = traceback.extract_tb(failure.error.__traceback__)[-1]
+        at = f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}"
+        errors.append(f"{type(failure.error).__name__} at {at}: "
+                      + str(failure.error).split("\n")[0][:200])
+    return errors
 
 
 def _same_tensor(now: Any, before: Any) -> bool:
@@ -310,6 +293,7 @@ def _run_backend(case: Case, backend: str, script: Any, wants: list[Any], out: O
         if message:
             out.failures.append(Failure(backend, kind, call, message))
             return
+    out.kernel_errors += _kernel_errors(fused)
     try:
         out.fused_kinds |= _fused_kinds(fused.graph_for(*case.inputs[0]))
     except Exception as e:  # noqa: BLE001
@@ -331,9 +315,8 @@ def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
         out.status = "invalid"
         out.failures.append(Failure("torchscript", "invalid", 0, f"{type(e).__name__}: {e}"))
         return out
-    with recording_kernel_errors(out.kernel_errors):
-        for backend in backends:
-            _run_backend(case, backend, script, wants, out)
+    for backend in backends:
+        _run_backend(case, backend, script, wants, out)
     out.fused = bool(out.fused_kinds)
     kinds = {f.kind for f in out.failures}
     out.status = "crash" if "crash" in kinds else "mismatch" if "mismatch" in kinds else "ok"
@@ -358,22 +341,3 @@ def report(case: Case, outcome: Outcome) -> str:
 def check_seed(seed: int, backends: Sequence[str] = BACKENDS) -> tuple[Case, Outcome]:
     case = generate(seed)
     return case, check_case(case, backends)
-
-
-def replay(seed: int, backends: Sequence[str] = BACKENDS, minimize: bool = False) -> Outcome:
-    """Check the case of `seed` again and print its report (and a minimized repro)."""
-    case, outcome = check_seed(seed, backends)
-    print(report(case, outcome))
-    if minimize and outcome.status in ("mismatch", "crash"):
-        from .fuzz_minimize import minimize_case, repro_script
-
-        failure = next(f for f in outcome.failures if f.kind == outcome.status)
-        small = minimize_case(case, failure)
-        print("\n=== minimized ===\n" + repro_script(small, failure.backend))
-    return outcome
-
-
-if __name__ == "__main__":
-    from .fuzz_cli import main
-
-    raise SystemExit(main())

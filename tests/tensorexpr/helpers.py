@@ -7,8 +7,8 @@ import torch
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.buffer import Buf
-from nncfuse.tensorexpr.codegen.ir_eval import IREvaluator
 from nncfuse.tensorexpr.dtype import FLOAT32
+from nncfuse.tensorexpr.ir_eval import IREvaluator
 
 
 def run(stmt: S.Stmt, params: list, args: list) -> list:

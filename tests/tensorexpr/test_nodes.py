@@ -5,8 +5,7 @@ import pytest
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.dtype import BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, Dtype
-
-from .helpers import buf, text, var
+from tests.tensorexpr.helpers import buf, text, var
 
 
 def test_binary_operands_must_agree():

@@ -1,0 +1,99 @@
+"""meta: what a tensor value of a TorchScript graph looks like, from its type or a meta run.
+
+`TensorMeta` is the run-time metadata a kernel is specialized to (dtype,
+sizes, strides, device, requires_grad). It comes from a complete
+`TensorType`, from a tensor, or, for a graph whose types are incomplete,
+from running the graph once on meta tensors (`infer_types`). Both the
+TorchScript side (`jit/`) and the kernel use it, so it sits below both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """The run-time metadata of a tensor that a fused kernel is specialized to."""
+
+    dtype: torch.dtype
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    device: torch.device
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(
+            t.dtype,
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.device,
+            bool(t.requires_grad and torch.is_grad_enabled()),
+        )
+
+    @staticmethod
+    def from_type(ty: Any) -> TensorMeta | None:
+        """The metadata a complete TensorType states, or None if it leaves any open."""
+        if not isinstance(ty, torch._C.TensorType):
+            return None
+        sizes, strides = ty.sizes(), ty.strides()
+        dtype, device, rg = ty.dtype(), ty.device(), ty.requires_grad()
+        if None in (sizes, strides, dtype, device, rg) or None in sizes or None in strides:
+            return None
+        return TensorMeta(dtype, tuple(sizes), tuple(strides), device, bool(rg))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements (as if dense: what a fresh output of these sizes holds)."""
+        return self.dtype.itemsize * math.prod(self.sizes)
+
+    def empty(self, device: str | torch.device | None = None) -> torch.Tensor:
+        """An uninitialized tensor with this metadata (requires_grad aside)."""
+        return torch.empty_strided(
+            self.sizes, self.strides, dtype=self.dtype, device=device or self.device
+        )
+
+    def to_type(self) -> torch._C.TensorType:
+        example = self.empty("meta")
+        if self.requires_grad and (self.dtype.is_floating_point or self.dtype.is_complex):
+            example.requires_grad_(True)
+        return torch._C.TensorType.create_from_tensor(example).with_device(self.device)
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether a graph value is a tensor."""
+    return isinstance(value.type(), torch._C.TensorType)
+
+
+def infer_types(graph: torch._C.Graph, example: Callable[[Any], Any]) -> dict[int, TensorMeta]:
+    """Metadata of every tensor value of `graph`'s top-level block, found by running a copy
+    on meta tensors.
+
+    `example(value)` gives the meta tensor or number to feed each graph input.
+    The copy returns every tensor it computes, so one interpreter run sees them
+    all; returned keys are `unique()`s of `graph`'s values. Values inside
+    nested blocks are not typed (the graphs typed this way have none).
+    """
+    copy = graph.copy()
+    originals = [v for v in _values(graph) if is_tensor(v)]
+    for value in [v for v in _values(copy) if is_tensor(v)]:
+        copy.registerOutput(value)
+    n_own = len(list(graph.outputs()))
+    inputs = tuple(example(v) for v in graph.inputs())
+    results = torch._C._jit_interpret_graph(copy, inputs)
+    results = results if isinstance(results, tuple) else (results,)
+    metas: dict[int, TensorMeta] = {}
+    for orig, t in zip(originals, results[n_own:]):
+        if isinstance(t, torch.Tensor):
+            metas[orig.unique()] = TensorMeta.of(t)
+    return metas
+
+
+def _values(graph: torch._C.Graph) -> list[Any]:
+    return [*graph.inputs(), *(v for n in graph.nodes() for v in n.outputs())]
