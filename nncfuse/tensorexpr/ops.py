@@ -271,6 +271,7 @@ CALLS: dict[str, Op] = {op.name: op for op in (
     # pow(-0.0, 0.5) is -0.0; C's pow (eager's, SLEEF's) gives inf and 0.0.
     _call("pow", 2, _torch_fn("pow")),
     _call("atan2", 2, np.arctan2),
+    _call("hypot", 2, np.hypot),  # sqrt(a*a + b*b) without overflow; inf if either is inf
     _call("fmod", 2, np.fmod),
     _call("copysign", 2, np.copysign),
     _call("nextafter", 2, np.nextafter),
