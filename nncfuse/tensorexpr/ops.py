@@ -61,7 +61,8 @@ class Op:
     result has; bool for comparisons), `number` (as `any`, but not bool:
     the interpreter rejects bool arithmetic), `float` or `int` (intrinsics
     of float or integer operands only). `interp_int`, where given, computes
-    integer and bool operands instead of `interp`.
+    integer and bool operands instead of `interp`. `cheap`: a few instructions,
+    so recomputing it is cheaper than keeping it in a temporary (`inline`).
     """
 
     name: str
@@ -73,6 +74,7 @@ class Op:
     llvm: Emit
     fold: bool
     interp_int: Callable[..., Any] | None = None
+    cheap: bool = True
 
     @property
     def infix(self) -> bool:
@@ -231,8 +233,8 @@ _MATH = Emit("math")
 
 
 def _call(name: str, arity: int, interp: Callable[..., Any], llvm: Emit = _MATH,
-          types: str = "float") -> Op:
-    return Op(name, name, CALL, arity, types, interp, llvm, False)
+          types: str = "float", cheap: bool = False) -> Op:
+    return Op(name, name, CALL, arity, types, interp, llvm, False, cheap=cheap)
 
 
 #: Intrinsic functions by name, applied lane by lane; all take and return one dtype.
@@ -259,11 +261,11 @@ CALLS: dict[str, Op] = {op.name: op for op in (
     _call("log1p", 1, np.log1p),
     _call("sqrt", 1, np.sqrt),
     # Integers wrap: abs(INT_MIN) == INT_MIN, as in C.
-    _call("abs", 1, np.abs, Emit("math", "iabs", "identity"), types="number"),
-    _call("floor", 1, np.floor),
-    _call("ceil", 1, np.ceil),
-    _call("trunc", 1, np.trunc),
-    _call("rint", 1, np.rint),
+    _call("abs", 1, np.abs, Emit("math", "iabs", "identity"), types="number", cheap=True),
+    _call("floor", 1, np.floor, cheap=True),
+    _call("ceil", 1, np.ceil, cheap=True),
+    _call("trunc", 1, np.trunc, cheap=True),
+    _call("rint", 1, np.rint, cheap=True),
     _call("erf", 1, _torch_fn("erf")),
     _call("erfc", 1, _torch_fn("erfc")),
     _call("lgamma", 1, _torch_fn("lgamma")),
@@ -273,7 +275,7 @@ CALLS: dict[str, Op] = {op.name: op for op in (
     _call("atan2", 2, np.arctan2),
     _call("hypot", 2, np.hypot),  # sqrt(a*a + b*b) without overflow; inf if either is inf
     _call("fmod", 2, np.fmod),
-    _call("copysign", 2, np.copysign),
+    _call("copysign", 2, np.copysign, cheap=True),
     _call("nextafter", 2, np.nextafter),
     # ATen's integer power: `a ** b` wrapping around, and for `b < 0` 1 if `a == 1`, +-1 if
     # `a == -1`, else 0. An intrinsic because squaring is a DAG, which trees cannot share.
