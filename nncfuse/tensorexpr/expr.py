@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
+from . import ops
 from .dtype import BOOL, INDEX, Dtype
 
 if TYPE_CHECKING:
@@ -154,10 +155,18 @@ class Var(Expr):
 
 @dataclass(frozen=True)
 class BinaryOp(Expr):
-    """Base of arithmetic and bitwise ops: both operands and the result share one dtype."""
+    """Base of arithmetic and bitwise ops: both operands and the result share one dtype.
+
+    Each subclass is one row of `ops.BINARY` (by class name), its `row`.
+    """
 
     a: Expr
     b: Expr
+    row: ClassVar[ops.Op]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.row = ops.BINARY[cls.__name__]
 
     def __post_init__(self) -> None:
         if self.a.dtype != self.b.dtype:
@@ -230,9 +239,6 @@ class Shr(BinaryOp):
     """a >> b for integers, arithmetic for signed types; `b` must be in [0, bits)."""
 
 
-CMP_OPS = ("==", "!=", "<", "<=", ">", ">=")
-
-
 @dataclass(frozen=True)
 class Cmp(Expr):
     """A comparison yielding bool. Ordered for floats: NaN compares false, except `!=`."""
@@ -242,10 +248,14 @@ class Cmp(Expr):
     b: Expr
 
     def __post_init__(self) -> None:
-        if self.op not in CMP_OPS:
+        if self.op not in ops.CMP:
             raise ValueError(f"unknown comparison {self.op!r}")
         if self.a.dtype != self.b.dtype:
             raise TypeError(f"Cmp operands differ in type: {self.a.dtype} vs {self.b.dtype}")
+
+    @property
+    def row(self) -> ops.Op:
+        return ops.CMP[self.op]
 
     @property
     def dtype(self) -> Dtype:
@@ -297,52 +307,6 @@ class Bitcast(Expr):
             raise TypeError(f"Bitcast from {self.value.dtype} to {self.dtype} changes width")
 
 
-#: Intrinsic functions: name -> arity. All take and return one float dtype,
-#: except `abs`, which also takes integers, and `powi`, which takes only
-#: integers. `fma(a, b, c)` is `a * b + c` rounded once (ATen's CPU kernels
-#: fuse multiply-adds). `powi(a, b)` is ATen's integer power: `a ** b`
-#: wrapping around, and for `b < 0` 1 if `a == 1`, +-1 if `a == -1`, else 0;
-#: it is an intrinsic because squaring is a DAG, which expression trees
-#: cannot share.
-INTRINSICS: dict[str, int] = {
-    **{
-        name: 1
-        for name in (
-            "sin",
-            "cos",
-            "tan",
-            "asin",
-            "acos",
-            "atan",
-            "sinh",
-            "cosh",
-            "tanh",
-            "asinh",
-            "acosh",
-            "atanh",
-            "exp",
-            "exp2",
-            "expm1",
-            "log",
-            "log2",
-            "log10",
-            "log1p",
-            "sqrt",
-            "abs",
-            "floor",
-            "ceil",
-            "trunc",
-            "rint",
-            "erf",
-            "erfc",
-            "lgamma",
-        )
-    },
-    **{name: 2 for name in ("pow", "atan2", "fmod", "copysign", "nextafter", "powi")},
-    "fma": 3,
-}
-
-
 @dataclass(frozen=True)
 class Call(Expr):
     """An intrinsic math function applied lane by lane, e.g. `sin(x)`."""
@@ -351,19 +315,20 @@ class Call(Expr):
     args: tuple[Expr, ...]
 
     def __post_init__(self) -> None:
-        arity = INTRINSICS.get(self.name)
-        if arity is None:
+        row = ops.CALLS.get(self.name)
+        if row is None:
             raise ValueError(f"unknown intrinsic {self.name!r}")
-        if len(self.args) != arity:
-            raise TypeError(f"{self.name} takes {arity} arguments, got {len(self.args)}")
+        if len(self.args) != row.arity:
+            raise TypeError(f"{self.name} takes {row.arity} arguments, got {len(self.args)}")
         dtype = self.args[0].dtype
         if any(a.dtype != dtype for a in self.args):
             raise TypeError(f"{self.name} arguments differ in type")
-        if self.name == "powi":
-            if not dtype.is_int:
-                raise TypeError(f"powi needs integer arguments, got {dtype}")
-        elif not dtype.is_float and self.name != "abs":
-            raise TypeError(f"{self.name} needs a float argument, got {dtype}")
+        if not row.accepts(dtype.scalar):
+            raise TypeError(f"{self.name} needs {row.types} arguments, got {dtype}")
+
+    @property
+    def row(self) -> ops.Op:
+        return ops.CALLS[self.name]
 
     @property
     def dtype(self) -> Dtype:

@@ -9,35 +9,26 @@
 
 Variables and buffers are named by their `name`; distinct objects with the
 same name are told apart by a suffix (`i`, `i_1`, ...) in order of appearance.
-Operators print with the fewest parentheses C precedence allows.
+Operators print as their `ops` row spells them, with the fewest parentheses
+C precedence allows.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 
 from . import expr as E
+from . import ops
 from . import stmt as S
 from .buffer import Buf
+from .ir_visitor import Visitor
 
-_BINARY = {
-    E.Add: ("+", 8),
-    E.Sub: ("-", 8),
-    E.Mul: ("*", 9),
-    E.Div: ("/", 9),
-    E.Mod: ("%", 9),
-    E.Shl: ("<<", 7),
-    E.Shr: (">>", 7),
-    E.And: ("&", 4),
-    E.Xor: ("^", 3),
-    E.Or: ("|", 2),
-}
 _NUMPY_FLOATS = ("float16", "float32")
-_CMP_PRECEDENCE = {"==": 5, "!=": 5, "<": 6, "<=": 6, ">": 6, ">=": 6}
-_ATOM = 10
+_ATOM = ops.CALL
 
 
 class _Names:
@@ -84,88 +75,116 @@ def _imm(e: E.Imm) -> str:
     return text if dt.name == "float64" else f"{dt.c_name()}({text})"
 
 
-class IRPrinter:
-    """Prints expressions and statements; one instance names things consistently."""
+class IRPrinter(Visitor):
+    """Prints expressions and statements; one instance names things consistently.
+
+    Visiting an expression gives its text and C precedence, a statement its lines.
+    """
 
     def __init__(self) -> None:
         self.names = _Names()
+        self.indent = 0
+
+    def generic_visit(self, node: E.Expr | S.Stmt) -> Any:
+        raise TypeError(f"cannot print {type(node).__name__}")
 
     # -- expressions --------------------------------------------------------
     def expr(self, e: E.Expr, parent_precedence: int = 0) -> str:
-        text, precedence = self._expr(e)
+        text, precedence = self.visit(e)
         return f"({text})" if precedence < parent_precedence else text
 
-    def _expr(self, e: E.Expr) -> tuple[str, int]:
-        if isinstance(e, E.BinaryOp) and type(e) in _BINARY:
-            op, p = _BINARY[type(e)]
+    def _operator(self, row: ops.Op, args: tuple[E.Expr, ...]) -> tuple[str, int]:
+        if row.infix:
             # Left-associative: an equal-precedence right operand needs parentheses.
-            return f"{self.expr(e.a, p)} {op} {self.expr(e.b, p + 1)}", p
-        if isinstance(e, E.Cmp):
-            p = _CMP_PRECEDENCE[e.op]
-            return f"{self.expr(e.a, p)} {e.op} {self.expr(e.b, p + 1)}", p
-        if isinstance(e, E.Select):
-            return (
-                f"{self.expr(e.cond, 2)} ? {self.expr(e.true_value, 2)} : "
-                f"{self.expr(e.false_value, 1)}",
-                1,
-            )
-        return self._atom(e), _ATOM
+            p = row.precedence
+            a, b = args
+            return f"{self.expr(a, p)} {row.symbol} {self.expr(b, p + 1)}", p
+        return f"{row.symbol}({', '.join(self.expr(a) for a in args)})", _ATOM
 
-    def _atom(self, e: E.Expr) -> str:
-        if isinstance(e, E.Imm):
-            return _imm(e)
-        if isinstance(e, E.Var):
-            return self.names.get(e)
-        if isinstance(e, (E.Max, E.Min)):
-            return f"{type(e).__name__.lower()}({self.expr(e.a)}, {self.expr(e.b)})"
-        if isinstance(e, E.Cast):
-            return f"{e.dtype.c_name()}({self.expr(e.value)})"
-        if isinstance(e, E.Bitcast):
-            return f"bitcast<{e.dtype.c_name()}>({self.expr(e.value)})"
-        if isinstance(e, E.Call):
-            return f"{e.name}({', '.join(self.expr(a) for a in e.args)})"
-        if isinstance(e, E.Ramp):
-            return f"Ramp({self.expr(e.base)}, {self.expr(e.stride)}, {e.lanes})"
-        if isinstance(e, E.Broadcast):
-            return f"Broadcast({self.expr(e.value)}, {e.lanes})"
-        if isinstance(e, E.Load):
-            return f"{self.names.get(e.buf)}[{self._indices(e.indices)}]"
-        raise TypeError(f"cannot print {type(e).__name__}")
+    def visit_BinaryOp(self, e: E.BinaryOp) -> tuple[str, int]:
+        return self._operator(e.row, (e.a, e.b))
+
+    def visit_Cmp(self, e: E.Cmp) -> tuple[str, int]:
+        return self._operator(e.row, (e.a, e.b))
+
+    def visit_Call(self, e: E.Call) -> tuple[str, int]:
+        return self._operator(e.row, e.args)
+
+    def visit_Select(self, e: E.Select) -> tuple[str, int]:
+        return (
+            f"{self.expr(e.cond, 2)} ? {self.expr(e.true_value, 2)} : "
+            f"{self.expr(e.false_value, 1)}",
+            1,
+        )
+
+    def visit_Imm(self, e: E.Imm) -> tuple[str, int]:
+        return _imm(e), _ATOM
+
+    def visit_Var(self, e: E.Var) -> tuple[str, int]:
+        return self.names.get(e), _ATOM
+
+    def visit_Cast(self, e: E.Cast) -> tuple[str, int]:
+        return f"{e.dtype.c_name()}({self.expr(e.value)})", _ATOM
+
+    def visit_Bitcast(self, e: E.Bitcast) -> tuple[str, int]:
+        return f"bitcast<{e.dtype.c_name()}>({self.expr(e.value)})", _ATOM
+
+    def visit_Ramp(self, e: E.Ramp) -> tuple[str, int]:
+        return f"Ramp({self.expr(e.base)}, {self.expr(e.stride)}, {e.lanes})", _ATOM
+
+    def visit_Broadcast(self, e: E.Broadcast) -> tuple[str, int]:
+        return f"Broadcast({self.expr(e.value)}, {e.lanes})", _ATOM
+
+    def visit_Load(self, e: E.Load) -> tuple[str, int]:
+        return f"{self.names.get(e.buf)}[{self._indices(e.indices)}]", _ATOM
 
     def _indices(self, indices: tuple[E.Expr, ...]) -> str:
         return ", ".join(self.expr(i) for i in indices)
 
     # -- statements ---------------------------------------------------------
     def stmt(self, s: S.Stmt, indent: int = 0) -> list[str]:
-        pad = "  " * indent
-        if isinstance(s, S.Block):
-            lines = [pad + "{"]
-            for child in s.stmts:
-                lines += self.stmt(child, indent + 1)
-            return lines + [pad + "}"]
-        if isinstance(s, S.For):
-            v = self.names.get(s.var)
-            note = " /* parallel */" if s.parallel else ""
-            head = (
-                f"{pad}for ({s.var.dtype.c_name()} {v} = {self.expr(s.start)}; "
-                f"{v} < {self.expr(s.stop)}; {v}++){note} {{"
-            )
-            body = s.body.stmts if isinstance(s.body, S.Block) else (s.body,)
-            lines = [head]
-            for child in body:
-                lines += self.stmt(child, indent + 1)
-            return lines + [pad + "}"]
-        if isinstance(s, S.Store):
-            target = f"{self.names.get(s.buf)}[{self._indices(s.indices)}]"
-            return [f"{pad}{target} = {self.expr(s.value)};"]
-        if isinstance(s, S.Let):
-            return [f"{pad}{s.var.dtype.c_name()} {self.names.get(s.var)} = {self.expr(s.value)};"]
-        if isinstance(s, S.Allocate):
-            dims = ", ".join(self.expr(d) for d in s.buf.dims)
-            return [f"{pad}Allocate({self.names.get(s.buf)}, {s.buf.dtype.c_name()}, {{{dims}}});"]
-        if isinstance(s, S.Free):
-            return [f"{pad}Free({self.names.get(s.buf)});"]
-        raise TypeError(f"cannot print {type(s).__name__}")
+        outer, self.indent = self.indent, indent
+        try:
+            return self.visit(s)
+        finally:
+            self.indent = outer
+
+    def _body(self, stmts: tuple[S.Stmt, ...]) -> list[str]:
+        lines: list[str] = []
+        for child in stmts:
+            lines += self.stmt(child, self.indent + 1)
+        return lines
+
+    def visit_Block(self, s: S.Block) -> list[str]:
+        pad = "  " * self.indent
+        return [pad + "{", *self._body(s.stmts), pad + "}"]
+
+    def visit_For(self, s: S.For) -> list[str]:
+        pad = "  " * self.indent
+        v = self.names.get(s.var)
+        note = " /* parallel */" if s.parallel else ""
+        head = (
+            f"{pad}for ({s.var.dtype.c_name()} {v} = {self.expr(s.start)}; "
+            f"{v} < {self.expr(s.stop)}; {v}++){note} {{"
+        )
+        body = s.body.stmts if isinstance(s.body, S.Block) else (s.body,)
+        return [head, *self._body(body), pad + "}"]
+
+    def visit_Store(self, s: S.Store) -> list[str]:
+        target = f"{self.names.get(s.buf)}[{self._indices(s.indices)}]"
+        return [f"{'  ' * self.indent}{target} = {self.expr(s.value)};"]
+
+    def visit_Let(self, s: S.Let) -> list[str]:
+        pad = "  " * self.indent
+        return [f"{pad}{s.var.dtype.c_name()} {self.names.get(s.var)} = {self.expr(s.value)};"]
+
+    def visit_Allocate(self, s: S.Allocate) -> list[str]:
+        dims = ", ".join(self.expr(d) for d in s.buf.dims)
+        pad = "  " * self.indent
+        return [f"{pad}Allocate({self.names.get(s.buf)}, {s.buf.dtype.c_name()}, {{{dims}}});"]
+
+    def visit_Free(self, s: S.Free) -> list[str]:
+        return [f"{'  ' * self.indent}Free({self.names.get(s.buf)});"]
 
 
 def print_expr(e: E.Expr) -> str:

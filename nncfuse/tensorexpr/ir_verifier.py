@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from . import expr as E
 from . import stmt as S
 from .buffer import Buf
-from .ir_visitor import walk
+from .ir_visitor import Visitor
 
 
 class IRError(Exception):
@@ -31,7 +31,7 @@ def verify(
     _Checker(set(params), {b.root for b in inputs}, {b.root for b in outputs}).run(stmt)
 
 
-class _Checker:
+class _Checker(Visitor):
     def __init__(self, params: set[E.Var], inputs: set[Buf], outputs: set[Buf]):
         self.scope: set[E.Var] = set(params)
         self.bound: set[E.Var] = set(params)
@@ -40,7 +40,7 @@ class _Checker:
         self.freed: set[Buf] = set()
 
     def run(self, stmt: S.Stmt) -> None:
-        self.stmt(stmt)
+        self.visit(stmt)
         if self.live:
             raise IRError(f"never freed: {sorted(b.name for b in self.live)}")
 
@@ -50,13 +50,6 @@ class _Checker:
         self.bound.add(var)
         self.scope.add(var)
 
-    def expr(self, e: E.Expr) -> None:
-        for node in walk(e):
-            if isinstance(node, E.Var) and node not in self.scope:
-                raise IRError(f"variable {node.name} used out of scope")
-            if isinstance(node, E.Load):
-                self.buffer(node.buf, store=False)
-
     def buffer(self, buf: Buf, store: bool) -> None:
         root = buf.root
         known = root in self.inputs or root in self.outputs
@@ -65,37 +58,54 @@ class _Checker:
         if store and root in self.inputs and root not in self.outputs:
             raise IRError(f"store into input buffer {buf.name}")
 
-    def stmt(self, s: S.Stmt) -> None:
-        if isinstance(s, S.Block):
-            outer = set(self.scope)
-            for child in s.stmts:
-                self.stmt(child)
-            self.scope = outer
-        elif isinstance(s, S.For):
-            self.expr(s.start)
-            self.expr(s.stop)
-            outer = set(self.scope)
-            self.bind(s.var)
-            self.stmt(s.body)
-            self.scope = outer
-        elif isinstance(s, S.Let):
-            self.expr(s.value)
-            self.bind(s.var)
-        elif isinstance(s, S.Store):
-            for i in s.indices:
-                self.expr(i)
-            self.expr(s.value)
-            self.buffer(s.buf, store=True)
-        elif isinstance(s, S.Allocate):
-            root = s.buf.root
-            if root in self.live or root in self.freed:
-                raise IRError(f"buffer {s.buf.name} allocated twice")
-            self.live.add(root)
-        elif isinstance(s, S.Free):
-            root = s.buf.root
-            if root not in self.live:
-                raise IRError(f"buffer {s.buf.name} freed while not allocated")
-            self.live.remove(root)
-            self.freed.add(root)
-        else:
-            raise IRError(f"unknown statement {type(s).__name__}")
+    def generic_visit(self, node: E.Expr | S.Stmt) -> None:
+        if isinstance(node, S.Stmt):
+            raise IRError(f"unknown statement {type(node).__name__}")
+        super().generic_visit(node)  # expressions: check the operands
+
+    # -- expressions --------------------------------------------------------
+    def visit_Var(self, e: E.Var) -> None:
+        if e not in self.scope:
+            raise IRError(f"variable {e.name} used out of scope")
+
+    def visit_Load(self, e: E.Load) -> None:
+        self.buffer(e.buf, store=False)
+        super().generic_visit(e)
+
+    # -- statements ---------------------------------------------------------
+    def visit_Block(self, s: S.Block) -> None:
+        outer = set(self.scope)
+        for child in s.stmts:
+            self.visit(child)
+        self.scope = outer
+
+    def visit_For(self, s: S.For) -> None:
+        self.visit(s.start)
+        self.visit(s.stop)
+        outer = set(self.scope)
+        self.bind(s.var)
+        self.visit(s.body)
+        self.scope = outer
+
+    def visit_Let(self, s: S.Let) -> None:
+        self.visit(s.value)
+        self.bind(s.var)
+
+    def visit_Store(self, s: S.Store) -> None:
+        for i in s.indices:
+            self.visit(i)
+        self.visit(s.value)
+        self.buffer(s.buf, store=True)
+
+    def visit_Allocate(self, s: S.Allocate) -> None:
+        root = s.buf.root
+        if root in self.live or root in self.freed:
+            raise IRError(f"buffer {s.buf.name} allocated twice")
+        self.live.add(root)
+
+    def visit_Free(self, s: S.Free) -> None:
+        root = s.buf.root
+        if root not in self.live:
+            raise IRError(f"buffer {s.buf.name} freed while not allocated")
+        self.live.remove(root)
+        self.freed.add(root)

@@ -1,10 +1,16 @@
 """Generic traversal of IR trees.
 
-`Visitor.visit(node)` calls `visit_<ClassName>` when a subclass defines it and
-otherwise visits the node's children. `Mutator.mutate(node)` likewise calls
-`mutate_<ClassName>` or rebuilds the node from mutated children, returning
-the very same object when no child changed, so unchanged subtrees are shared
-and `new is old` tells a pass it did nothing.
+`Visitor.visit(node)` calls `visit_<ClassName>` and returns its result; where
+the visitor defines no method for the node's class, the method of its nearest
+base class that has one (`visit_BinaryOp` serves `Add`, `Mul`, ...), else
+`generic_visit`, which visits the children. `Mutator.mutate(node)` likewise
+calls `mutate_<ClassName>` or rebuilds the node from mutated children,
+returning the very same object when no child changed, so unchanged subtrees
+are shared and `new is old` tells a pass it did nothing. Every consumer that
+walks the IR (interpreter, printer, verifier, LLVM codegen, passes)
+dispatches this one way; the method for a (visitor class, node class) pair is
+looked up once and cached, which is as fast as the `isinstance` ladders it
+replaces.
 
 Children are the dataclass fields that hold expressions or statements
 (directly or in tuples). Buffers are leaves.
@@ -22,6 +28,23 @@ from .stmt import Stmt
 Node = Expr | Stmt
 
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+_METHODS: dict[tuple[type, str, type], Callable[..., Any] | None] = {}
+
+
+def method_for(owner: type, prefix: str, node_type: type) -> Callable[..., Any] | None:
+    """`owner`'s function `prefix + name` for the nearest class in `node_type`'s MRO, or None."""
+    key = (owner, prefix, node_type)
+    try:
+        return _METHODS[key]
+    except KeyError:
+        pass
+    found = None
+    for cls in node_type.__mro__:
+        found = getattr(owner, prefix + cls.__name__, None)
+        if found is not None:
+            break
+    _METHODS[key] = found
+    return found
 
 
 def _child_fields(cls: type) -> tuple[str, ...]:
@@ -49,14 +72,13 @@ def children(node: Node) -> Iterator[Node]:
 class Visitor:
     """Read-only walk; override `visit_<ClassName>` and call `generic_visit` to recurse."""
 
-    def visit(self, node: Node) -> None:
-        method = getattr(self, "visit_" + type(node).__name__, None)
+    def visit(self, node: Node) -> Any:
+        method = method_for(type(self), "visit_", type(node))
         if method is None:
-            self.generic_visit(node)
-        else:
-            method(node)
+            return self.generic_visit(node)
+        return method(self, node)
 
-    def generic_visit(self, node: Node) -> None:
+    def generic_visit(self, node: Node) -> Any:
         for child in children(node):
             self.visit(child)
 
@@ -65,10 +87,10 @@ class Mutator:
     """Identity-preserving rewrite; override `mutate_<ClassName>`, recurse with `generic_mutate`."""
 
     def mutate(self, node: Any) -> Any:
-        method = getattr(self, "mutate_" + type(node).__name__, None)
+        method = method_for(type(self), "mutate_", type(node))
         if method is None:
             return self.generic_mutate(node)
-        return method(node)
+        return method(self, node)
 
     def generic_mutate(self, node: Any) -> Any:
         changes: dict[str, Any] = {}
@@ -92,11 +114,6 @@ def walk(node: Node) -> Iterator[Node]:
         n = stack.pop()
         yield n
         stack.extend(reversed(list(children(n))))
-
-
-def find(node: Node, predicate: Callable[[Node], bool]) -> list[Node]:
-    """The nodes of the tree that satisfy `predicate`, in walk order."""
-    return [n for n in walk(node) if predicate(n)]
 
 
 class Substitute(Mutator):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import nncfuse
-from nncfuse.tensorexpr.ir_eval import _fma_scalar
+from nncfuse.tensorexpr.ops import _fma_scalar
 
 
 def _check(fn, *args, use_llvm):

@@ -4,8 +4,9 @@ The function takes one argument per kernel parameter: a pointer per buffer
 (`noalias`: outputs are fresh and inputs only read) and a `double` or `i64`
 per scalar (bools as i64). Statements map directly: `For` to a counted loop
 with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free, vector
-loads of a unit-stride `Ramp` to one wide load. Arithmetic follows the
-interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating
+loads of a unit-stride `Ramp` to one wide load. Operators emit what their
+`ops` row's LLVM column names: an instruction, or one of `EMITTERS`.
+Arithmetic follows the interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating
 max/min, defined float-to-int conversion. bfloat16, which llvmlite cannot
 spell, is carried as its 16 bits and converted with round-to-nearest-even.
 
@@ -18,16 +19,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import llvmlite.ir as ir
 
 from ... import log
 from .. import expr as E
+from .. import ops
 from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
+from ..ir_visitor import Visitor
 from ..passes.simplify import Simplifier
 from . import llvm_math, llvm_parallel
 from .llvm_jit import JitFunction, compile_ir, vector_bits
@@ -48,7 +51,15 @@ from .llvm_types import (
 
 _log = log.get_logger(__file__)
 
-_FCMP = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+#: LLVM instructions that `ops.Emit` names and the IRBuilder methods emitting them.
+INSTRUCTIONS = {
+    name: name + "_" if name in ("and", "or") else name
+    for name in ("fadd", "add", "fsub", "sub", "fmul", "mul", "fdiv", "sdiv", "udiv",
+                 "frem", "srem", "urem", "and", "or", "xor", "shl", "ashr", "lshr")
+}
+#: Comparison predicates `ops.Emit` names: fcmp's for floats, icmp's for the others.
+FCMP = {"oeq", "une", "olt", "ole", "ogt", "oge"}
+ICMP = {"eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"}
 
 
 def param_ctype(p: Buf | E.Var) -> Any:
@@ -63,8 +74,11 @@ def _param_type(p: Buf | E.Var) -> ir.Type:
     return F64 if p.dtype.is_float else I64
 
 
-class LLVMCodeGen:
-    """Emits LLVM IR for `stmt` as a function `name` over `params`."""
+class LLVMCodeGen(Visitor):
+    """Emits LLVM IR for `stmt` as a function `name` over `params`.
+
+    Visiting an expression returns its LLVM value; visiting a statement emits it.
+    """
 
     def __init__(
         self,
@@ -186,25 +200,33 @@ class LLVMCodeGen:
 
     # -- expressions ----------------------------------------------------------
     def expr(self, e: E.Expr) -> ir.Value:
-        method = getattr(self, "expr_" + type(e).__name__, None)
-        if method is None:
-            if isinstance(e, E.BinaryOp):
-                return self.binary(e)
-            raise NotImplementedError(f"llvm_codegen: {type(e).__name__}")
-        return method(e)
+        return self.visit(e)
 
-    def expr_Imm(self, e: E.Imm) -> ir.Value:
+    def generic_visit(self, node: E.Expr | S.Stmt) -> Any:
+        raise NotImplementedError(f"llvm_codegen: {type(node).__name__}")
+
+    def emit(self, row: ops.Op, args: Sequence[Any], dtype: Dtype) -> Any:
+        """`row`'s operation on `args` of type `dtype`, as its LLVM column says."""
+        name = row.llvm.pick(dtype)
+        if name is None:
+            raise NotImplementedError(f"llvm_codegen: {row.name} of {dtype}")
+        emitter = EMITTERS.get(name)
+        if emitter is not None:
+            return emitter(self, row, args, dtype)
+        return getattr(self.builder, INSTRUCTIONS[name])(*args)
+
+    def visit_Imm(self, e: E.Imm) -> ir.Value:
         return self.const(e.dtype, e.value)
 
-    def expr_Var(self, e: E.Var) -> ir.Value:
+    def visit_Var(self, e: E.Var) -> ir.Value:
         return self.vars[e]
 
-    def expr_Broadcast(self, e: E.Broadcast) -> ir.Value:
+    def visit_Broadcast(self, e: E.Broadcast) -> ir.Value:
         if isinstance(e.value, E.Imm):
             return self.const(e.dtype, e.value.value)
         return self.splat(self.expr(e.value), e.lanes)
 
-    def expr_Ramp(self, e: E.Ramp) -> ir.Value:
+    def visit_Ramp(self, e: E.Ramp) -> ir.Value:
         b = self.builder
         base = self.splat(self.expr(e.base), e.lanes)
         steps = ir.Constant(ir.VectorType(I64, e.lanes), list(range(e.lanes)))
@@ -212,46 +234,45 @@ class LLVMCodeGen:
             return b.add(base, steps)
         return b.add(base, b.mul(steps, self.splat(self.expr(e.stride), e.lanes)))
 
-    def binary(self, e: E.BinaryOp) -> ir.Value:
+    def visit_BinaryOp(self, e: E.BinaryOp) -> ir.Value:
         a, dtype = self.to_compute(self.expr(e.a), e.a.dtype)
         bv, _ = self.to_compute(self.expr(e.b), e.b.dtype)
-        out = _binary(self.builder, self, e, a, bv, dtype)
+        out = self.emit(e.row, (a, bv), dtype)
         if e.dtype.scalar.name == "bfloat16":
             return self.f32_to_bf16(out, e.dtype.lanes)
         return out
 
-    def expr_Cmp(self, e: E.Cmp) -> ir.Value:
+    def visit_Cmp(self, e: E.Cmp) -> ir.Value:
         a, dtype = self.to_compute(self.expr(e.a), e.a.dtype)
         bv, _ = self.to_compute(self.expr(e.b), e.b.dtype)
-        if dtype.is_float:
-            if e.op == "!=":
-                return self.builder.fcmp_unordered("!=", a, bv)
-            return self.builder.fcmp_ordered(_FCMP[e.op], a, bv)
-        if dtype.is_signed:
-            return self.builder.icmp_signed(e.op, a, bv)
-        return self.builder.icmp_unsigned(e.op, a, bv)
+        predicate = e.row.llvm.pick(dtype)
+        if dtype.is_float:  # llvmlite passes a predicate it does not map through as it is
+            return self.builder.fcmp_ordered(predicate, a, bv)
+        # llvmlite spells icmp by the C operator; the predicate's first letter is the signedness
+        icmp = self.builder.icmp_unsigned if predicate[0] == "u" else self.builder.icmp_signed
+        return icmp(e.op, a, bv)
 
-    def expr_Select(self, e: E.Select) -> ir.Value:
+    def visit_Select(self, e: E.Select) -> ir.Value:
         return self.builder.select(
             self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value)
         )
 
-    def expr_Cast(self, e: E.Cast) -> ir.Value:
+    def visit_Cast(self, e: E.Cast) -> ir.Value:
         return self.cast_value(self.expr(e.value), e.value.dtype, e.dtype)
 
-    def expr_Bitcast(self, e: E.Bitcast) -> ir.Value:
+    def visit_Bitcast(self, e: E.Bitcast) -> ir.Value:
         return self.builder.bitcast(self.expr(e.value), ll_type(e.dtype))
 
     def cast_value(self, v: ir.Value, src: Dtype, dst: Dtype) -> ir.Value:
         return llvm_math.emit_cast(self, v, src, dst)
 
-    def expr_Call(self, e: E.Call) -> ir.Value:
+    def visit_Call(self, e: E.Call) -> ir.Value:
         return llvm_math.emit_call(self, e)
 
     def address(self, buf: Buf, index: ir.Value) -> ir.Value:
         return self.builder.gep(self.bufs[buf.root], [index], source_etype=memory_type(buf.dtype))
 
-    def expr_Load(self, e: E.Load) -> ir.Value:
+    def visit_Load(self, e: E.Load) -> ir.Value:
         (index,) = e.indices
         b = self.builder
         mem = memory_type(e.buf.dtype)
@@ -275,16 +296,16 @@ class LLVMCodeGen:
 
     # -- statements -----------------------------------------------------------
     def stmt(self, s: S.Stmt) -> None:
-        getattr(self, "stmt_" + type(s).__name__)(s)
+        self.visit(s)
 
-    def stmt_Block(self, s: S.Block) -> None:
+    def visit_Block(self, s: S.Block) -> None:
         for c in s.stmts:
             self.stmt(c)
 
-    def stmt_Let(self, s: S.Let) -> None:
+    def visit_Let(self, s: S.Let) -> None:
         self.vars[s.var] = self.expr(s.value)
 
-    def stmt_Store(self, s: S.Store) -> None:
+    def visit_Store(self, s: S.Store) -> None:
         (index,) = s.indices
         b = self.builder
         value = self.expr(s.value)
@@ -309,7 +330,7 @@ class LLVMCodeGen:
                 ptr = self.address(s.buf, b.extract_element(indices, k))
                 b.store(b.extract_element(value, k), ptr)
 
-    def stmt_For(self, s: S.For) -> None:
+    def visit_For(self, s: S.For) -> None:
         if s.parallel:
             llvm_parallel.emit_parallel_for(self, s)
         else:
@@ -334,7 +355,7 @@ class LLVMCodeGen:
         b.branch(header)
         b.position_at_end(exit_)
 
-    def stmt_Allocate(self, s: S.Allocate) -> None:
+    def visit_Allocate(self, s: S.Allocate) -> None:
         malloc = self.declare("malloc", PTR, [I64])
         size = self.builder.mul(self.expr(s.buf.extent()), ir.Constant(I64, s.buf.dtype.itemsize))
         # malloc(0) may return NULL; ask for at least one byte.
@@ -343,7 +364,7 @@ class LLVMCodeGen:
         )
         self.bufs[s.buf.root] = self.builder.call(malloc, [size])
 
-    def stmt_Free(self, s: S.Free) -> None:
+    def visit_Free(self, s: S.Free) -> None:
         free = self.declare("free", ir.VoidType(), [PTR])
         self.builder.call(free, [self.bufs[s.buf.root]])
 
@@ -357,36 +378,30 @@ def _aligned(base: E.Expr, lanes: int, itemsize: int) -> bool:
     return all(c % lanes == 0 for c in linear.terms.values()) and linear.const % lanes == 0
 
 
-def _binary(b: ir.IRBuilder, cg: LLVMCodeGen, e: E.BinaryOp, x: Any, y: Any, dt: Dtype) -> Any:
-    f, signed = dt.is_float, dt.is_signed
-    if isinstance(e, E.Add):
-        return b.fadd(x, y) if f else b.add(x, y)
-    if isinstance(e, E.Sub):
-        return b.fsub(x, y) if f else b.sub(x, y)
-    if isinstance(e, E.Mul):
-        return b.fmul(x, y) if f else b.mul(x, y)
-    if isinstance(e, E.Div):
-        return b.fdiv(x, y) if f else (b.sdiv(x, y) if signed else b.udiv(x, y))
-    if isinstance(e, E.Mod):
-        return b.frem(x, y) if f else (b.srem(x, y) if signed else b.urem(x, y))
-    if isinstance(e, (E.Max, E.Min)):
-        lhs, rhs = (x, y) if isinstance(e, E.Max) else (y, x)
-        if f:
-            out = b.select(b.fcmp_ordered("<", lhs, rhs), y, x)
-            return b.select(b.fcmp_unordered("uno", y, y), y, out)
-        less = b.icmp_signed("<", lhs, rhs) if signed else b.icmp_unsigned("<", lhs, rhs)
-        return b.select(less, y, x)
-    if isinstance(e, E.And):
-        return b.and_(x, y)
-    if isinstance(e, E.Or):
-        return b.or_(x, y)
-    if isinstance(e, E.Xor):
-        return b.xor(x, y)
-    if isinstance(e, E.Shl):
-        return b.shl(x, y)
-    if isinstance(e, E.Shr):
-        return b.ashr(x, y) if signed else b.lshr(x, y)
-    raise NotImplementedError(f"llvm_codegen: {type(e).__name__}")
+def _float_select(cg: LLVMCodeGen, x: Any, y: Any, lhs: Any, rhs: Any) -> Any:
+    """`y if lhs < rhs else x`, and y where y is NaN: NaN in, NaN out (x's NaN fails `<`)."""
+    b = cg.builder
+    out = b.select(b.fcmp_ordered("<", lhs, rhs), y, x)
+    return b.select(b.fcmp_unordered("uno", y, y), y, out)
+
+
+def _int_select(cg: LLVMCodeGen, signed: bool, x: Any, y: Any, lhs: Any, rhs: Any) -> Any:
+    b = cg.builder
+    less = b.icmp_signed("<", lhs, rhs) if signed else b.icmp_unsigned("<", lhs, rhs)
+    return b.select(less, y, x)
+
+
+#: Emitters for the `ops.Emit` names that are not single instructions, as
+#: `(codegen, row, operands, dtype) -> value`; max is `b if a < b else a`, min `b if b < a else a`.
+EMITTERS: dict[str, Callable[[LLVMCodeGen, ops.Op, Sequence[Any], Dtype], Any]] = {
+    "max_nan": lambda cg, row, args, dt: _float_select(cg, *args, *args),
+    "min_nan": lambda cg, row, args, dt: _float_select(cg, *args, *reversed(args)),
+    "smax": lambda cg, row, args, dt: _int_select(cg, True, *args, *args),
+    "smin": lambda cg, row, args, dt: _int_select(cg, True, *args, *reversed(args)),
+    "umax": lambda cg, row, args, dt: _int_select(cg, False, *args, *args),
+    "umin": lambda cg, row, args, dt: _int_select(cg, False, *args, *reversed(args)),
+    **llvm_math.EMITTERS,
+}
 
 
 def compile_stmt(

@@ -9,19 +9,19 @@ Vector intrinsics call SLEEF in chunks of the widest width it offers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import llvmlite.ir as ir
 
 from .. import expr as E
+from .. import ops
 from ..dtype import BOOL, FLOAT32, Dtype
 from . import vecmath
 from .llvm_types import I32, ll_type
 
 if TYPE_CHECKING:
     from .llvm_codegen import LLVMCodeGen
-
 
 
 def _fbits(dtype: Dtype) -> int:
@@ -77,26 +77,25 @@ def _float_to_int(cg: LLVMCodeGen, v: Any, src: Dtype, dst: Dtype, lanes: int) -
 
 
 def emit_call(cg: LLVMCodeGen, e: E.Call) -> Any:
-    b = cg.builder
+    """The intrinsic call `e`, by its row's LLVM column (`EMITTERS`)."""
     args = [cg.expr(a) for a in e.args]
     dtype = e.dtype
-    if dtype.scalar.name in ("float16", "bfloat16"):
+    if dtype.scalar.is_reduced_float:
         wide = FLOAT32.with_lanes(dtype.lanes)
         args = [emit_cast(cg, a, dtype, wide) for a in args]
-        return emit_cast(cg, _call(cg, e.name, args, wide), wide, dtype)
-    if e.name == "powi":
-        return _powi(cg, args[0], args[1], dtype)
-    if e.name == "abs" and not dtype.is_float:
-        (x,) = args
-        if not dtype.is_signed:
-            return x
-        zero = ir.Constant(x.type, None)
-        return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x)
-    return _call(cg, e.name, args, dtype)
+        return emit_cast(cg, cg.emit(e.row, args, wide), wide, dtype)
+    return cg.emit(e.row, args, dtype)
+
+
+def _abs(cg: LLVMCodeGen, x: Any) -> Any:
+    """Integer abs, wrapping: abs(MIN) is MIN."""
+    b = cg.builder
+    zero = ir.Constant(x.type, None)
+    return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x)
 
 
 def _powi(cg: LLVMCodeGen, a: Any, b: Any, dtype: Dtype) -> Any:
-    """Integer power by squaring, unrolled over the exponent's bits (see `E.INTRINSICS`)."""
+    """Integer power by squaring, unrolled over the exponent's bits (see `ops.CALLS`)."""
     bld = cg.builder
     one, zero, minus_one = (cg.const(dtype, v) for v in (1, 0, -1))
     bit_type = ll_type(BOOL.with_lanes(dtype.lanes))
@@ -271,3 +270,14 @@ def _concat(cg: LLVMCodeGen, parts: list[Any]) -> Any:
             raise NotImplementedError("concatenating an odd number of vector chunks")
         parts = merged
     return parts[0]
+
+
+#: The call emitters `ops.CALLS` names, as `(codegen, row, operands, dtype) -> value`
+#: (`llvm_codegen.EMITTERS` holds them with the others): `math` is the machine's
+#: function of that name (`_call`).
+EMITTERS: dict[str, Callable[[LLVMCodeGen, ops.Op, Sequence[Any], Dtype], Any]] = {
+    "math": lambda cg, row, args, dtype: _call(cg, row.name, list(args), dtype),
+    "powi": lambda cg, row, args, dtype: _powi(cg, *args, dtype),
+    "iabs": lambda cg, row, args, dtype: _abs(cg, *args),
+    "identity": lambda cg, row, args, dtype: args[0],
+}

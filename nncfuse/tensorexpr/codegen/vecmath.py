@@ -47,6 +47,7 @@ SLEEF_SUFFIX = {
     "lgamma": "_u10",
     "pow": "_u10",
     "atan2": "_u10",
+    "hypot": "_u05",
     "fmod": "",
     "nextafter": "",
 }

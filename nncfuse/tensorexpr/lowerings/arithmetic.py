@@ -1,5 +1,5 @@
 """Arithmetic: add, sub, rsub, mul, div (every rounding mode), true_divide, floor_divide,
-neg, reciprocal, square, pow, atan2, fmod, remainder, lerp, addcmul.
+neg, reciprocal, square, pow, atan2, hypot, fmod, remainder, lerp, addcmul.
 
 Each op computes what ATen's CPU kernel computes (`BinaryOpsKernel.cpp`,
 `PowKernel.cpp`, `LerpKernel.cpp`, `PointwiseOpsKernel.cpp`), step by step
@@ -251,6 +251,14 @@ def reciprocal(ctx: Ctx, a: E.Expr) -> E.Expr:
 @pointwise("aten::atan2", Promotion.INT_TO_FLOAT, overloads=("",))
 def atan2(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
     return E.call("atan2", a, b)
+
+
+@pointwise("aten::hypot", overloads=("",))
+def hypot(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
+    """SLEEF's 0.5-ulp hypot in vector loops, libm's in their tails, as eager's kernel."""
+    if not a.dtype.is_float:
+        raise LoweringError("hypot of integer tensors: eager raises")
+    return E.call("hypot", a, b)
 
 
 # -- lerp, addcmul ------------------------------------------------------------------

@@ -26,11 +26,10 @@ from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
 from ..loopnest import as_block, buffers_loaded, definition, extent, loads
 
-_CHEAP_CALLS = {"abs", "floor", "ceil", "trunc", "rint", "copysign"}
-
 
 def _expensive(value: E.Expr) -> bool:
-    return any(isinstance(n, E.Call) and n.name not in _CHEAP_CALLS for n in walk(value))
+    """Whether `value` calls a function that is not `cheap` (its `ops` row)."""
+    return any(isinstance(n, E.Call) and not n.row.cheap for n in walk(value))
 
 
 class _Inline(Mutator):

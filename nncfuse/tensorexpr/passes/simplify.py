@@ -10,10 +10,12 @@ lets division and remainder by a constant be resolved from the ranges of the
 loop variables, e.g. `(i / 4) * 4 + i % 4` becomes `i` and, for `0 <= i < 4`,
 `(j * 4 + i) / 4` becomes `j`.
 
-Float rules are exact only: `x * 1`, `x / 1`, `x - 0` and `x + -0.` are
-`x`; `x + 0.` is not (it turns -0. into +0.). Constants fold with the
-interpreter's semantics, so folding never changes a result; intrinsic calls
-are not folded.
+The local rewrites are `RULES`, one line each (`ir_pattern`). Float rules
+are exact only: `x * 1`, `x / 1`, `x - 0` and `x + -0.` are `x`; `x + 0.`
+is not (it turns -0. into +0.). Constants fold with the interpreter's
+semantics, so folding never changes a result; operators fold where their
+`ops` row says so (intrinsic calls do not). The index arithmetic is code,
+not rules: linear forms and the ranges of loop variables.
 """
 
 from __future__ import annotations
@@ -24,26 +26,10 @@ from .. import expr as E
 from .. import stmt as S
 from ..dtype import INDEX
 from ..ir_eval import evaluate
-from ..ir_visitor import Mutator, children, substitute
+from ..ir_pattern import CONSTS, Const, Node, Rules, Wild, cast, max_, min_, not_float, rule, select
+from ..ir_visitor import Mutator, substitute
 
 Bounds = tuple[int, int] | None
-
-# Identities: (node type, constant side, constant value, applies to floats) -> keep other side.
-_IDENTITIES = [
-    (E.Add, "b", 0, False),  # x + 0 -> x (integers; floats would lose -0.)
-    (E.Add, "a", 0, False),  # 0 + x -> x
-    (E.Add, "b", -0.0, True),  # x + -0. -> x, exact for every float x
-    (E.Sub, "b", 0, True),  # x - 0 -> x
-    (E.Mul, "b", 1, True),  # x * 1 -> x
-    (E.Mul, "a", 1, True),  # 1 * x -> x
-    (E.Div, "b", 1, True),  # x / 1 -> x
-    (E.Or, "b", 0, False),  # x | 0 -> x
-    (E.Xor, "b", 0, False),  # x ^ 0 -> x
-]
-
-
-def _is_neg_zero(v: Any) -> bool:
-    return isinstance(v, float) and v == 0.0 and str(v).startswith("-")
 
 
 def _const_value(e: E.Expr) -> Any:
@@ -52,28 +38,9 @@ def _const_value(e: E.Expr) -> Any:
     return e.value if isinstance(e, E.Imm) else None
 
 
-def _identity(e: E.BinaryOp) -> E.Expr | None:
-    for node_type, side, value, floats in _IDENTITIES:
-        if type(e) is not node_type or (e.dtype.is_float and not floats):
-            continue
-        const = _const_value(e.b if side == "b" else e.a)
-        if const is None or isinstance(const, bool):
-            continue
-        if _is_neg_zero(value):
-            hit = _is_neg_zero(const)
-        else:
-            hit = const == value and not (e.dtype.is_float and value == 0 and _is_neg_zero(const))
-        if hit:
-            return e.a if side == "b" else e.b
-    return None
-
-
-def _fold(e: E.Expr) -> E.Imm:
-    """Evaluate a scalar expression whose operands are immediates."""
+def _fold(e: E.Expr, **bound: E.Expr) -> E.Imm:
+    """The value of a scalar node whose operands are immediates, as the interpreter computes it."""
     return E.Imm.make(evaluate(e).item(), e.dtype)
-
-
-_FOLDABLE = (E.BinaryOp, E.Cmp, E.Select, E.Cast)
 
 
 def _widening(src: E.Dtype, dst: E.Dtype) -> bool:
@@ -84,6 +51,38 @@ def _widening(src: E.Dtype, dst: E.Dtype) -> bool:
     if src.is_int and dst.is_int:
         return src.is_signed == dst.is_signed and dst.bits >= src.bits
     return False
+
+
+def _round_trip(e: E.Expr, x: E.Expr) -> bool:
+    """`e` converts `x` to a wider type and back."""
+    return x.dtype == e.dtype and _widening(x.dtype, e.value.dtype)  # type: ignore[attr-defined]
+
+
+x, y = Wild("x"), Wild("y")
+c0, c1, c2 = Const("c0"), Const("c1"), Const("c2")
+
+#: The local rewrites, tried in order; the first that applies wins. A number in a pattern
+#: is an immediate of the node's type, scalar or broadcast, with that sign of zero.
+RULES = Rules([
+    # Constant folding with the interpreter's semantics, so folding never changes a result.
+    rule(Node((E.BinaryOp, E.Cmp, E.Call), CONSTS), _fold, when=lambda e: e.row.fold),
+    rule(select(c0, c1, c2), _fold),
+    rule(cast(c0), _fold),
+    # Identities: exact for floats too, unless `not_float`.
+    rule(x + 0, x, when=not_float),  # floats: -0. + 0. is +0.
+    rule(0 + x, x, when=not_float),
+    rule(x + -0.0, x),  # exact for every float
+    rule(x - 0, x),  # -0. - 0. is -0.
+    rule(x * 1, x),
+    rule(1 * x, x),
+    rule(x / 1, x),
+    rule(x | 0, x, when=not_float),
+    rule(x ^ 0, x, when=not_float),
+    rule(max_(x, x), x),  # NaN too
+    rule(min_(x, x), x),
+    rule(cast(cast(x)), x, when=_round_trip),  # through a type that holds every value of x's
+    rule(select(c0, x, y), lambda e, c0, x, y: x if c0.value else y),
+])
 
 
 class _Linear:
@@ -208,32 +207,17 @@ class Simplifier(Mutator):
         return new
 
     def rewrite(self, e: E.Expr) -> E.Expr:
-        if isinstance(e, _FOLDABLE) and e.dtype.lanes == 1:
-            if all(isinstance(c, E.Imm) for c in children(e)):
-                return _fold(e)
-        if isinstance(e, E.BinaryOp):
-            kept = _identity(e)
-            if kept is not None:
-                return kept
-            if e.dtype == INDEX:
-                if isinstance(e, (E.Div, E.Mod)):
-                    resolved = self.div_mod(e)
-                    if resolved is not None:
-                        return resolved
-                if isinstance(e, (E.Add, E.Sub, E.Mul)):
-                    rebuilt = self.rebuild(self.linear(e))
-                    return e if rebuilt == e else rebuilt
-            if isinstance(e, (E.Max, E.Min)) and e.a == e.b:
-                return e.a
-        if isinstance(e, E.Cast):
-            inner = e.value
-            if isinstance(inner, E.Cast) and inner.value.dtype == e.dtype:
-                if _widening(e.dtype, inner.dtype):
-                    return inner.value
-        if isinstance(e, E.Select) and isinstance(e.cond, E.Imm):
-            return e.true_value if e.cond.value else e.false_value
-        if isinstance(e, E.Broadcast) and isinstance(e.value, E.Broadcast):
-            return e.value
+        new = RULES.rewrite(e)
+        if new is not None:
+            return new
+        if isinstance(e, E.BinaryOp) and e.dtype == INDEX:
+            if isinstance(e, (E.Div, E.Mod)):
+                resolved = self.div_mod(e)
+                if resolved is not None:
+                    return resolved
+            if isinstance(e, (E.Add, E.Sub, E.Mul)):
+                rebuilt = self.rebuild(self.linear(e))
+                return e if rebuilt == e else rebuilt
         return e
 
     # -- statements ---------------------------------------------------------

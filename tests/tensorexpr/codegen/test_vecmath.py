@@ -19,7 +19,7 @@ UNARY = [
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
     "atanh", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "lgamma",
 ]
-BINARY = ["atan2", "pow", "fmod"]
+BINARY = ["atan2", "pow", "fmod", "hypot"]
 N = (1 << 15) + 5  # a scalar tail after the vector loop
 
 

@@ -334,6 +334,58 @@ def test_neg_keeps_signed_zeros():
     check(torch.neg, ints(torch.uint8))
 
 
+# -- hypot (one row in ops.CALLS and a lowering) ----------------------------------------
+
+
+def hypot_grid(dtype):
+    """Every pair of zeros, NaN, infinities, extremes (overflow, subnormals) and ordinary
+    values, then random pairs over many magnitudes: operands `a` and `b`."""
+    info = torch.finfo(dtype)
+    values = torch.tensor([0.0, -0.0, math.nan, math.inf, -math.inf, 3.0, -4.0, info.max,
+                           -info.max, info.tiny, info.smallest_normal / 8], dtype=dtype)
+    a, b = values.repeat_interleave(len(values)), values.repeat(len(values))
+    g = torch.Generator().manual_seed(8)
+    scale = 2.0 ** torch.randint(-20, 20, (2, 67), generator=g).to(torch.float64)
+    r = (torch.randn(2, 67, generator=g, dtype=torch.float64) * scale).to(dtype)
+    return torch.cat([a, r[0]]), torch.cat([b, r[1]])
+
+
+def _hypot_cases(got, want, a, b):
+    torch.testing.assert_close(got, want, equal_nan=True)  # an ulp apart at most: libm, SLEEF
+    special = ~(a.isfinite() & b.isfinite()) | ((a == 0) & (b == 0))
+    assert_exact(got[special], want[special])  # inf beats NaN; +0. for zeros of either sign
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_hypot_matches_eager_on_extremes(dtype, use_llvm):
+    a, b = hypot_grid(dtype)
+    got = run_fused(torch.hypot, a, b, use_llvm=use_llvm)
+    _hypot_cases(got, torch.hypot(a, b), a, b)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_hypot_promotes_like_eager(use_llvm):
+    a, b = hypot_grid(torch.float16)
+    c = b.to(torch.bfloat16)  # float16 with bfloat16 computes and returns float32
+    got = run_fused(torch.hypot, a, c, use_llvm=use_llvm)
+    assert got.dtype == torch.float32
+    _hypot_cases(got, torch.hypot(a, c), a.float(), c.float())
+    k = torch.arange(-33, 34)
+    check(torch.hypot, k, floats(torch.float64), exact=False, use_llvm=use_llvm)
+
+
+def test_hypot_of_integers_raises_like_eager():
+    def f(x: torch.Tensor, y: torch.Tensor):
+        return torch.hypot(x, y) + 1
+
+    k = torch.arange(5)
+    fused = nncfuse.jit(f, min_group_size=1)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="not implemented for 'Long'"):
+            fused(k, k)
+
+
 # -- scripted overloads ------------------------------------------------------------------
 
 
