@@ -154,8 +154,12 @@ class Policy:
     def _specialize(
         self, prog: Program, key: Signature, args: tuple[Any, ...]
     ) -> tuple[Plan | None, Any]:
-        """The plan for a new signature, or None and the result of a profiling run of `args`
-        (when it takes more runs, or gave no plan yet). Under the lock."""
+        """The plan for a new signature; or None and the result, when this call was one of
+        its profiling runs. Under the lock.
+
+        Static specializations up to the bound, then the unfused program: a dynamic-shapes
+        policy changes what happens past it (symbolic sizes for the dims that varied).
+        """
         if self._optimized >= self.options.max_specializations:
             _log.update("Too many input signatures; running unfused")
             self._profiles.pop(key, None)
