@@ -59,7 +59,8 @@ def _hammer(fns, calls):
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlocked"
     return errors, switches
 
 
