@@ -55,7 +55,7 @@ def _hammer(fns, calls):
             errors.append(e)
         switches.append(torch._C._get_graph_executor_optimize())
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(THREADS)]
+    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(THREADS)]
     for t in threads:
         t.start()
     for t in threads:
