@@ -111,6 +111,41 @@ def test_beyond_the_limit_threads_run_unfused():
     assert sorted(fused) == [0] * (len(calls) - 3) + [1] * 3
 
 
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(6), requires_grad=False)
+
+    def forward(self, x, scale: float = 2.0):
+        return torch.relu(x * self.w) * scale + self.w
+
+
+def test_threads_calling_a_module_with_keywords():
+    """A module runs its graph in the interpreter (GraphPlan); keywords bind on every call."""
+    m = Scaled()
+    fm = nncfuse.jit(m)
+    xs = [torch.randn(shape) for shape in ((6,), (3, 6), (2, 2, 6), (5, 6))]
+    barrier = threading.Barrier(THREADS)
+    errors = []
+
+    def work(seed):
+        try:
+            barrier.wait()
+            for k in random.Random(seed).choices(range(len(xs)), k=4 * len(xs)):
+                torch.testing.assert_close(fm(xs[k], scale=0.5), m(xs[k], scale=0.5))
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlocked"
+    assert errors == []
+    assert all(len(nncfuse.fusion_groups(fm.graph_for(x, scale=0.5))) == 1 for x in xs)
+
+
 def test_the_optimize_switch_is_per_thread():
     """`_run_as_built` turns TorchScript's optimizing passes off around a call and restores
     them; that is only safe with many threads because the switch is thread-local."""
