@@ -124,7 +124,8 @@ class Policy:
 
     def __init__(self, options: Options):
         self.options = options
-        #: signature -> plan; read without a lock, written under it
+        #: signature -> plan; read without a lock, written under it, never rebound (callers
+        #: such as FusedFunction keep the dict itself for their fast path)
         self.plans: dict[Signature, Plan] = {}
         #: groups that failed to lower or compile (they run unfused), for tools and tests
         self.compile_failures: list[CompileFailure] = []
