@@ -20,6 +20,7 @@ fails to lower or compile is logged and replaced by its nodes, unguarded.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +37,19 @@ _log = log.get_logger(__file__)
 is_fused_op = runtime.is_fused_op
 
 
-# Kernels by the text of their graph, names aside: identical groups compile once per process.
+# Kernels by the text of their graph, names aside: identical groups compile once per process,
+# also when two threads (two functions, or two signatures of one) meet them at the same time:
+# one compiles while the other waits on the key's lock. Different keys compile in parallel.
 _compiled: dict[tuple[str, bool], str | Exception] = {}
+_compiling: dict[tuple[str, bool], threading.Lock] = {}
+_table_lock = threading.Lock()  # guards `_compiling`
 
 
 def clear_kernel_cache() -> None:
     """Forget compiled kernels (functions already optimized keep theirs)."""
-    _compiled.clear()
+    with _table_lock:
+        _compiled.clear()
+        _compiling.clear()
 
 
 def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool]:
@@ -57,15 +64,21 @@ def _compile(group: Any, options: Options) -> str | Exception:
     """The op kind running `group`'s kernel, or the exception that compiling it raised."""
     subgraph = group.g("Subgraph")
     key = _cache_key(subgraph, options)
-    if key in _compiled:
-        _log.update("Reusing the kernel of an identical group: ", _compiled[key])
-        return _compiled[key]
-    try:
-        kernel = TensorExprKernel(subgraph.copy(), options)
-        _compiled[key] = runtime.register_kernel(kernel, list(group.inputs()), group.outputsSize())
-    except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
-        _compiled[key] = e
-    return _compiled[key]
+    with _table_lock:
+        lock = _compiling.setdefault(key, threading.Lock())
+    with lock:
+        if key in _compiled:
+            _log.update("Reusing the kernel of an identical group: ", _compiled[key])
+            return _compiled[key]
+        try:
+            kernel = TensorExprKernel(subgraph.copy(), options)
+            kind: str | Exception = runtime.register_kernel(
+                kernel, list(group.inputs()), group.outputsSize()
+            )
+        except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
+            kind = e
+        _compiled[key] = kind
+        return kind
 
 
 @dataclass(frozen=True)

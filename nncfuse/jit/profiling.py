@@ -10,6 +10,11 @@ complete types into the graph, as PyTorch's profiling executor does.
 
 requires_grad is recorded as eager autograd would see it: false under
 `torch.no_grad()`.
+
+The profiler a profile node reports to is the running thread's (`_active` is
+thread-local), so other threads' graphs do not record into it; one profiler
+is run by one thread at a time (the policy's lock), since merging and counting
+runs are not atomic.
 """
 
 from __future__ import annotations

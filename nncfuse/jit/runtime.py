@@ -13,6 +13,7 @@ a `_k<n>` suffix.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..tensorexpr.kernel import TensorExprKernel
 _lib = torch.library.Library("nncfuse", "FRAGMENT")
 _kernels: dict[str, TensorExprKernel] = {}  # op kind -> the kernel it runs
 _serial = itertools.count(1)
+_lock = threading.Lock()  # finding a free op name and taking it are one step, whatever the threads
 _SCHEMA_TYPES = {"TensorType": "Tensor", "FloatType": "float", "IntType": "int", "BoolType": "bool"}
 
 
@@ -37,6 +39,11 @@ def kernel_of(node: Any) -> TensorExprKernel:
 
 def register_kernel(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: int) -> str:
     """Register an op running `kernel` on values typed like `inputs`; return its node kind."""
+    with _lock:
+        return _register(kernel, inputs, n_outputs)
+
+
+def _register(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: int) -> str:
     name = kernel.name
     while f"nncfuse::{name}" in _kernels:
         name = f"{kernel.name}_k{next(_serial)}"

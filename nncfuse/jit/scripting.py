@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import inspect
 import itertools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,11 @@ Pattern = tuple[str | None, ...]
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}
 _variant_ids = itertools.count()
+
+#: Held while nncfuse scripts anything. TorchScript's compiler is not safe to enter from two
+#: threads: it defines functions in one process-wide compilation unit, and calls back into
+#: Python (name resolution), where the interpreter may switch threads.
+compile_lock = threading.RLock()
 
 
 def annotation(value: Any) -> str | None:

@@ -6,7 +6,7 @@ import sys
 import torch
 
 import nncfuse
-from nncfuse.jit import function, profiling
+from nncfuse.jit import policy, profiling
 
 
 def gelu(x):
@@ -16,7 +16,7 @@ def gelu(x):
 def profiled_devices(monkeypatch, meta_is_cheap):
     """The devices of the tensors every profiling or meta-typing run gets, as a list that fills
     up."""
-    monkeypatch.setattr(function, "_meta_is_cheap", lambda: meta_is_cheap)
+    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: meta_is_cheap)
     runs = []
     real = profiling.Profiler.run
 
@@ -25,7 +25,7 @@ def profiled_devices(monkeypatch, meta_is_cheap):
         runs.extend(x.device.type for x in flat if isinstance(x, torch.Tensor))
         return real(self, fn, *args)
 
-    real_infer = function.infer_types
+    real_infer = policy.infer_types
 
     def spy_infer(graph, example):
         runs.extend(x.device.type for x in map(example, graph.inputs())
@@ -33,7 +33,7 @@ def profiled_devices(monkeypatch, meta_is_cheap):
         return real_infer(graph, example)
 
     monkeypatch.setattr(profiling.Profiler, "run", spy)
-    monkeypatch.setattr(function, "infer_types", spy_infer)
+    monkeypatch.setattr(policy, "infer_types", spy_infer)
     return runs
 
 
@@ -56,7 +56,7 @@ def test_control_flow_and_other_ops_profile_by_running(monkeypatch):
     x = torch.randn(8)
     for _ in range(2):
         torch.testing.assert_close(g(x, True), f(x, True))
-    assert not g._last.elementwise_only
+    assert not g._last.program.elementwise_only
 
     def h(x):
         return torch.mm(x, x).sin() * 2.0
@@ -64,7 +64,7 @@ def test_control_flow_and_other_ops_profile_by_running(monkeypatch):
     assert nncfuse.jit(h).graph.findNode("aten::mm") is not None
     hh = nncfuse.jit(h)
     hh(torch.randn(4, 4))
-    assert not hh._last.elementwise_only
+    assert not hh._last.program.elementwise_only
 
 
 def test_meta_inference_failure_falls_back_to_profiling():

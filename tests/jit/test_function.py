@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nncfuse
-from nncfuse.jit.function import KernelPlan
+from nncfuse.jit.plans import KernelPlan
 
 
 def chain(a, b):

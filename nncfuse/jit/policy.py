@@ -1,0 +1,277 @@
+"""The specialization policy: which plan runs each input signature of a program.
+
+A `Program` is what gets specialized: a TorchScript graph to fuse and a way
+to run it unfused. A `FusedFunction` makes one per scripted variant of its
+function; a torch.compile backend would make one from the TorchScript graph
+of an FX graph (`program(graph, torch._C._create_function_from_graph(...))`),
+with no Python function to script. Either hands calls to one `Policy`.
+
+Calls are keyed by their input signature (`signature`): each tensor's dtype,
+sizes, strides, device and requires_grad, the type of every other argument,
+and whether grad mode is on. Number values are not part of the key: they are
+kernel arguments. For a new signature the policy
+
+1. types the graph: a graph of elementwise ops only, with no control flow,
+   called with contiguous tensors, is typed by running it on meta tensors,
+   which compute output metadata exactly as the CPU does, so that its first
+   call already runs compiled code (once TorchDynamo is loaded: see
+   `_meta_is_cheap`); any other graph, with profile nodes, runs
+   `profiling_runs` times (each call returns its real result);
+2. optimizes the typed graph into the signature's plan (`Policy.optimize`):
+   fusion groups are formed, compiled and guarded (`tensorexpr_fuser`), and
+   `plans.optimized_plan` picks how to run the result.
+
+At most `max_specializations` signatures are optimized (each one static:
+exact sizes and strides); calls with further signatures run unfused.
+Failures to optimize are logged and also run unfused: a call is never wrong
+and never crashes where the unfused program would not. A later dynamic-shapes
+policy (NNC's `[("STATIC", 2), ("DYNAMIC", 10)]`) changes what `_specialize`
+does past the static bound, and may put one symbolic plan under many keys.
+
+Threads. `plans` maps each signature to a plan valid for every call with
+that signature; only the policy writes it, and callers read it without a
+lock (the fast path of `FusedFunction.__call__`: one dict lookup). Everything
+else happens under the policy's lock: a thread that meets a signature
+without a plan waits while another thread profiles or compiles it, then runs
+the plan that thread made, so each signature is optimized exactly once
+(PyTorch's graph executor also waits, on its compile mutex). Running a plan
+happens outside the lock; a profiling run happens inside it, because the
+profiler of a signature and its count of runs are not shared safely. The lock
+is re-entrant, for a profiled graph that calls back into the same function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import log
+from ..config import Options
+from ..tensorexpr.lowerings import lowering_for
+from ..tensorexpr.meta import infer_types
+from . import scripting
+from .guard import CompileFailure
+from .plans import Plan, UnfusedPlan, optimized_plan, run_as_built
+from .profiling import Profiler
+from .tensorexpr_fuser import fuse_tensor_exprs
+
+_log = log.get_logger(__file__)
+
+Signature = tuple[Any, ...]
+
+
+def signature(args: tuple[Any, ...]) -> Signature:
+    """What a plan is specialized to: tensor metadata, other arguments' types (of the items
+    of lists, tuples and dicts too), grad mode."""
+    return (torch.is_grad_enabled(), *[
+        (a.dtype, a.shape, a.stride(), a.device, a.requires_grad)
+        if isinstance(a, torch.Tensor)
+        else scripting.annotation(a) if type(a) in (list, tuple, dict) else type(a)
+        for a in args
+    ])
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """What a policy specializes: a graph to fuse, and how to run its calls unfused."""
+
+    graph: torch._C.Graph  # inlined, in-place ops removed; copied before it is typed
+    unfused: Callable[..., Any]  # runs the arguments (not the receiver) without fusion
+    receiver: Any = None  # a module's C++ object, the graph's `self` input; or None
+    elementwise_only: bool = False  # may be typed on meta tensors (see `_typed_on_meta`)
+
+
+_ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType,
+                       torch._C.BoolType, torch._C.NoneType)
+
+
+def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = None) -> Program:
+    """A copy of `graph` prepared for fusion: calls inlined, constants folded, in-place ops
+    rewritten to out-of-place ones."""
+    graph = graph.copy()
+    torch._C._jit_pass_inline(graph)
+    # Folds lists of constants (expand's sizes) into constants, which fuse.
+    torch._C._jit_pass_constant_propagation(graph)
+    torch._C._jit_pass_remove_mutation(graph)
+    torch._C._jit_pass_dce(graph)
+    elementwise_only = (
+        receiver is None
+        and all(_elementwise(n) for n in graph.nodes())
+        and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in graph.inputs())
+    )
+    return Program(graph, unfused, receiver, elementwise_only)
+
+
+def _elementwise(node: Any) -> bool:
+    """Whether `node` is a constant, a tuple of results, or an op with a lowering."""
+    if node.kind() in ("prim::Constant", "prim::TupleConstruct"):
+        return True
+    return not list(node.blocks()) and lowering_for(node)[0] is not None
+
+
+class Policy:
+    """Signatures to plans for the programs of one function (or one compiled graph).
+
+    Signatures of different argument types may belong to different programs
+    (a plain function's scripted variants); the bound counts them together.
+    """
+
+    def __init__(self, options: Options):
+        self.options = options
+        #: signature -> plan; read without a lock, written under it, never rebound (callers
+        #: such as FusedFunction keep the dict itself for their fast path)
+        self.plans: dict[Signature, Plan] = {}
+        #: groups that failed to lower or compile (they run unfused), for tools and tests
+        self.compile_failures: list[CompileFailure] = []
+        self._profiles: dict[Signature, tuple[Profiler, Any]] = {}
+        self._optimized = 0  # signatures optimized, up to options.max_specializations
+        self._lock = threading.RLock()
+
+    def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
+        """Run `args`, of signature `key`, a signature of `prog`: with its plan, or making it."""
+        plan = self.plans.get(key)
+        if plan is None:
+            with self._lock:
+                plan = self.plans.get(key)  # made while this thread waited
+                if plan is None:
+                    plan, result = self._specialize(prog, key, args)
+                    if plan is None:
+                        return result  # of a profiling run
+        return plan.run(args)
+
+    def call_unfused(self, fn: Callable[..., Any], key: Signature, args: tuple[Any, ...]) -> Any:
+        """Run `args` with `fn`, now and for every later call of signature `key` (no program
+        takes them: eager Python runs them)."""
+        with self._lock:
+            plan = self.plans.setdefault(key, UnfusedPlan(fn, None))
+        return plan.run(args)
+
+    def _specialize(
+        self, prog: Program, key: Signature, args: tuple[Any, ...]
+    ) -> tuple[Plan | None, Any]:
+        """The plan for a new signature; or None and the result, when this call was one of
+        its profiling runs. Under the lock.
+
+        Static specializations up to the bound, then the unfused program: a dynamic-shapes
+        policy changes what happens past it (symbolic sizes for the dims that varied).
+        """
+        if self._optimized >= self.options.max_specializations:
+            _log.update("Too many input signatures; running unfused")
+            self._profiles.pop(key, None)
+            plan: Plan = UnfusedPlan(prog.unfused, prog.graph)
+        else:
+            graph = self._typed_on_meta(prog, key, args)
+            if graph is None:
+                return None, self._profile(prog, key, args)
+            plan = self.optimize(graph, prog)
+        self.plans[key] = plan
+        return plan, None
+
+    def _typed_on_meta(
+        self, prog: Program, key: Signature, args: tuple[Any, ...]
+    ) -> torch._C.Graph | None:
+        """`prog`'s graph typed on meta tensors, where that is exact and cheap; else None."""
+        if (prog.elementwise_only and self.options.profiling_runs == 1
+                and key not in self._profiles and _all_contiguous(args) and _meta_is_cheap()):
+            return _infer_types(prog.graph, args)
+        return None
+
+    def _profile(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
+        """Run `args` through `prog`'s graph with profile nodes; optimize it after the last
+        run. Under the lock."""
+        entry = self._profiles.get(key)
+        if entry is None:
+            graph = prog.graph.copy()
+            fn = torch._C._create_function_from_graph("nncfuse_profile", graph)
+            self._profiles[key] = entry = (Profiler(graph), fn)
+        profiler, fn = entry
+        full = args if prog.receiver is None else (prog.receiver, *args)
+        result = run_as_built(profiler.run, fn, *full)
+        # (A re-entrant call of the same signature may have finished this profile already.)
+        if profiler.runs >= self.options.profiling_runs and self._profiles.get(key) is entry:
+            del self._profiles[key]
+            profiler.finish()
+            self.plans[key] = self.optimize(profiler.graph, prog)
+        return result
+
+    def optimize(self, graph: torch._C.Graph, prog: Program) -> Plan:
+        """The plan for one signature from `graph`, `prog`'s graph typed for it (profiled, or
+        on meta tensors): fuse, compile and guard its groups; the unfused program if that
+        fails. Counts toward `max_specializations`. Under the lock."""
+        self._optimized += 1
+        try:
+            self.compile_failures += fuse_tensor_exprs(graph, self.options)
+            return optimized_plan(graph, prog.receiver)
+        except Exception as e:  # noqa: BLE001
+            _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
+            warnings.warn(f"nncfuse: optimization failed, running unfused: {e}", stacklevel=2)
+            return UnfusedPlan(prog.unfused, graph)
+
+
+def _all_contiguous(args: tuple[Any, ...]) -> bool:
+    """Whether every tensor argument has exactly row-major strides: then meta tensors get
+    eager's output strides.
+
+    Some meta kernels (decompositions) lay out outputs of strided or broadcast
+    (stride 0) inputs differently than the CPU kernels; for row-major inputs
+    both give row-major outputs. (`is_contiguous` is too lenient: it accepts
+    any strides on size-1 and empty dimensions.)
+    """
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            expect = 1
+            for size, stride in zip(reversed(a.shape), reversed(a.stride())):
+                if stride != expect:
+                    return False
+                expect *= size
+    return True
+
+
+def _meta_is_cheap() -> bool:
+    """Whether typing on meta tensors costs less than a profiling run.
+
+    Many meta kernels are Python decompositions wrapped to disable TorchDynamo,
+    and the first call of one imports `torch._dynamo`: 1.3 s, once per process.
+    Until something else (torch.compile) has imported it, a profiling run at
+    eager speed is far cheaper.
+    """
+    return "torch._dynamo" in sys.modules
+
+
+def _infer_types(graph: torch._C.Graph, args: tuple[Any, ...]) -> torch._C.Graph | None:
+    """A copy of `graph` typed by running it on meta tensors shaped like `args`, if that works.
+
+    Only for graphs of elementwise ops without control flow, whose output
+    metadata meta tensors compute exactly as the CPU does: then the first
+    call runs compiled code instead of a profiling run at eager speed.
+    """
+    graph = graph.copy()
+    position = {v.unique(): k for k, v in enumerate(graph.inputs())}
+
+    def example(value: Any) -> Any:
+        a = args[position[value.unique()]]
+        if not isinstance(a, torch.Tensor):
+            return a
+        m = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+        return m.requires_grad_(a.requires_grad) if a.is_floating_point() else m
+
+    try:
+        metas = infer_types(graph, example)
+    except Exception as e:  # noqa: BLE001 - profile by running instead
+        _log.update("Types not inferred on meta tensors: ", e)
+        return None
+    for value in _values(graph):
+        meta = metas.get(value.unique())
+        if meta is not None:
+            value.setType(dataclasses.replace(meta, device=torch.device("cpu")).to_type())
+    return graph
+
+
+def _values(graph: torch._C.Graph) -> list[Any]:
+    return [*graph.inputs(), *(v for n in graph.nodes() for v in n.outputs())]

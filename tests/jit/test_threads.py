@@ -1,0 +1,162 @@
+"""Many threads calling one nncfuse.jit function: every call is eager's, each signature compiles
+once, and TorchScript's optimize switch is left as it was."""
+
+import random
+import threading
+
+import pytest
+import torch
+
+import nncfuse
+from nncfuse.jit import guard, policy
+
+THREADS = 8
+ROUNDS = 3
+
+
+def chain(a, b):
+    return torch.sigmoid(a * b) + torch.tanh(b)
+
+
+def twin(x, y):  # the same computation: the same kernels, compiled once for both
+    return torch.sigmoid(x * y) + torch.tanh(y)
+
+
+def _inputs():
+    """Arguments of twelve signatures: sizes, dtypes, and strided (transposed) layouts, which
+    profile by running where contiguous ones may be typed on meta tensors."""
+    calls = []
+    for dtype in (torch.float32, torch.float64):
+        for shape in ((5,), (16,), (3, 7), (2, 3, 4)):
+            calls.append((torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)))
+        for shape in ((4, 6), (9, 2)):
+            a = torch.randn(shape[::-1], dtype=dtype).t()
+            calls.append((a, torch.randn(shape, dtype=dtype)))
+    return calls
+
+
+def _hammer(fns, calls):
+    """Call the functions `fns` from THREADS threads at once (thread k calls fns[k % len(fns)]),
+    each over `calls` in its own order; return the errors and each thread's optimize switch
+    afterwards."""
+    want = [chain(*args) for args in calls]
+    barrier = threading.Barrier(THREADS)
+    errors, switches = [], []
+
+    def work(seed):
+        fn = fns[seed % len(fns)]
+        order = list(range(len(calls))) * ROUNDS
+        random.Random(seed).shuffle(order)
+        try:
+            barrier.wait()
+            for k in order:
+                torch.testing.assert_close(fn(*calls[k]), want[k])
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+        switches.append(torch._C._get_graph_executor_optimize())
+
+    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlocked"
+    return errors, switches
+
+
+def _count_compilations(monkeypatch):
+    """Every graph optimized and every kernel compiled, as two lists that fill up."""
+    optimized, compiled = [], []
+    real_optimize, real_kernel = policy.Policy.optimize, guard.TensorExprKernel
+
+    def optimize(self, graph, prog):
+        optimized.append(graph)
+        return real_optimize(self, graph, prog)
+
+    def kernel(*args):
+        compiled.append(args[0])
+        return real_kernel(*args)
+
+    monkeypatch.setattr(policy.Policy, "optimize", optimize)
+    monkeypatch.setattr(guard, "TensorExprKernel", kernel)
+    guard.clear_kernel_cache()  # each parameter compiles its kernels anew, in the threads
+    return optimized, compiled
+
+
+@pytest.mark.parametrize("use_llvm", [True, False], ids=["llvm", "interp"])
+@pytest.mark.parametrize("meta", [True, False], ids=["meta", "profiled"])
+def test_threads_get_eager_results_and_compile_each_signature_once(monkeypatch, use_llvm, meta):
+    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: meta)
+    optimized, compiled = _count_compilations(monkeypatch)
+    calls = _inputs()
+    fns = [nncfuse.jit(f, use_llvm=use_llvm, max_specializations=len(calls)) for f in (chain, twin)]
+    switch = torch._C._get_graph_executor_optimize()
+    errors, switches = _hammer(fns, calls)
+    assert errors == []
+    assert switches == [switch] * THREADS
+    assert torch._C._get_graph_executor_optimize() == switch
+    for fn in fns:
+        for args in calls:  # every signature has its kernel...
+            assert len(nncfuse.fusion_groups(fn.graph_for(*args))) == 1
+    assert len(optimized) == 2 * len(calls)  # ...optimized once per function
+    assert len(compiled) == len(calls)  # ...and compiled once for both
+
+
+def test_beyond_the_limit_threads_run_unfused():
+    calls = _inputs()
+    fn = nncfuse.jit(chain, max_specializations=3)
+    errors, _ = _hammer([fn], calls)
+    assert errors == []
+    fused = [len(nncfuse.fusion_groups(fn.graph_for(*args))) for args in calls]
+    assert sorted(fused) == [0] * (len(calls) - 3) + [1] * 3
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(6), requires_grad=False)
+
+    def forward(self, x, scale: float = 2.0):
+        return torch.relu(x * self.w) * scale + self.w
+
+
+def test_threads_calling_a_module_with_keywords():
+    """A module runs its graph in the interpreter (GraphPlan); keywords bind on every call."""
+    m = Scaled()
+    fm = nncfuse.jit(m)
+    xs = [torch.randn(shape) for shape in ((6,), (3, 6), (2, 2, 6), (5, 6))]
+    barrier = threading.Barrier(THREADS)
+    errors = []
+
+    def work(seed):
+        try:
+            barrier.wait()
+            for k in random.Random(seed).choices(range(len(xs)), k=4 * len(xs)):
+                torch.testing.assert_close(fm(xs[k], scale=0.5), m(xs[k], scale=0.5))
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlocked"
+    assert errors == []
+    assert all(len(nncfuse.fusion_groups(fm.graph_for(x, scale=0.5))) == 1 for x in xs)
+
+
+def test_the_optimize_switch_is_per_thread():
+    """`_run_as_built` turns TorchScript's optimizing passes off around a call and restores
+    them; that is only safe with many threads because the switch is thread-local."""
+    seen = []
+
+    def other():
+        seen.append(torch._C._get_graph_executor_optimize())
+        torch._C._set_graph_executor_optimize(not seen[0])
+
+    before = torch._C._get_graph_executor_optimize()
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert torch._C._get_graph_executor_optimize() == before
