@@ -37,6 +37,13 @@ import torch
 
 from .. import log
 from ..config import Options
+from ..tensorexpr.codegen.entry import (
+    ArgSource,
+    ConstSource,
+    ReturnOne,
+    ReturnTuple,
+    Source,
+)
 from ..tensorexpr.lowerings import lowering_for
 from ..tensorexpr.meta import infer_types
 from . import runtime, scripting
@@ -164,13 +171,13 @@ def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
     fused = fused_nodes[0]
     position = {v.unique(): k for k, v in enumerate(graph.inputs())}
     checked = {out.unique(): inp for inp, out in zip(check.inputs(), check.outputs())}
-    sources: list[tuple[str, Any]] = []
+    sources: list[Source] = []
     for v in fused.inputs():
         v = checked.get(v.unique(), v)
         if v.unique() in position:
-            sources.append(("arg", position[v.unique()]))
+            sources.append(ArgSource(position[v.unique()]))
         elif v.node().kind() == "prim::Constant":
-            sources.append(("const", v.toIValue()))
+            sources.append(ConstSource(v.toIValue()))
         else:
             return None
     results = {v.unique(): k for k, v in enumerate(branch.outputs())}
@@ -180,7 +187,8 @@ def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
     if any(v.unique() not in results for v in returned):
         return None
     indices = tuple(results[v.unique()] for v in returned)
-    returns: Any = indices if tuple_out is not None or len(indices) != 1 else indices[0]
+    one = tuple_out is None and len(indices) == 1
+    returns = ReturnOne(indices[0]) if one else ReturnTuple(indices)
     return KernelPlan(graph, runtime.kernel_of(fused), sources, returns)
 
 
