@@ -37,7 +37,7 @@ is_fused_op = runtime.is_fused_op
 
 
 # Kernels by the text of their graph, names aside: identical groups compile once per process.
-_compiled: dict[tuple[str, bool], str | Exception] = {}
+_compiled: dict[tuple[str, bool, bool], str | Exception] = {}
 
 
 def clear_kernel_cache() -> None:
@@ -45,12 +45,12 @@ def clear_kernel_cache() -> None:
     _compiled.clear()
 
 
-def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool]:
+def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool, bool]:
     names: dict[str, str] = {}
     text = re.sub(
         r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), subgraph.str(False)
     )
-    return text, options.use_llvm
+    return text, options.use_llvm, options.verify
 
 
 def _compile(group: Any, options: Options) -> str | Exception:

@@ -21,6 +21,7 @@ every stage is logged.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -53,7 +54,7 @@ from .codegen.llvm_codegen import compile_stmt
 from .codegen.llvm_jit import vector_bits
 from .dtype import BOOL, FLOAT64, INT64, from_torch
 from .ir_eval import IREvaluator
-from .ir_verifier import verify
+from .ir_verifier import IRError, verify
 from .ir_visitor import walk
 from .loopnest import compute
 from .lowerings import (
@@ -348,19 +349,11 @@ class TensorExprKernel:
         self.options = options or Options.from_env()
         _log.debug("TensorExprKernel graph:\n", graph)
         self.lowered = lowered = lower_graph(graph)
-        stmt = lowered.stmt
-        _log.debug("Original Stmt:\n", stmt)
-        for name, run_pass in schedule(lowered, vector_bits()):
-            stmt = run_pass(stmt)
-            _log.debug(f"After {name}:\n", stmt)
-        inputs = [b for b in lowered.inputs if isinstance(b, Buf)]
-        inputs += [b for b, _ in lowered.constants]
-        verify(
-            stmt,
-            params=[p for p in lowered.params if isinstance(p, E.Var)],
-            inputs=inputs,
-            outputs=list(lowered.output_metas),
-        )
+        _log.debug("Original Stmt:\n", lowered.stmt)
+        if self.options.verify:
+            self._verify("lower_graph", lowered.stmt, allocated=False)
+        stmt = self._run_schedule(lowered.stmt, schedule(lowered, vector_bits()))
+        self._verify("the schedule", stmt, allocated=True)
         _log.debug("Final Stmt:\n", stmt)
         self.stmt = stmt
         self.jit = None
@@ -379,6 +372,39 @@ class TensorExprKernel:
         self.interface = self._interface()
         #: outputs (a list) for inputs that match the graph's types, unchecked: for the runtime
         self.call = self.entry([ArgSource(k) for k in range(len(lowered.inputs))], ReturnList())
+
+    def _run_schedule(self, stmt: S.Stmt, passes: Sequence[tuple[str, Pass]]) -> S.Stmt:
+        """`stmt` through `passes` in order, each logged with its time ("unchanged" when it
+        returned the very same statement); with the `verify` option, verified after each."""
+        allocated = False  # whether temporaries have Allocate and Free statements yet
+        for name, run_pass in passes:
+            start = time.perf_counter()
+            result = run_pass(stmt)
+            ms = (time.perf_counter() - start) * 1e3
+            allocated |= name == "insert_allocations"
+            if result is stmt:
+                _log.debug(f"After {name} (unchanged, {ms:.2f} ms)")
+                continue
+            _log.debug(f"After {name} ({ms:.2f} ms):\n", result)
+            if self.options.verify:
+                self._verify(name, result, allocated)
+            stmt = result
+        return stmt
+
+    def _verify(self, stage: str, stmt: S.Stmt, allocated: bool) -> None:
+        """Raise IRError naming `stage` if `stmt` is malformed (`ir_verifier`)."""
+        lowered = self.lowered
+        try:
+            verify(
+                stmt,
+                params=[p for p in lowered.params if isinstance(p, E.Var)],
+                inputs=[*(b for b in lowered.inputs if isinstance(b, Buf)),
+                        *(b for b, _ in lowered.constants)],
+                outputs=list(lowered.output_metas),
+                allocated=allocated,
+            )
+        except IRError as e:
+            raise IRError(f"{lowered.name}: the IR is malformed after {stage}: {e}") from e
 
     def _interface(self) -> KernelInterface:
         """How the compiled code is called: each parameter and output by input position."""
