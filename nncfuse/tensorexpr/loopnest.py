@@ -126,7 +126,3 @@ def buffers_loaded(node: E.Expr | S.Stmt) -> set[Buf]:
 
 def as_block(stmt: S.Stmt) -> S.Block:
     return stmt if isinstance(stmt, S.Block) else S.Block((stmt,))
-
-
-def uses_var(node: E.Expr | S.Stmt, var: E.Var) -> bool:
-    return any(n is var for n in walk(node))
