@@ -370,6 +370,10 @@ class TensorExprKernel:
             self.evaluator = IREvaluator(stmt, list(lowered.params))
         #: how the compiled code is called, for `entry`
         self.interface = self._interface()
+        self._input_types = [  # what `run` checks: None for a number
+            None if m is None else (m.dtype, m.sizes, m.strides, m.device)
+            for m in lowered.input_metas
+        ]
         #: outputs (a list) for inputs that match the graph's types, unchecked: for the runtime
         self.call = self.entry([ArgSource(k) for k in range(len(lowered.inputs))], ReturnList())
 
@@ -381,7 +385,7 @@ class TensorExprKernel:
             start = time.perf_counter()
             result = run_pass(stmt)
             ms = (time.perf_counter() - start) * 1e3
-            allocated |= name == "insert_allocations"
+            allocated |= name == insert_allocations.__name__
             if result is stmt:
                 _log.debug(f"After {name} (unchanged, {ms:.2f} ms)")
                 continue
@@ -440,16 +444,17 @@ class TensorExprKernel:
         return self.lowered.name
 
     def _check(self, inputs: Sequence[Any]) -> None:
-        metas = self.lowered.input_metas
-        if len(inputs) != len(metas):
-            raise ValueError(f"{self.name} takes {len(metas)} inputs, got {len(inputs)}")
-        for k, (x, meta) in enumerate(zip(inputs, metas)):
-            if meta is None:
+        """Raise ValueError unless `inputs` have the types the kernel was built for
+        (requires_grad aside)."""
+        types = self._input_types
+        if len(inputs) != len(types):
+            raise ValueError(f"{self.name} takes {len(types)} inputs, got {len(inputs)}")
+        for k, (x, want) in enumerate(zip(inputs, types)):
+            if want is None:
                 if isinstance(x, torch.Tensor):
                     raise ValueError(f"input {k} must be a number")
-                continue
-            if not isinstance(x, torch.Tensor) or TensorMeta.of(x) != replace(
-                meta, requires_grad=TensorMeta.of(x).requires_grad
+            elif not isinstance(x, torch.Tensor) or (
+                (x.dtype, x.shape, x.stride(), x.device) != want
             ):
                 raise ValueError(f"input {k} does not match the type the kernel was built for")
 
