@@ -7,15 +7,20 @@ the graph when complete, else from running it once on meta tensors. Then:
 1. lower: each node becomes a loop nest over its output (`lowerings`), one
    nest per node ("Original Stmt"); outputs are laid out with the strides
    eager PyTorch gives them, and each nest walks its output in memory order;
-2. schedule: the passes of `SCHEDULE`, in order, each logged ("Final Stmt"
-   is the result);
+2. schedule: the passes of `schedule`, in order, each logged with its time
+   ("unchanged" if it returned the very same Stmt; "Final Stmt" is the
+   result). The verifier checks the result; with the `verify` option
+   (NNCFUSE_VERIFY=1) also the Original Stmt and each pass's result, and an
+   IRError names the pass that broke it;
 3. codegen: LLVM (`llvm_codegen`) or, with NNCFUSE_DONT_USE_LLVM=1, the IR
    interpreter.
 
 `run(inputs)` checks the inputs against the graph's types and returns the
 output (a tuple if several); `call(args)` skips the checks, for the runtime,
-whose guards have already made them. With `>>kernel` in NNCFUSE_LOG_LEVEL
-every stage is logged.
+whose guards have already made them. `entry(sources, returns)` generates
+other ways to call it (`codegen/entry.py`) from its `KernelInterface`, the
+parameters, outputs and checks of `Lowered` by input position. With
+`>>kernel` in NNCFUSE_LOG_LEVEL every stage is logged.
 """
 
 from __future__ import annotations
