@@ -168,7 +168,7 @@ def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
     return metas
 
 
-class _Lowering:
+class _GraphLowering:
     """What lowering a graph has built so far: the value of each graph value, and the rest."""
 
     def __init__(self, graph: torch._C.Graph):
@@ -193,7 +193,7 @@ class _Lowering:
 
 def lower_graph(graph: torch._C.Graph) -> Lowered:
     """One loop nest per node of `graph`; see the module docstring."""
-    state = _Lowering(graph)
+    state = _GraphLowering(graph)
     inputs = _bind_inputs(state, graph)
     kernel_inputs = frozenset(inputs)
     graph_outputs = {v.unique() for v in graph.outputs()}
@@ -218,7 +218,7 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
     )
 
 
-def _bind_inputs(state: _Lowering, graph: torch._C.Graph) -> tuple[Buf | E.Var, ...]:
+def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.Var, ...]:
     """A parameter per graph input: a buffer for a tensor (on the CPU), a variable for a
     number."""
     params: list[Buf | E.Var] = []
@@ -239,7 +239,7 @@ def _bind_inputs(state: _Lowering, graph: torch._C.Graph) -> tuple[Buf | E.Var, 
     return tuple(params)
 
 
-def _lower_constant(state: _Lowering, node: Any) -> None:
+def _lower_constant(state: _GraphLowering, node: Any) -> None:
     """A constant is an operand: a tensor becomes a buffer bound at call time, a number an
     immediate, anything else (None, a dtype, a list) a value lowerings read."""
     value = node.output()
@@ -256,7 +256,7 @@ def _lower_constant(state: _Lowering, node: Any) -> None:
 
 
 def _lower_node(
-    state: _Lowering, node: Any, kernel_inputs: frozenset[Buf | E.Var], graph_outputs: set[int]
+    state: _GraphLowering, node: Any, kernel_inputs: frozenset[Buf | E.Var], graph_outputs: set[int]
 ) -> None:
     """The loop nest computing `node`'s one tensor output; a graph output is laid out with
     eager's strides and walked in memory order."""
@@ -289,7 +289,7 @@ def _lower_node(
 
 
 def _collect_outputs(
-    state: _Lowering, graph: torch._C.Graph
+    state: _GraphLowering, graph: torch._C.Graph
 ) -> tuple[ComputedOutput | InputOutput, ...]:
     """Per graph output: the buffer that computes it, or the graph input it returns."""
     input_index = {v.unique(): k for k, v in enumerate(graph.inputs())}
