@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -210,7 +211,7 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         inputs=inputs,
         constants=tuple(state.constants),
         outputs=outputs,
-        output_metas=dict(state.output_metas),
+        output_metas=MappingProxyType(dict(state.output_metas)),
         input_metas=tuple(state.metas[v.unique()] if is_tensor(v) else None
                           for v in graph.inputs()),
         name=_kernel_name(state.ops),
