@@ -140,24 +140,23 @@ def _example(value: Any) -> Any:
 
 def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
     """Metadata of the graph's tensor values: from their types, else from a meta-tensor run."""
-    metas: dict[int, TensorMeta] = {}
-    complete = True
-    for node in graph.nodes():
-        for v in node.outputs():
-            if is_tensor(v):
-                meta = TensorMeta.from_type(v.type())
-                complete &= meta is not None
     for v in graph.inputs():
-        meta = TensorMeta.from_type(v.type())
-        if is_tensor(v) and meta is None:
+        if is_tensor(v) and TensorMeta.from_type(v.type()) is None:
             raise LoweringError(f"graph input %{v.debugName()} has an incomplete tensor type")
+    metas: dict[int, TensorMeta] = {}
+    complete = all(
+        TensorMeta.from_type(v.type()) is not None
+        for node in graph.nodes()
+        for v in node.outputs()
+        if is_tensor(v)
+    )
     if not complete:
         device = next(
             (m.device for v in graph.inputs() if (m := TensorMeta.from_type(v.type()))),
             torch.device("cpu"),
         )
         metas = {k: replace(m, device=device) for k, m in infer_types(graph, _example).items()}
-    for node in [*graph.nodes()]:
+    for node in graph.nodes():
         for v in node.outputs():
             meta = TensorMeta.from_type(v.type())
             if meta is not None:
