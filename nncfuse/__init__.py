@@ -12,7 +12,8 @@
 
 Set NNCFUSE_LOG_LEVEL (e.g. "tensorexpr_fuser:>>kernel:>>llvm_codegen") to
 watch every stage, NNCFUSE_DONT_USE_LLVM=1 to run kernels in the IR
-interpreter, NNCFUSE_DISABLE=1 to run everything unfused.
+interpreter, NNCFUSE_DISABLE=1 to run everything unfused, NNCFUSE_VERIFY=1
+to verify the IR after every schedule pass.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def jit(fn: Any = None, **options: Any) -> Any:
     """Fuse `fn`: a Python function, a ScriptFunction (scripted or traced) or a module.
 
     Options (see `Options`): min_group_size (2), profiling_runs (1),
-    max_specializations (12). Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
+    max_specializations (12), verify (False). Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
     """
     if fn is None:
         return lambda f: jit(f, **options)

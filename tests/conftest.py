@@ -6,10 +6,12 @@ import torch
 
 @pytest.fixture(autouse=True)
 def _seed_and_env(monkeypatch):
-    """Deterministic inputs; no log or switches leaking in from the environment."""
+    """Deterministic inputs; no log or switches leaking in from the environment, except
+    that the IR is verified after every schedule pass."""
     torch.manual_seed(0)
     for name in ("NNCFUSE_LOG_LEVEL", "NNCFUSE_DONT_USE_LLVM", "NNCFUSE_DISABLE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NNCFUSE_VERIFY", "1")
     yield
 
 

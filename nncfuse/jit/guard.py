@@ -40,8 +40,8 @@ is_fused_op = runtime.is_fused_op
 # Kernels by the text of their graph, names aside: identical groups compile once per process,
 # also when two threads (two functions, or two signatures of one) meet them at the same time:
 # one compiles while the other waits on the key's lock. Different keys compile in parallel.
-_compiled: dict[tuple[str, bool], str | Exception] = {}
-_compiling: dict[tuple[str, bool], threading.Lock] = {}
+_compiled: dict[tuple[str, bool, bool], str | Exception] = {}
+_compiling: dict[tuple[str, bool, bool], threading.Lock] = {}
 _table_lock = threading.Lock()  # guards `_compiling`
 
 
@@ -52,12 +52,12 @@ def clear_kernel_cache() -> None:
         _compiling.clear()
 
 
-def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool]:
+def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool, bool]:
     names: dict[str, str] = {}
     text = re.sub(
         r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), subgraph.str(False)
     )
-    return text, options.use_llvm
+    return text, options.use_llvm, options.verify
 
 
 def _compile(group: Any, options: Options) -> str | Exception:

@@ -19,6 +19,15 @@ from typing import Any, Protocol
 
 import torch
 
+from ..tensorexpr.codegen.entry import (
+    ArgSource,
+    ConstSource,
+    ReturnOne,
+    Returns,
+    ReturnTuple,
+    Source,
+)
+from ..tensorexpr.kernel import TensorExprKernel
 from . import runtime
 
 
@@ -64,7 +73,13 @@ class KernelPlan:
     the function returns.
     """
 
-    def __init__(self, graph: torch._C.Graph, kernel: Any, sources: list, returns: Any):
+    def __init__(
+        self,
+        graph: torch._C.Graph,
+        kernel: TensorExprKernel,
+        sources: list[Source],
+        returns: Returns,
+    ):
         self.graph = graph
         self.run = kernel.entry(sources, returns)
 
@@ -102,13 +117,13 @@ def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
     fused = fused_nodes[0]
     position = {v.unique(): k for k, v in enumerate(graph.inputs())}
     checked = {out.unique(): inp for inp, out in zip(check.inputs(), check.outputs())}
-    sources: list[tuple[str, Any]] = []
+    sources: list[Source] = []
     for v in fused.inputs():
         v = checked.get(v.unique(), v)
         if v.unique() in position:
-            sources.append(("arg", position[v.unique()]))
+            sources.append(ArgSource(position[v.unique()]))
         elif v.node().kind() == "prim::Constant":
-            sources.append(("const", v.toIValue()))
+            sources.append(ConstSource(v.toIValue()))
         else:
             return None
     results = {v.unique(): k for k, v in enumerate(branch.outputs())}
@@ -118,5 +133,6 @@ def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
     if any(v.unique() not in results for v in returned):
         return None
     indices = tuple(results[v.unique()] for v in returned)
-    returns: Any = indices if tuple_out is not None or len(indices) != 1 else indices[0]
+    one = tuple_out is None and len(indices) == 1
+    returns = ReturnOne(indices[0]) if one else ReturnTuple(indices)
     return KernelPlan(graph, runtime.kernel_of(fused), sources, returns)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..tensorexpr.codegen.entry import ArgSource, ReturnOne, ReturnTuple
 from ..tensorexpr.kernel import TensorExprKernel
 
 _lib = torch.library.Library("nncfuse", "FRAGMENT")
@@ -51,8 +52,8 @@ def _register(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: int) -
     rets = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
     _lib.define(f"{name}({args}) -> {rets}")
     entry = kernel.entry(
-        [("arg", k) for k in range(len(inputs))],
-        0 if n_outputs == 1 else tuple(range(n_outputs)),
+        [ArgSource(k) for k in range(len(inputs))],
+        ReturnOne(0) if n_outputs == 1 else ReturnTuple(tuple(range(n_outputs))),
     )
     _lib.impl(name, lambda *args: entry(args), "CompositeExplicitAutograd")
     kind = f"nncfuse::{name}"

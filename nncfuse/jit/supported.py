@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from ..tensorexpr.dtype import from_torch
 from ..tensorexpr.lowerings import lowering_for
 from ..tensorexpr.meta import TensorMeta, is_tensor
@@ -57,14 +55,3 @@ def why_not_fusible(node: Any) -> str | None:
             return f"input %{value.debugName()} of type {value.type()} is not a constant"
     return None
 
-
-def is_fusible(node: Any) -> bool:
-    return why_not_fusible(node) is None
-
-
-def uses_tensor_constant(node: Any) -> bool:
-    return any(
-        isinstance(v.toIValue(), torch.Tensor)
-        for v in node.inputs()
-        if v.node().kind() == "prim::Constant"
-    )

@@ -5,6 +5,10 @@
 - no variable is bound twice;
 - temporaries are allocated before use and freed exactly once, after use;
 - only temporaries and outputs are stored to.
+
+Before the schedule allocates temporaries (`insert_allocations`), pass
+`allocated=False`: then a buffer that is neither an input nor an output is a
+temporary, live everywhere.
 """
 
 from __future__ import annotations
@@ -26,13 +30,18 @@ def verify(
     params: Iterable[E.Var] = (),
     inputs: Iterable[Buf] = (),
     outputs: Iterable[Buf] = (),
+    allocated: bool = True,
 ) -> None:
     """Raise IRError if `stmt` breaks a rule of the module docstring."""
-    _Checker(set(params), {b.root for b in inputs}, {b.root for b in outputs}).run(stmt)
+    roots = {b.root for b in inputs}, {b.root for b in outputs}
+    _Checker(set(params), *roots, allocated).run(stmt)
 
 
 class _Checker(Visitor):
-    def __init__(self, params: set[E.Var], inputs: set[Buf], outputs: set[Buf]):
+    def __init__(
+        self, params: set[E.Var], inputs: set[Buf], outputs: set[Buf], allocated: bool
+    ):
+        self.allocated = allocated
         self.scope: set[E.Var] = set(params)
         self.bound: set[E.Var] = set(params)
         self.inputs, self.outputs = inputs, outputs
@@ -53,7 +62,7 @@ class _Checker(Visitor):
     def buffer(self, buf: Buf, store: bool) -> None:
         root = buf.root
         known = root in self.inputs or root in self.outputs
-        if not known and root not in self.live:
+        if not known and root not in self.live and self.allocated:
             raise IRError(f"buffer {buf.name} used while not allocated")
         if store and root in self.inputs and root not in self.outputs:
             raise IRError(f"store into input buffer {buf.name}")

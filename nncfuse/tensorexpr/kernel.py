@@ -7,23 +7,30 @@ the graph when complete, else from running it once on meta tensors. Then:
 1. lower: each node becomes a loop nest over its output (`lowerings`), one
    nest per node ("Original Stmt"); outputs are laid out with the strides
    eager PyTorch gives them, and each nest walks its output in memory order;
-2. schedule: the passes of `SCHEDULE`, in order, each logged ("Final Stmt"
-   is the result);
+2. schedule: the passes of `schedule`, in order, each logged with its time
+   ("unchanged" if it returned the very same Stmt; "Final Stmt" is the
+   result). The verifier checks the result; with the `verify` option
+   (NNCFUSE_VERIFY=1) also the Original Stmt and each pass's result, and an
+   IRError names the pass that broke it;
 3. codegen: LLVM (`llvm_codegen`) or, with NNCFUSE_DONT_USE_LLVM=1, the IR
    interpreter.
 
 `run(inputs)` checks the inputs against the graph's types and returns the
 output (a tuple if several); `call(args)` skips the checks, for the runtime,
-whose guards have already made them. With `>>kernel` in NNCFUSE_LOG_LEVEL
-every stage is logged.
+whose guards have already made them. `entry(sources, returns)` generates
+other ways to call it (`codegen/entry.py`) from its `KernelInterface`, the
+parameters, outputs and checks of `Lowered` by input position. With
+`>>kernel` in NNCFUSE_LOG_LEVEL every stage is logged.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -33,12 +40,27 @@ from ..config import Options
 from . import expr as E
 from . import stmt as S
 from .buffer import Buf
-from .codegen.entry import Source, make_entry
+from .codegen.entry import (
+    ArgCheck,
+    ArgSource,
+    BufOutput,
+    ConstParam,
+    InputOutput,
+    KernelInterface,
+    NumberParam,
+    OutputParam,
+    Param,
+    ReturnList,
+    Returns,
+    Source,
+    TensorParam,
+    make_entry,
+)
 from .codegen.llvm_codegen import compile_stmt
 from .codegen.llvm_jit import vector_bits
 from .dtype import BOOL, FLOAT64, INT64, from_torch
 from .ir_eval import IREvaluator
-from .ir_verifier import verify
+from .ir_verifier import IRError, verify
 from .ir_visitor import walk
 from .loopnest import compute
 from .lowerings import (
@@ -46,6 +68,7 @@ from .lowerings import (
     ConstArg,
     Ctx,
     LoweringError,
+    RuntimeCheck,
     ScalarArg,
     TensorArg,
     lowering_for,
@@ -66,19 +89,26 @@ from .passes.vectorize import vectorize_inner_loops
 _log = log.get_logger(__file__)
 
 
-@dataclass
+@dataclass(frozen=True)
+class ComputedOutput:
+    """A graph output computed by the kernel into `buf`."""
+
+    buf: Buf
+
+
+@dataclass(frozen=True)
 class Lowered:
     """A graph lowered to one statement, and how its parameters bind to the graph."""
 
     stmt: S.Stmt
-    params: list[Buf | E.Var]
-    inputs: list[Buf | E.Var | None]  # per graph input: its parameter (None if unused)
-    constants: list[tuple[Buf, torch.Tensor]]  # tensor constants, bound at call time
-    outputs: list[tuple[str, Any]]  # per graph output: ("buf", Buf) or ("input", index)
-    output_metas: dict[Buf, TensorMeta]
-    input_metas: list[TensorMeta | None]
+    params: tuple[Buf | E.Var, ...]  # inputs, then tensor constants, then output buffers
+    inputs: tuple[Buf | E.Var, ...]  # per graph input: its parameter
+    constants: tuple[tuple[Buf, torch.Tensor], ...]  # tensor constants, bound at call time
+    outputs: tuple[ComputedOutput | InputOutput, ...]  # per graph output
+    output_metas: Mapping[Buf, TensorMeta]  # per output buffer
+    input_metas: tuple[TensorMeta | None, ...]  # per graph input (None: a number)
     name: str
-    checks: list  # RuntimeCheck: run before the kernel
+    checks: tuple[RuntimeCheck, ...]  # run before the kernel
 
 
 def _sanitize(name: str) -> str:
@@ -110,24 +140,23 @@ def _example(value: Any) -> Any:
 
 def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
     """Metadata of the graph's tensor values: from their types, else from a meta-tensor run."""
-    metas: dict[int, TensorMeta] = {}
-    complete = True
-    for node in graph.nodes():
-        for v in node.outputs():
-            if is_tensor(v):
-                meta = TensorMeta.from_type(v.type())
-                complete &= meta is not None
     for v in graph.inputs():
-        meta = TensorMeta.from_type(v.type())
-        if is_tensor(v) and meta is None:
+        if is_tensor(v) and TensorMeta.from_type(v.type()) is None:
             raise LoweringError(f"graph input %{v.debugName()} has an incomplete tensor type")
+    metas: dict[int, TensorMeta] = {}
+    complete = all(
+        TensorMeta.from_type(v.type()) is not None
+        for node in graph.nodes()
+        for v in node.outputs()
+        if is_tensor(v)
+    )
     if not complete:
         device = next(
             (m.device for v in graph.inputs() if (m := TensorMeta.from_type(v.type()))),
             torch.device("cpu"),
         )
         metas = {k: replace(m, device=device) for k, m in infer_types(graph, _example).items()}
-    for node in [*graph.nodes()]:
+    for node in graph.nodes():
         for v in node.outputs():
             meta = TensorMeta.from_type(v.type())
             if meta is not None:
@@ -139,117 +168,153 @@ def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
     return metas
 
 
-def lower_graph(graph: torch._C.Graph) -> Lowered:
-    """One loop nest per node of `graph`; see the module docstring."""
-    metas = graph_metas(graph)
-    env: dict[int, Arg] = {}
-    params: list[Buf | E.Var] = []
-    inputs: list[Buf | E.Var | None] = []
-    input_metas: list[TensorMeta | None] = []
-    names: set[str] = set()
+class _GraphLowering:
+    """What lowering a graph has built so far: the value of each graph value, and the rest."""
 
-    def unique(base: str) -> str:
+    def __init__(self, graph: torch._C.Graph):
+        self.metas = graph_metas(graph)
+        self.env: dict[int, Arg] = {}  # graph value (unique) -> its operand
+        self.names: set[str] = set()
+        self.checks: list[RuntimeCheck] = []
+        self.constants: list[tuple[Buf, torch.Tensor]] = []
+        self.nests: list[S.Stmt] = []
+        self.output_metas: dict[Buf, TensorMeta] = {}
+        self.ops: list[str] = []
+
+    def unique(self, base: str) -> str:
+        """`base`, or `base_<n>` if that name is taken."""
         name, n = base, 0
-        while name in names:
+        while name in self.names:
             n += 1
             name = f"{base}_{n}"
-        names.add(name)
+        self.names.add(name)
         return name
 
-    for k, value in enumerate(graph.inputs()):
-        debug = value.debugName()
-        name = unique(f"t{k}" if debug.isdigit() else _sanitize(debug))
-        if is_tensor(value):
-            meta = metas[value.unique()]
-            if meta.device.type != "cpu":
-                raise LoweringError(f"input {name} is on {meta.device}, not the CPU")
-            buf = Buf.make(name, from_torch(meta.dtype), meta.sizes, meta.strides)
-            env[value.unique()] = TensorArg(buf, meta.sizes)
-            params.append(buf)
-            inputs.append(buf)
-            input_metas.append(meta)
-        else:
-            var = _scalar_var(value, name)
-            env[value.unique()] = ScalarArg(var)
-            params.append(var)
-            inputs.append(var)
-            input_metas.append(None)
 
+def lower_graph(graph: torch._C.Graph) -> Lowered:
+    """One loop nest per node of `graph`; see the module docstring."""
+    state = _GraphLowering(graph)
+    inputs = _bind_inputs(state, graph)
+    kernel_inputs = frozenset(inputs)
     graph_outputs = {v.unique() for v in graph.outputs()}
-    kernel_inputs = frozenset(p for p in params if p is not None)
-    checks: list = []
-    constants: list[tuple[Buf, torch.Tensor]] = []
-    nests: list[S.Stmt] = []
-    output_metas: dict[Buf, TensorMeta] = {}
-    ops: list[str] = []
     for node in graph.nodes():
         if node.kind() == "prim::Constant":
-            value = node.output()
-            ivalue = value.toIValue()
-            if isinstance(ivalue, torch.Tensor):
-                meta = TensorMeta.of(ivalue)
-                buf = Buf.make(unique("const"), from_torch(meta.dtype), meta.sizes, meta.strides)
-                constants.append((buf, ivalue))
-                env[value.unique()] = TensorArg(buf, meta.sizes)
-            elif isinstance(ivalue, (bool, int, float)):
-                env[value.unique()] = ScalarArg(E.imm(ivalue, scalar_dtype(ivalue)), ivalue)
-            else:
-                env[value.unique()] = ConstArg(ivalue)
-            continue
-        lowering, reason = lowering_for(node)
-        if lowering is None:
-            raise LoweringError(reason)
-        if node.outputsSize() != 1 or not is_tensor(node.output()):
-            raise LoweringError(f"{node.kind()} must have one tensor output")
-        out = node.output()
-        meta = metas.get(out.unique())
-        if meta is None:
-            raise LoweringError(f"no type for the output of {node.kind()}")
-        args = [env[v.unique()] for v in node.inputs()]
-        ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes, (), kernel_inputs, checks)
-        op = node.kind().split("::")[-1]
-        ops.append(op)
-        is_output = out.unique() in graph_outputs
-        buf, nest = compute(
-            unique(f"aten_{op}"),
-            ctx.out_dtype,
-            meta.sizes,
-            lambda *idx, ctx=ctx: lowering.fn(replace(ctx, indices=idx)),  # type: ignore
-            strides=meta.strides if is_output else None,
-            order=_layout_order(meta) if is_output else None,
-        )
-        if is_output:
-            output_metas[buf] = meta
-        env[out.unique()] = TensorArg(buf, meta.sizes)
-        nests.append(nest)
-
-    input_index = {v.unique(): k for k, v in enumerate(graph.inputs())}
-    outputs: list[tuple[str, Any]] = []
-    for value in graph.outputs():
-        if value.unique() in input_index:
-            outputs.append(("input", input_index[value.unique()]))
-            continue
-        arg = env.get(value.unique())
-        if not isinstance(arg, TensorArg) or arg.buf not in output_metas:
-            raise LoweringError("graph outputs must be tensors computed by the graph")
-        outputs.append(("buf", arg.buf))
-    out_bufs = list(dict.fromkeys(b for kind, b in outputs if kind == "buf"))
-    params = params + [b for b, _ in constants] + out_bufs
-    name = "fused_" + "_".join(ops[:4]) if ops else "fused"
+            _lower_constant(state, node)
+        else:
+            _lower_node(state, node, kernel_inputs, graph_outputs)
+    outputs = _collect_outputs(state, graph)
+    out_bufs = tuple(dict.fromkeys(o.buf for o in outputs if isinstance(o, ComputedOutput)))
     return Lowered(
-        S.Block(tuple(nests)),
-        params,
-        inputs,
-        constants,
-        outputs,
-        output_metas,
-        input_metas,
-        _sanitize(name[:60]),
-        checks,
+        stmt=S.Block(tuple(state.nests)),
+        params=(*inputs, *(b for b, _ in state.constants), *out_bufs),
+        inputs=inputs,
+        constants=tuple(state.constants),
+        outputs=outputs,
+        output_metas=MappingProxyType(dict(state.output_metas)),
+        input_metas=tuple(state.metas[v.unique()] if is_tensor(v) else None
+                          for v in graph.inputs()),
+        name=_kernel_name(state.ops),
+        checks=tuple(state.checks),
     )
 
 
-def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S.Stmt], S.Stmt]]]:
+def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.Var, ...]:
+    """A parameter per graph input: a buffer for a tensor (on the CPU), a variable for a
+    number."""
+    params: list[Buf | E.Var] = []
+    for k, value in enumerate(graph.inputs()):
+        debug = value.debugName()
+        name = state.unique(f"t{k}" if debug.isdigit() else _sanitize(debug))
+        if is_tensor(value):
+            meta = state.metas[value.unique()]
+            if meta.device.type != "cpu":
+                raise LoweringError(f"input {name} is on {meta.device}, not the CPU")
+            buf = Buf.make(name, from_torch(meta.dtype), meta.sizes, meta.strides)
+            state.env[value.unique()] = TensorArg(buf, meta.sizes)
+            params.append(buf)
+        else:
+            var = _scalar_var(value, name)
+            state.env[value.unique()] = ScalarArg(var)
+            params.append(var)
+    return tuple(params)
+
+
+def _lower_constant(state: _GraphLowering, node: Any) -> None:
+    """A constant is an operand: a tensor becomes a buffer bound at call time, a number an
+    immediate, anything else (None, a dtype, a list) a value lowerings read."""
+    value = node.output()
+    ivalue = value.toIValue()
+    if isinstance(ivalue, torch.Tensor):
+        meta = TensorMeta.of(ivalue)
+        buf = Buf.make(state.unique("const"), from_torch(meta.dtype), meta.sizes, meta.strides)
+        state.constants.append((buf, ivalue))
+        state.env[value.unique()] = TensorArg(buf, meta.sizes)
+    elif isinstance(ivalue, (bool, int, float)):
+        state.env[value.unique()] = ScalarArg(E.imm(ivalue, scalar_dtype(ivalue)), ivalue)
+    else:
+        state.env[value.unique()] = ConstArg(ivalue)
+
+
+def _lower_node(
+    state: _GraphLowering, node: Any, kernel_inputs: frozenset[Buf | E.Var], graph_outputs: set[int]
+) -> None:
+    """The loop nest computing `node`'s one tensor output; a graph output is laid out with
+    eager's strides and walked in memory order."""
+    lowering, reason = lowering_for(node)
+    if lowering is None:
+        raise LoweringError(reason)
+    if node.outputsSize() != 1 or not is_tensor(node.output()):
+        raise LoweringError(f"{node.kind()} must have one tensor output")
+    out = node.output()
+    is_output = out.unique() in graph_outputs
+    meta = state.metas.get(out.unique())
+    if meta is None:
+        raise LoweringError(f"no type for the output of {node.kind()}")
+    args = [state.env[v.unique()] for v in node.inputs()]
+    ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes, (), kernel_inputs, state.checks)
+    op = node.kind().split("::")[-1]
+    state.ops.append(op)
+    buf, nest = compute(
+        state.unique(f"aten_{op}"),
+        ctx.out_dtype,
+        meta.sizes,
+        lambda *idx: lowering.fn(replace(ctx, indices=idx)),
+        strides=meta.strides if is_output else None,
+        order=_layout_order(meta) if is_output else None,
+    )
+    if is_output:
+        state.output_metas[buf] = meta
+    state.env[out.unique()] = TensorArg(buf, meta.sizes)
+    state.nests.append(nest)
+
+
+def _collect_outputs(
+    state: _GraphLowering, graph: torch._C.Graph
+) -> tuple[ComputedOutput | InputOutput, ...]:
+    """Per graph output: the buffer that computes it, or the graph input it returns."""
+    input_index = {v.unique(): k for k, v in enumerate(graph.inputs())}
+    outputs: list[ComputedOutput | InputOutput] = []
+    for value in graph.outputs():
+        if value.unique() in input_index:
+            outputs.append(InputOutput(input_index[value.unique()]))
+            continue
+        arg = state.env.get(value.unique())
+        if not isinstance(arg, TensorArg) or arg.buf not in state.output_metas:
+            raise LoweringError("graph outputs must be tensors computed by the graph")
+        outputs.append(ComputedOutput(arg.buf))
+    return tuple(outputs)
+
+
+def _kernel_name(ops: Sequence[str]) -> str:
+    """`fused_` and the first four ops (`fused_mul_sin_mul`): the name in logs and op kinds."""
+    name = "fused_" + "_".join(ops[:4]) if ops else "fused"
+    return _sanitize(name[:60])
+
+
+Pass = Callable[[S.Stmt], S.Stmt]
+
+
+def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
     """The ordered, named passes that turn the Original Stmt into the Final Stmt."""
     outputs = list(lowered.output_metas)
     bufs = [p for p in lowered.params if isinstance(p, Buf)]
@@ -289,19 +354,11 @@ class TensorExprKernel:
         self.options = options or Options.from_env()
         _log.debug("TensorExprKernel graph:\n", graph)
         self.lowered = lowered = lower_graph(graph)
-        stmt = lowered.stmt
-        _log.debug("Original Stmt:\n", stmt)
-        for name, run_pass in schedule(lowered, vector_bits()):
-            stmt = run_pass(stmt)
-            _log.debug(f"After {name}:\n", stmt)
-        inputs = [b for b in lowered.inputs if isinstance(b, Buf)]
-        inputs += [b for b, _ in lowered.constants]
-        verify(
-            stmt,
-            params=[p for p in lowered.params if isinstance(p, E.Var)],
-            inputs=inputs,
-            outputs=list(lowered.output_metas),
-        )
+        _log.debug("Original Stmt:\n", lowered.stmt)
+        if self.options.verify:
+            self._verify("lower_graph", lowered.stmt, allocated=False)
+        stmt = self._run_schedule(lowered.stmt, schedule(lowered, vector_bits()))
+        self._verify("the schedule", stmt, allocated=True)
         _log.debug("Final Stmt:\n", stmt)
         self.stmt = stmt
         self.jit = None
@@ -312,28 +369,97 @@ class TensorExprKernel:
                 if meta.nbytes >= STREAMING_BYTES
             )
             self.jit = compile_stmt(
-                stmt, lowered.params, lowered.name, _long_running(stmt), streaming
+                stmt, list(lowered.params), lowered.name, _long_running(stmt), streaming
             )
         else:
-            self.evaluator = IREvaluator(stmt, lowered.params)
+            self.evaluator = IREvaluator(stmt, list(lowered.params))
+        #: how the compiled code is called, for `entry`
+        self.interface = self._interface()
+        self._input_types = [  # what `run` checks: None for a number
+            None if m is None else (m.dtype, m.sizes, m.strides, m.device)
+            for m in lowered.input_metas
+        ]
         #: outputs (a list) for inputs that match the graph's types, unchecked: for the runtime
-        self.call = self.entry([("arg", k) for k in range(len(lowered.inputs))], "list")
+        self.call = self.entry([ArgSource(k) for k in range(len(lowered.inputs))], ReturnList())
+
+    def _run_schedule(self, stmt: S.Stmt, passes: Sequence[tuple[str, Pass]]) -> S.Stmt:
+        """`stmt` through `passes` in order, each logged with its time ("unchanged" when it
+        returned the very same statement); with the `verify` option, verified after each."""
+        allocated = False  # whether temporaries have Allocate and Free statements yet
+        for name, run_pass in passes:
+            start = time.perf_counter()
+            result = run_pass(stmt)
+            ms = (time.perf_counter() - start) * 1e3
+            allocated |= name == insert_allocations.__name__
+            if result is stmt:
+                _log.debug(f"After {name} (unchanged, {ms:.2f} ms)")
+                continue
+            _log.debug(f"After {name} ({ms:.2f} ms):\n", result)
+            if self.options.verify:
+                self._verify(name, result, allocated)
+            stmt = result
+        return stmt
+
+    def _verify(self, stage: str, stmt: S.Stmt, allocated: bool) -> None:
+        """Raise IRError naming `stage` if `stmt` is malformed (`ir_verifier`)."""
+        lowered = self.lowered
+        try:
+            verify(
+                stmt,
+                params=[p for p in lowered.params if isinstance(p, E.Var)],
+                inputs=[*(b for b in lowered.inputs if isinstance(b, Buf)),
+                        *(b for b, _ in lowered.constants)],
+                outputs=list(lowered.output_metas),
+                allocated=allocated,
+            )
+        except IRError as e:
+            raise IRError(f"{lowered.name}: the IR is malformed after {stage}: {e}") from e
+
+    def _interface(self) -> KernelInterface:
+        """How the compiled code is called: each parameter and output by input position."""
+        lowered = self.lowered
+        position = {p: k for k, p in enumerate(lowered.inputs)}
+        constants = dict(lowered.constants)
+        number: dict[Buf | E.Var, int] = {}  # output buffer -> its place among the outputs
+        params: list[Param] = []
+        for p in lowered.params:
+            if p in position:
+                k = position[p]
+                params.append(TensorParam(k) if isinstance(p, Buf) else NumberParam(k))
+            elif p in constants:
+                params.append(ConstParam(constants[p]))  # type: ignore[index]
+            else:
+                number[p] = len(number)
+                params.append(OutputParam(lowered.output_metas[p]))  # type: ignore[index]
+        outputs = tuple(
+            BufOutput(number[o.buf]) if isinstance(o, ComputedOutput) else o
+            for o in lowered.outputs
+        )
+        checks = tuple(ArgCheck(position[c.param], c.holds, c.message) for c in lowered.checks)
+        return KernelInterface(
+            tuple(params),
+            outputs,
+            checks,
+            cfunc=self.jit.cfunc if self.jit is not None else None,
+            run=self.evaluator.run if self.evaluator is not None else None,
+        )
 
     @property
     def name(self) -> str:
         return self.lowered.name
 
     def _check(self, inputs: Sequence[Any]) -> None:
-        metas = self.lowered.input_metas
-        if len(inputs) != len(metas):
-            raise ValueError(f"{self.name} takes {len(metas)} inputs, got {len(inputs)}")
-        for k, (x, meta) in enumerate(zip(inputs, metas)):
-            if meta is None:
+        """Raise ValueError unless `inputs` have the types the kernel was built for
+        (requires_grad aside)."""
+        types = self._input_types
+        if len(inputs) != len(types):
+            raise ValueError(f"{self.name} takes {len(types)} inputs, got {len(inputs)}")
+        for k, (x, want) in enumerate(zip(inputs, types)):
+            if want is None:
                 if isinstance(x, torch.Tensor):
                     raise ValueError(f"input {k} must be a number")
-                continue
-            if not isinstance(x, torch.Tensor) or TensorMeta.of(x) != replace(
-                meta, requires_grad=TensorMeta.of(x).requires_grad
+            elif not isinstance(x, torch.Tensor) or (
+                (x.dtype, x.shape, x.stride(), x.device) != want
             ):
                 raise ValueError(f"input {k} does not match the type the kernel was built for")
 
@@ -343,29 +469,9 @@ class TensorExprKernel:
         outs = self.call(inputs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def entry(self, sources: Sequence[Source], returns: Any) -> Callable[[Sequence[Any]], Any]:
+    def entry(self, sources: Sequence[Source], returns: Returns) -> Callable[[Sequence[Any]], Any]:
         """A generated function that calls this kernel; see `codegen/entry.py`."""
-        lowered = self.lowered
-        position = {p: k for k, p in enumerate(lowered.inputs)}
-        constants = dict(lowered.constants)
-        params: list[tuple[str, Any]] = []
-        out_number: dict[Buf, int] = {}
-        for p in lowered.params:
-            if p in position:
-                params.append(("tensor" if isinstance(p, Buf) else "number", position[p]))
-            elif p in constants:
-                params.append(("const", constants[p]))
-            else:
-                out_number[p] = len(out_number)  # type: ignore[index]
-                params.append(("output", lowered.output_metas[p]))  # type: ignore[index]
-        outputs = [
-            ("buf", out_number[ref]) if kind == "buf" else ("input", ref)
-            for kind, ref in lowered.outputs
-        ]
-        checks = [(position[c.param], c.holds, c.message) for c in lowered.checks]
-        cfunc = self.jit.cfunc if self.jit is not None else None
-        run = self.evaluator.run if self.evaluator is not None else None
-        return make_entry(params, outputs, checks, sources, returns, cfunc, run)
+        return make_entry(self.interface, sources, returns)
 
     def fallback(self, inputs: Sequence[Any]) -> Any:
         """The graph's outputs computed by the TorchScript interpreter, unfused."""

@@ -75,3 +75,20 @@ def test_verifier_catches_scope_and_allocation_errors():
     with pytest.raises(IRError, match="never freed"):
         verify(S.Allocate(tmp))
     verify(S.Block((S.Allocate(tmp), S.Free(tmp))))
+
+
+def test_verifier_before_allocation_takes_temporaries_as_live():
+    i = var("i")
+    out, tmp = buf("out", [4]), buf("tmp", [4])
+    nest = S.Block((
+        S.For(i, E.imm(0), E.imm(4), S.Store(tmp, (i,), E.imm(1.0, FLOAT32))),
+        S.For(i, E.imm(0), E.imm(4), S.Store(out, (i,), E.Load(tmp, (i,)))),
+    ))
+    with pytest.raises(IRError, match="bound twice"):
+        verify(nest, outputs=[out], allocated=False)  # the other rules still hold
+    j = var("j")
+    copy = S.For(j, E.imm(0), E.imm(4), S.Store(out, (j,), E.Load(tmp, (j,))))
+    nest = S.Block((nest.stmts[0], copy))
+    verify(nest, outputs=[out], allocated=False)
+    with pytest.raises(IRError, match="not allocated"):
+        verify(nest, outputs=[out])

@@ -19,8 +19,8 @@ graph(%a : Float(1, 1, 8, 20, strides=[160, 160, 20, 1], requires_grad=0, device
 def kernels(graph_text):
     graph = torch._C.parse_ir(graph_text)
     return [
-        nncfuse.TensorExprKernel(graph, Options(use_llvm=True)),
-        nncfuse.TensorExprKernel(graph, Options(use_llvm=False)),
+        nncfuse.TensorExprKernel(graph, Options.from_env(use_llvm=True)),
+        nncfuse.TensorExprKernel(graph, Options.from_env(use_llvm=False)),
     ]
 
 

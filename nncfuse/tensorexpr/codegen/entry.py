@@ -12,6 +12,11 @@ of eager PyTorch's dispatch per op:
         o0 = empty_strided((16,), (1,), dtype=float32)
         cfunc(a0.data_ptr(), o0.data_ptr())
         return o0
+
+The kernel side says how it is called (`KernelInterface`: its parameters,
+outputs and checks); the caller says where the inputs come from (`Source`s)
+and what to return (`Returns`). Each is a small frozen dataclass, matched by
+type when the code is generated.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ..meta import TensorMeta
 
 #: Outputs of at least this many bytes ask the kernel for transparent huge pages.
 #: A fresh 64 MB output costs 16,384 page faults when first written (about 25 ms
@@ -52,80 +60,235 @@ def huge_pages(address: int, nbytes: int) -> None:
     if _madvise_fn is not None and length > 0:
         _madvise_fn(start, length, _MADV_HUGEPAGE)  # advice only: failure is harmless
 
-Source = tuple[str, Any]  # ("arg", position) or ("const", value)
+
+# -- where the kernel's inputs come from ------------------------------------------
 
 
-def make_entry(
-    params: Sequence[tuple[str, Any]],
-    outputs: Sequence[tuple[str, int]],
-    checks: Sequence[tuple[int, Callable[[Any], bool], str]],
-    sources: Sequence[Source],
-    returns: Any,
-    cfunc: Callable[..., Any] | None,
-    run: Callable[[list[Any]], None] | None = None,
-) -> Callable[[Sequence[Any]], Any]:
-    """Generate `entry(args)` for one way of calling a kernel.
+@dataclass(frozen=True)
+class ArgSource:
+    """The kernel input is the caller's argument `index`."""
 
-    params:  the kernel's parameters in order: ("tensor", k) / ("number", k) for
-             its k-th input, ("const", tensor) for a captured tensor constant,
-             ("output", meta) for an output buffer (a TensorMeta);
-    outputs: per kernel output: ("buf", n) for the n-th output buffer, or
-             ("input", k) when the graph returns its k-th input itself;
-    checks:  (input k, holds, message): raise RuntimeError(message) unless holds(input k);
-    sources: where the kernel's k-th input comes from in `args`;
-    returns: "list" (all outputs), an output index, or a tuple of indices;
+    index: int
+
+
+@dataclass(frozen=True, eq=False)
+class ConstSource:
+    """The kernel input is `value`, fixed when the entry is made (a graph constant)."""
+
+    value: Any
+
+
+Source = ArgSource | ConstSource
+
+
+# -- the kernel's parameters, in the order the machine code takes them --------------
+
+
+@dataclass(frozen=True)
+class TensorParam:
+    """Kernel input `position`, a tensor: passed as its data pointer."""
+
+    position: int
+
+
+@dataclass(frozen=True)
+class NumberParam:
+    """Kernel input `position`, a Python number: passed as itself."""
+
+    position: int
+
+
+@dataclass(frozen=True, eq=False)
+class ConstParam:
+    """A tensor constant the graph captured: passed as its data pointer."""
+
+    tensor: torch.Tensor
+
+
+@dataclass(frozen=True)
+class OutputParam:
+    """An output buffer, allocated fresh on every call with this metadata."""
+
+    meta: TensorMeta
+
+
+Param = TensorParam | NumberParam | ConstParam | OutputParam
+
+
+# -- what the kernel returns, and what the entry returns ----------------------------
+
+
+@dataclass(frozen=True)
+class BufOutput:
+    """A kernel output written to output buffer `number` (the n-th `OutputParam`)."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class InputOutput:
+    """A kernel output that is kernel input `index` itself (the graph returns an input)."""
+
+    index: int
+
+
+KernelOutput = BufOutput | InputOutput
+
+
+@dataclass(frozen=True)
+class ReturnList:
+    """The entry returns all kernel outputs, as a list."""
+
+
+@dataclass(frozen=True)
+class ReturnOne:
+    """The entry returns kernel output `index` alone."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class ReturnTuple:
+    """The entry returns a tuple of the kernel outputs at `indices`, in that order."""
+
+    indices: tuple[int, ...]
+
+
+Returns = ReturnList | ReturnOne | ReturnTuple
+
+
+@dataclass(frozen=True)
+class ArgCheck:
+    """Before the call: raise `RuntimeError(message)` unless `holds(input)` for kernel
+    input `position`."""
+
+    position: int
+    holds: Callable[[Any], bool]
+    message: str
+
+
+@dataclass(frozen=True)
+class KernelInterface:
+    """How a compiled kernel is called, whoever calls it.
+
+    params:  the kernel's parameters in order;
+    outputs: per kernel output, where it is;
+    checks:  what is checked on the inputs before the call;
     cfunc:   the machine code, called with pointers and numbers; or `run`, the
              interpreter, called with the list of tensors and numbers.
     """
-    env: dict[str, Any] = {"empty_strided": torch.empty_strided, "Tensor": torch.Tensor}
-    lines = ["def entry(args):"]
-    for k, (kind, value) in enumerate(sources):
-        if kind == "arg":
-            lines.append(f"    a{k} = args[{value}]")
-        else:
-            env[f"c{k}"] = value
-            lines.append(f"    a{k} = c{k}")
-    for j, (k, holds, message) in enumerate(checks):
-        env[f"h{j}"], env[f"m{j}"] = holds, message
-        lines.append(f"    if not h{j}(a{k}):")
-        lines.append(f"        raise RuntimeError(m{j})")
-    tensors: list[str] = []  # what the interpreter gets
-    pointers: list[str] = []  # what the machine code gets
-    n_out = 0
-    for j, (kind, value) in enumerate(params):
-        if kind in ("tensor", "number"):
-            name = f"a{value}"
-        elif kind == "const":
-            name = f"t{j}"
-            env[name] = value
-        else:
-            name = f"o{n_out}"
-            env[f"dt{n_out}"] = value.dtype
-            lines.append(
-                f"    {name} = empty_strided({tuple(value.sizes)}, {tuple(value.strides)}, "
-                f"dtype=dt{n_out})"
-            )
-            if value.nbytes >= HUGE_PAGE_BYTES:
-                env["huge_pages"] = huge_pages
-                lines.append(f"    huge_pages({name}.data_ptr(), {value.nbytes})")
-            n_out += 1
-        tensors.append(name)
-        pointers.append(name if kind == "number" else f"{name}.data_ptr()")
-    if cfunc is not None:
-        env["cfunc"] = cfunc
-        lines.append(f"    cfunc({', '.join(pointers)})")
-    else:
-        env["run"] = run
-        lines.append(f"    run([{', '.join(tensors)}])")
-    results = [f"o{v}" if kind == "buf" else f"a{v}" for kind, v in outputs]
-    if returns == "list":
-        lines.append(f"    return [{', '.join(results)}]")
-    elif isinstance(returns, tuple):
-        lines.append(f"    return ({''.join(results[k] + ', ' for k in returns)})")
-    else:
-        lines.append(f"    return {results[returns]}")
-    source = "\n".join(lines) + "\n"
-    exec(compile(source, "<nncfuse entry>", "exec"), env)  # noqa: S102 - generated above
-    entry = env["entry"]
+
+    params: tuple[Param, ...]
+    outputs: tuple[KernelOutput, ...]
+    checks: tuple[ArgCheck, ...] = ()
+    cfunc: Callable[..., Any] | None = None
+    run: Callable[[list[Any]], None] | None = None
+
+
+class _Code:
+    """The lines of the generated function, and the objects its names refer to."""
+
+    def __init__(self) -> None:
+        self.lines = ["def entry(args):"]
+        self.env: dict[str, Any] = {"empty_strided": torch.empty_strided}
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " + text)
+
+    def bind(self, name: str, value: Any) -> str:
+        self.env[name] = value
+        return name
+
+
+def make_entry(
+    kernel: KernelInterface, sources: Sequence[Source], returns: Returns
+) -> Callable[[Sequence[Any]], Any]:
+    """Generate `entry(args)` for one way of calling `kernel`: its k-th input comes from
+    `sources[k]`, and it returns `returns`."""
+    code = _Code()
+    _bind_inputs(code, sources)
+    _argument_checks(code, kernel.checks)
+    arguments = _arguments(code, kernel.params)
+    _call(code, kernel, arguments)
+    _return(code, kernel.outputs, returns)
+    source = "\n".join(code.lines) + "\n"
+    exec(compile(source, "<nncfuse entry>", "exec"), code.env)  # noqa: S102 - generated above
+    entry = code.env["entry"]
     entry.source = source
     return entry
+
+
+def _bind_inputs(code: _Code, sources: Sequence[Source]) -> None:
+    """`a<k>` is kernel input k: an argument of the caller, or a constant."""
+    for k, source in enumerate(sources):
+        match source:
+            case ArgSource(index):
+                code.line(f"a{k} = args[{index}]")
+            case ConstSource(value):
+                code.line(f"a{k} = {code.bind(f'c{k}', value)}")
+
+
+def _argument_checks(code: _Code, checks: Sequence[ArgCheck]) -> None:
+    """Raise as eager would on inputs the kernel must not see (e.g. a zero divisor)."""
+    for j, check in enumerate(checks):
+        code.bind(f"h{j}", check.holds)
+        code.bind(f"m{j}", check.message)
+        code.line(f"if not h{j}(a{check.position}):")
+        code.line(f"    raise RuntimeError(m{j})")
+
+
+def _arguments(code: _Code, params: Sequence[Param]) -> list[str]:
+    """The name of each parameter's value; output buffers `o<n>` are allocated here."""
+    names: list[str] = []
+    n_out = 0
+    for j, param in enumerate(params):
+        match param:
+            case TensorParam(position) | NumberParam(position):
+                names.append(f"a{position}")
+            case ConstParam(tensor):
+                names.append(code.bind(f"t{j}", tensor))
+            case OutputParam(meta):
+                names.append(_allocate(code, n_out, meta))
+                n_out += 1
+    return names
+
+
+def _allocate(code: _Code, n: int, meta: TensorMeta) -> str:
+    """Allocate output buffer `o<n>`, in huge pages when it is large; return its name."""
+    name = f"o{n}"
+    dtype = code.bind(f"dt{n}", meta.dtype)
+    code.line(f"{name} = empty_strided({meta.sizes}, {meta.strides}, dtype={dtype})")
+    if meta.nbytes >= HUGE_PAGE_BYTES:
+        code.bind("huge_pages", huge_pages)
+        code.line(f"huge_pages({name}.data_ptr(), {meta.nbytes})")
+    return name
+
+
+def _call(code: _Code, kernel: KernelInterface, arguments: Sequence[str]) -> None:
+    """Call the machine code with pointers and numbers, or the interpreter with values."""
+    if kernel.cfunc is not None:
+        pointers = [
+            name if isinstance(param, NumberParam) else f"{name}.data_ptr()"
+            for param, name in zip(kernel.params, arguments)
+        ]
+        code.line(f"{code.bind('cfunc', kernel.cfunc)}({', '.join(pointers)})")
+    else:
+        code.line(f"{code.bind('run', kernel.run)}([{', '.join(arguments)}])")
+
+
+def _return(code: _Code, outputs: Sequence[KernelOutput], returns: Returns) -> None:
+    """Return the outputs as the caller wants them."""
+    results = []
+    for output in outputs:
+        match output:
+            case BufOutput(number):
+                results.append(f"o{number}")
+            case InputOutput(index):
+                results.append(f"a{index}")
+    match returns:
+        case ReturnList():
+            code.line(f"return [{', '.join(results)}]")
+        case ReturnOne(index):
+            code.line(f"return {results[index]}")
+        case ReturnTuple(indices):
+            code.line(f"return ({''.join(results[k] + ', ' for k in indices)})")

@@ -12,6 +12,7 @@ from .registry import (  # noqa: F401 - names used outside the package
     Lowering,
     LoweringError,
     Promotion,
+    RuntimeCheck,
     ScalarArg,
     TensorArg,
     elementwise_dtypes,

@@ -9,7 +9,6 @@ which does what every elementwise op shares: type promotion as eager
 PyTorch does it (`torch._prims_common.elementwise_dtypes`), loading and
 casting operands to the computation type (float32 for float16/bfloat16), and
 rounding the result to the output type, which must match what profiling saw.
-Type promotion (`elementwise_dtypes`) follows `torch._prims_common`.
 
 Each op family (one module each) registers its lowerings here; importing the
 `lowerings` package imports them all.
@@ -182,8 +181,8 @@ class Ctx:
     out_dtype: Dtype
     out_shape: tuple[int, ...]
     indices: tuple[E.Expr, ...] = field(default=())
-    inputs: frozenset = field(default=frozenset())
-    checks: list = field(default_factory=list)
+    inputs: frozenset[Buf | E.Var] = field(default=frozenset())
+    checks: list[RuntimeCheck] = field(default_factory=list)
 
     def arg(self, k: int) -> Arg | None:
         """Operand `k`, or None when the node has fewer operands."""

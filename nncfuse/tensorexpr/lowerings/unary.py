@@ -4,10 +4,11 @@ Each op computes what ATen's CPU kernel computes (`UnaryOpsKernel.cpp`):
 integer and bool inputs of the float functions are converted to the default
 float type first, float16/bfloat16 compute in float32, and the rounding
 functions leave integers unchanged. The transcendentals are the IR's
-intrinsics (SLEEF's 1-ulp routines in vector loops); eager calls SLEEF or
-MKL's VML, and a scalar libm for the tail of a loop, so the two agree to an
-ulp or so, not bit for bit. The rest is exact but for float16/bfloat16
-rsqrt (see there).
+intrinsics: in vector loops SLEEF routines (1.0-ULP, or 3.5-ULP for the
+float32 functions of `vecmath.FAST_F32`; float32 exp and erf are inline).
+Eager calls SLEEF's 1.0-ULP routines or MKL's VML, and a scalar libm for the
+tail of a loop, so the two agree to a few ulps, not bit for bit. The rest is
+exact but for float16/bfloat16 rsqrt (see there).
 """
 
 from __future__ import annotations

@@ -115,7 +115,9 @@ class _CSE(Mutator):
     def mutate_For(self, s: S.For) -> S.Stmt:
         body = self.mutate(s.body)
         if isinstance(body, (S.Store, S.Let)):
-            body = self.mutate_Block(S.Block((body,)))
+            block = S.Block((body,))
+            shared = self.mutate_Block(block)
+            body = body if shared is block else shared  # a body of one, unless it changed
         return s if body is s.body else S.For(s.var, s.start, s.stop, body, s.parallel)
 
 

@@ -21,8 +21,8 @@ from ..loopnest import Nest, as_block
 
 #: Relative cost of an intrinsic call (a SLEEF routine) against a simple operation.
 CALL_COST = 20
-#: Work (in simple operations) from which a nest runs in parallel; measured with
-#: benchmarks/grain.py: below it, forking costs more than the second thread saves.
+#: Work (in simple operations) from which a nest runs in parallel: below it, forking
+#: costs more than the second thread saves.
 GRAIN = 1 << 17
 
 

@@ -169,6 +169,13 @@ def test_cse_forwards_stores_and_binds_repeats():
     same_results(prog, after, [x, y, z], rand_args(16, 16, 16))
 
 
+
+def test_cse_returns_a_loop_with_nothing_to_share_itself():
+    x, y = buf("x", [16]), buf("y", [16])
+    i = var()
+    prog = S.For(i, E.imm(0), E.imm(16), S.Store(y, (i,), E.call("sin", E.Load(x, (i,)))))
+    assert eliminate_common_subexpressions(prog) is prog
+
 def test_flatten_indices_uses_strides_and_broadcasts():
     a = buf("a", [8, 4], strides=[1, 8])  # a transposed input
     b = buf("b", [4])
