@@ -25,6 +25,8 @@ class Options:
     use_llvm:            compile kernels with LLVM (else the IR interpreter runs them);
                          NNCFUSE_DONT_USE_LLVM=1 turns it off.
     disable:             run everything unfused (NNCFUSE_DISABLE=1).
+    strict:              raise StrictFusionError from calls whose optimized graph leaves a
+                         fusible-looking node unfused (NNCFUSE_STRICT=1; see nncfuse.explain).
     """
 
     min_group_size: int = 2
@@ -32,6 +34,7 @@ class Options:
     max_specializations: int = 12
     use_llvm: bool = True
     disable: bool = False
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.min_group_size < 1:
@@ -51,5 +54,6 @@ class Options:
         env = {
             "use_llvm": not _env_flag("NNCFUSE_DONT_USE_LLVM"),
             "disable": _env_flag("NNCFUSE_DISABLE"),
+            "strict": _env_flag("NNCFUSE_STRICT"),
         }
         return Options(**{**env, **overrides})  # type: ignore[arg-type]

@@ -45,6 +45,9 @@ from .profiling import Profiler
 from .tensorexpr_fuser import fuse_tensor_exprs
 
 _log = log.get_logger(__file__)
+#: Strict fusion, installed by `nncfuse.explain` (a layer above): `strict_check(plan,
+#: failures, options)` returns the plan, or one that raises StrictFusionError.
+strict_check: Callable[..., Any] | None = None
 
 
 def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -407,9 +410,13 @@ class FusedFunction:
     def _optimize(self, graph: torch._C.Graph, variant: _Variant) -> Any:
         self._optimized += 1
         try:
-            self.compile_failures += fuse_tensor_exprs(graph, self.options)
+            failures = fuse_tensor_exprs(graph, self.options)
+            self.compile_failures += failures
             plan = _kernel_plan(graph) if variant.receiver is None else None
-            return plan or GraphPlan(graph, variant.receiver)
+            plan = plan or GraphPlan(graph, variant.receiver)
+            if self.options.strict and strict_check is not None:
+                plan = strict_check(plan, failures, self.options)
+            return plan
         except Exception as e:  # noqa: BLE001
             _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
             warnings.warn(f"nncfuse: optimization failed, running unfused: {e}", stacklevel=4)
