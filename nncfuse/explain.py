@@ -259,14 +259,15 @@ def _guard_blocks(node: Any) -> tuple[Any, Any] | None:
     return blocks[0], blocks[1]
 
 
-def _failure_marks(failures: list[CompileFailure]) -> set[tuple[str, str]]:
-    return {(n.kind(), _position(n)) for f in failures for n in f.subgraph.nodes()}
+def _failure_marks(failures: list[CompileFailure]) -> dict[tuple[str, str], CompileFailure]:
+    return {(n.kind(), _position(n)): f for f in failures for n in f.subgraph.nodes()}
 
 
 def _position(node: Any) -> str:
-    """Where `node` came from (unmerged copies keep it), else its named outputs."""
+    """Where `node` came from (unmerged copies keep it): its module scope (traced graphs)
+    and source line, else its named outputs."""
     try:
-        where = str(node.sourceRange()).strip()
+        where = f"{node.scopeName()} {node.sourceRange()}".strip()
     except RuntimeError:
         where = ""
     names = [v.debugName() for v in node.outputs() if not v.debugName().isdigit()]
@@ -304,7 +305,8 @@ def report_for(graph: torch._C.Graph | None, options: Options,
         if reason is not None:
             category = "alias or mutation" if _is_in_place(node.kind()) else categorize(reason)
         elif (node.kind(), _position(node)) in marks:
-            category, reason = "compile failure", "its group failed to compile"
+            failure = marks[(node.kind(), _position(node))]
+            category, reason = "compile failure", f"its group failed to compile: {failure}"
         else:
             category = "below min_group_size"
             reason = f"its group would have fewer than {options.min_group_size} nodes"
