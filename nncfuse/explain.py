@@ -4,14 +4,21 @@
 it runs `fn` as `nncfuse.jit` would for these arguments (profiling, fusing,
 compiling) and reads the optimized graph back:
 
-    >>> print(nncfuse.explain(f, x))
-    nncfuse.explain: 1 group; 3 of 4 compute nodes fused (75.0%); 1 external (aten::mm)
+    def f(a, b):
+        x = torch.sigmoid(a) * b
+        c = torch.cumsum(x, 0)
+        return torch.tanh(torch.mm(c, b)) + 1.0 - torch.relu(c)
+
+    >>> print(nncfuse.explain(f, torch.randn(8, 8), torch.randn(8, 8)))
+    nncfuse.explain: 2 group(s); 6 of 7 compute nodes fused (85.7%); 1 external (aten::mm x1)
     groups:
-      kernel                 ops                          inputs -> outputs
-      fused_mul_sin_mul      aten::mul aten::sin aten::mul  [64, 64] -> [64, 64]
+      kernel                   ops                inputs -> outputs
+      fused_sigmoid_mul        sigmoid mul        [8, 8], [8, 8] -> [8, 8]
+      fused_tanh_add_relu_sub  tanh add relu sub  [8, 8], [8, 8] -> [8, 8]
     left outside (1):
-      node                   category          reason
-      %c = aten::cumsum      no lowering       no lowering for aten::cumsum
+      node                 category     reason
+      %c.1 = aten::cumsum  no lowering  no lowering for aten::cumsum
+    top reasons: no lowering: aten::cumsum x1
 
 Nodes are counted by what they do. *Bookkeeping* nodes (constants, list and
 tuple plumbing, attribute reads, sizes, scalar arithmetic: any node without a
@@ -25,7 +32,8 @@ holds copies of the group's nodes, not nodes left outside.
 Each compute node left outside gets a category (`CATEGORIES`) and the
 fuser's reason. Nodes the fuser would have taken, yet outside a group, are
 either in a group that failed to compile (`FusedFunction.compile_failures`;
-matched by op and source position) or in one smaller than `min_group_size`.
+matched by op, module scope and source line) or in one smaller than
+`min_group_size`.
 
 Strict fusion (`nncfuse.jit(fn, strict=True)` or `NNCFUSE_STRICT=1`), as
 `torch.jit.strict_fusion` was for NNC: a call that would run an optimized
@@ -212,22 +220,27 @@ class Report:
         if self.note:
             lines.append(f"  note: {self.note}")
         if self.groups:
-            lines.append("groups:")
-            lines.append(f"  {'kernel':<28} {'ops':<44} inputs -> outputs")
-            for g in self.groups:
-                ops = " ".join(o.split("::")[-1] for o in g.ops)
-                shapes = (", ".join(map(str, g.inputs)) + " -> " + ", ".join(map(str, g.outputs)))
-                lines.append(f"  {g.kernel.split('::')[-1]:<28} {_clip(ops, 44):<44} {shapes}")
+            rows = [(g.kernel.split("::")[-1], _clip(" ".join(o.split("::")[-1] for o in g.ops),
+                                                    60),
+                     ", ".join(map(str, g.inputs)) + " -> " + ", ".join(map(str, g.outputs)))
+                    for g in self.groups]
+            lines += ["groups:", *_table(("kernel", "ops", "inputs -> outputs"), rows)]
         if self.unfused:
-            lines.append(f"left outside ({self.unfused_nodes}):")
-            lines.append(f"  {'node':<36} {'category':<21} reason")
-            for u in self.unfused:
-                lines.append(f"  {_clip(u.node, 36):<36} {u.category:<21} {u.reason}")
+            rows = [(_clip(u.node, 40), u.category, u.reason) for u in self.unfused]
+            lines += [f"left outside ({self.unfused_nodes}):",
+                      *_table(("node", "category", "reason"), rows)]
             lines.append("top reasons: " + "; ".join(
                 f"{c}: {k} x{m}" for c, k, m in self.top_reasons()))
         for f in self.compile_failures:
             lines.append(f"compile failure: {' '.join(f.ops)}: {f}")
         return "\n".join(lines)
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows under `head`, every column but the last padded to its widest cell."""
+    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head) - 1)]
+    return ["  " + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip()
+            for r in [head, *rows]]
 
 
 def _clip(text: str, width: int) -> str:
