@@ -221,3 +221,20 @@ def test_a_transformers_model_end_to_end():
     assert ("aten::layer_norm", "no lowering") in categories(report)
     assert 0.0 < report.coverage < 1.0
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["script", "trace"])
+def test_script_and_traced_functions(form):
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    fn = torch.jit.script(cumsum_between) if form == "script" else torch.jit.trace(
+        cumsum_between, (a, b))
+    report = nncfuse.explain(fn, a, b)
+    assert categories(report) == {("aten::cumsum", "no lowering")}
+    assert report.fused_nodes == 6 and report.external == {"aten::mm": 1}
+
+
+def test_a_disabled_function_reports_why_nothing_fused(monkeypatch):
+    monkeypatch.setenv("NNCFUSE_DISABLE", "1")
+    report = nncfuse.explain(cumsum_between, torch.randn(4, 4), torch.randn(4, 4))
+    assert report.groups == [] and report.graph is None
+    assert "disabled" in report.note and "disabled" in str(report)
