@@ -21,11 +21,11 @@ Each contender's outputs are checked against eager's (`assert_close`, rtol 1e-3,
 atol 1e-4) before timing; one that fails is reported and not timed. Per model
 the table gives the speed over eager, nncfuse's coverage (`nncfuse.explain`:
 fused over non-external compute nodes) and the most common reasons nodes stay
-outside. The compute profile (`torch.profiler` on eager) splits eager's time into
-external ops (GEMM, convolution, attention, embedding: `nncfuse.explain.EXTERNAL_KINDS`,
-outermost op's inclusive time) and the rest; the rest of torch.compile and nncfuse is
-estimated as their total minus eager's external time (both call the same libraries
-for those ops; Inductor may fuse epilogues into them, which counts as "rest" saved).
+outside. The compute profile runs every contender under `torch.profiler`: the
+outermost external op's inclusive time (GEMM, convolution, attention, embedding:
+`nncfuse.explain.EXTERNAL_KINDS`, and the routines torch.compile's code calls for
+them), over the profiled loop's wall time, is the external share; the rest is the
+contender's median times one minus its share: the time a fuser can do something about.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class Result:
     timings: dict[str, Timing] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     report: Any = None  # nncfuse.explain's
-    external_share: float | None = None  # of eager's time, from the profiler
+    shares: dict[str, float] = field(default_factory=dict)  # external share, from profiles
 
     def median(self, contender: str) -> float | None:
         t = self.timings.get(contender)
@@ -185,11 +185,9 @@ class Result:
         return e / t if e and t else None
 
     def rest(self, contender: str) -> float | None:
-        """Time outside external ops: eager's from the profile, others' total minus that."""
-        t, e = self.median(contender), self.median("eager")
-        if t is None or e is None or self.external_share is None:
-            return None
-        return t - e * self.external_share
+        """Time outside external ops: the median times the profiled share of the rest."""
+        t, share = self.median(contender), self.shares.get(contender)
+        return None if t is None or share is None else t * (1.0 - share)
 
 
 def _build(contender: str, model: torch.nn.Module, traced: Any) -> Callable[..., Any]:
@@ -202,23 +200,29 @@ def _build(contender: str, model: torch.nn.Module, traced: Any) -> Callable[...,
     return nncfuse.jit(traced)
 
 
-def external_share(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], calls: int) -> float:
-    """The share of eager's time (wall, profiler running) spent in external ops: the
-    outermost external op's inclusive time, over the whole loop's (Python included)."""
+#: What the profiler records for external ops: explain's kinds, plus the routines that
+#: torch.compile's generated code calls for them directly.
+PROFILED_EXTERNAL = EXTERNAL_KINDS | {
+    "aten::_scaled_dot_product_flash_attention_for_cpu", "mkldnn::_convolution_pointwise",
+    "mkldnn::_linear_pointwise", "mkl::_mkl_linear",
+}
+
+
+def external_share(fn: Callable[[], Any], calls: int) -> float:
+    """The share of `fn`'s time (wall, profiler running) spent in external ops: the outermost
+    external op's inclusive time over the whole loop's (Python and kernels included)."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(2):
-        model(*inputs)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(calls):
-            model(*inputs)
+            fn()
         loop_us = (time.perf_counter() - start) * 1e6
     external = 0.0
     for e in prof.events():
-        if e.name in EXTERNAL_KINDS:
+        if e.name in PROFILED_EXTERNAL:
             parent = e.cpu_parent
-            while parent is not None and parent.name not in EXTERNAL_KINDS:
+            while parent is not None and parent.name not in PROFILED_EXTERNAL:
                 parent = parent.cpu_parent
             if parent is None:
                 external += e.cpu_time_total
@@ -255,7 +259,8 @@ def run_model(spec: Spec, threads: int, args: argparse.Namespace) -> Result:
             ready[contender] = lambda fn=fn: fn(*inputs)
             if contender == "nncfuse":
                 result.report = nncfuse.explain(fn, *inputs)
-        result.external_share = external_share(model, inputs, 3 if args.quick else 10)
+        for contender, fn in ready.items():
+            result.shares[contender] = external_share(fn, 3 if args.quick else 5)
         result.timings = measure(ready, rounds=args.rounds, target_s=args.target_ms / 1e3,
                                  warmup=1, clock=args.clock)
     torch._dynamo.reset()
@@ -313,21 +318,19 @@ def print_tables(results: list[Result], contenders: list[str], clock: str) -> li
             f"{LABELS[c]} {_x(geomean(s for r in mine if (s := r.speedup(c))))}"
             for c in others))
 
-    print("\ncompute profile: eager's time in external ops (GEMM, convolution, attention, "
-          "embedding; torch.profiler) and the rest;")
-    print("rest of torch.compile and nncfuse = their total - eager's external time "
-          "(an estimate: same libraries for those ops)\n")
-    prof = ["model", "thr", "external share", "eager rest"] + [
-        f"{LABELS[c]} rest" for c in others if c != "script"] + [
-        f"{LABELS[c]} rest vs eager" for c in others if c != "script"]
+    print("\ncompute profile (torch.profiler on each contender): the share of eager's time in "
+          "external ops (GEMM, convolution, attention, embedding) and, per contender, the "
+          "time outside them\n(median x profiled share of the rest); rest vs eager = eager's "
+          "rest / the contender's\n")
+    prof = ["model", "thr", "eager external"] + [f"{LABELS[c]} rest" for c in contenders] + [
+        f"{LABELS[c]} rest vs eager" for c in others]
     plines = ["| " + " | ".join(prof) + " |", "|" + "---|" * len(prof)]
     for r in results:
-        share = "-" if r.external_share is None else f"{100 * r.external_share:.0f}%"
-        cells = [r.model, str(r.threads), share, _t(r.rest("eager"))]
-        rests = [c for c in others if c != "script"]
-        cells += [_t(r.rest(c)) for c in rests]
-        cells += [_x(r.rest("eager") / r.rest(c)) if r.rest(c) and r.rest(c) > 0
-                  and r.rest("eager") else "-" for c in rests]
+        share = r.shares.get("eager")
+        cells = [r.model, str(r.threads), "-" if share is None else f"{100 * share:.0f}%"]
+        cells += [_t(r.rest(c)) for c in contenders]
+        cells += [_x(r.rest("eager") / r.rest(c)) if r.rest(c) and r.rest("eager") else "-"
+                  for c in others]
         plines.append("| " + " | ".join(cells) + " |")
     print("\n".join(plines))
 
