@@ -343,7 +343,7 @@ def print_tables(results: list[Result], contenders: list[str], clock: str) -> li
 
 
 def write_chart(path: Path, results: list[Result], contenders: list[str],
-                machine: dict[str, Any]) -> None:
+                machine: dict[str, Any], clock: str) -> None:
     """Speedup over eager per model, one panel per thread setting (log scale), as the suite's."""
     try:
         import matplotlib
@@ -352,6 +352,7 @@ def write_chart(path: Path, results: list[Result], contenders: list[str],
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     others = [c for c in contenders if c != "eager"]
     settings = sorted({r.threads for r in results})
@@ -369,14 +370,17 @@ def write_chart(path: Path, results: list[Result], contenders: list[str],
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log")
         ax.set_title(f"{threads} thread{'s' if threads > 1 else ''}")
-        ax.set_xlabel("speedup over eager (median wall time; log scale, >1 is faster)")
+        ax.set_xlabel(f"speedup over eager (median {clock} time; log scale, >1 is faster)")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.grid(axis="x", which="both", alpha=0.3)
+    covered = {r.model: r.report.coverage for r in results if r.report is not None}
     axes[0][0].set_yticks(range(len(names)), [
-        f"{n} ({_coverage(by_name[n]) if n in by_name else '-'})" for n in names])
+        f"{n} ({100 * covered[n]:.0f}% fused)" if n in covered else n for n in names])
     axes[0][0].invert_yaxis()
     axes[0][-1].legend(loc="lower right")
-    fig.suptitle(f"models (nncfuse coverage in brackets): {machine['cpu_model']}, "
-                 f"torch {machine['torch']}, nncfuse {machine['nncfuse_revision']}")
+    fig.suptitle(f"transformers models (nncfuse's coverage in brackets)\n{machine['cpu_model']}, "
+                 f"torch {machine['torch']}, nncfuse {machine['nncfuse_revision']}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -452,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     print_tables(results, args.contenders, args.clock)
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
     if args.chart is not None:
-        write_chart(args.chart, results, args.contenders, machine)
+        write_chart(args.chart, results, args.contenders, machine, args.clock)
 
 
 if __name__ == "__main__":
