@@ -60,7 +60,7 @@ from .jit import function
 from .jit.function import FusedFunction
 from .jit.guard import CompileFailure, is_fused_op
 from .jit.subgraph import is_group
-from .jit.tensorexpr_fuser import fusion_groups, why_not_fused
+from .jit.tensorexpr_fuser import why_not_fused
 
 __all__ = ["explain", "Report", "Group", "Unfused", "StrictFusionError", "CATEGORIES",
            "EXTERNAL_KINDS", "is_compute", "is_external"]
@@ -288,8 +288,10 @@ def _position(node: Any) -> str:
 
 
 def report_for(graph: torch._C.Graph | None, options: Options,
-               failures: list[CompileFailure] = (), note: str = "") -> Report:
-    """The explain report of an optimized `graph` (None: a function that runs unfused)."""
+               failures: list[CompileFailure] = (), note: str = "",
+               optimized: bool = True) -> Report:
+    """The explain report of an optimized `graph` (None: a function that runs unfused;
+    `optimized=False`: a graph that runs unfused, for the reason `note`)."""
     if graph is None:
         return Report([], [], collections.Counter(), 0, list(failures), None,
                       note or "no optimized graph: the function runs unfused")
@@ -340,7 +342,9 @@ def report_for(graph: torch._C.Graph | None, options: Options,
                 outside(node)
 
     visit(graph.block())
-    assert len(report.groups) == len(fusion_groups(graph))
+    if not optimized:
+        report.unfused = [dataclasses.replace(u, category="not optimized", reason=note)
+                          for u in report.unfused]
     return report
 
 
@@ -363,9 +367,10 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> Report:
     if graph is None:
         note = ("nncfuse is disabled" if fused.options.disable
                 else "the function runs unfused for these arguments (not scripted)")
-    elif not _is_profiled(graph):
-        note = "not optimized: these arguments run the unprofiled, unfused graph"
-    return report_for(graph, fused.options, fused.compile_failures, note)
+    optimized = graph is not None and _is_profiled(graph)
+    if graph is not None and not optimized:
+        note = "these arguments run unfused, unprofiled (e.g. past max_specializations)"
+    return report_for(graph, fused.options, fused.compile_failures, note, optimized)
 
 
 def _is_profiled(graph: torch._C.Graph) -> bool:
@@ -378,18 +383,18 @@ def _is_profiled(graph: torch._C.Graph) -> bool:
 class _StrictPlan:
     """A plan that raises StrictFusionError instead of running its graph."""
 
-    def __init__(self, error: StrictFusionError):
-        self.graph = error.report.graph
-        self.error = error
+    def __init__(self, report: Report):
+        self.graph = report.graph
+        self.report = report
 
     def run(self, args: tuple[Any, ...]) -> Any:
-        raise self.error
+        raise StrictFusionError(self.report)
 
 
 def _strict_check(plan: Any, failures: list[CompileFailure], options: Options) -> Any:
     """`plan`, or under strict fusion one that raises when fusible-looking nodes stayed out."""
     report = report_for(plan.graph, options, failures)
-    return _StrictPlan(StrictFusionError(report)) if report.unfused else plan
+    return _StrictPlan(report) if report.unfused else plan
 
 
 function.strict_check = _strict_check  # the jit layer calls up through this hook

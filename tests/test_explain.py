@@ -238,3 +238,11 @@ def test_a_disabled_function_reports_why_nothing_fused(monkeypatch):
     report = nncfuse.explain(cumsum_between, torch.randn(4, 4), torch.randn(4, 4))
     assert report.groups == [] and report.graph is None
     assert "disabled" in report.note and "disabled" in str(report)
+
+
+def test_a_signature_past_max_specializations_is_not_optimized():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    report = nncfuse.explain(nncfuse.jit(cumsum_between, max_specializations=0), a, b)
+    assert report.groups == [] and report.unfused_nodes == 7
+    assert {u.category for u in report.unfused} == {"not optimized"}
+    assert "max_specializations" in report.note
