@@ -22,11 +22,12 @@ compiling) and reads the optimized graph back:
 
 Nodes are counted by what they do. *Bookkeeping* nodes (constants, list and
 tuple plumbing, attribute reads, sizes, scalar arithmetic: any node without a
-tensor output) are not counted. *External* nodes are the GEMM, convolution,
-attention and embedding ops that run in a library (ATen, oneDNN) whether or
-not they sit in a kernel: they are counted apart. Every other node with a
-tensor output is a *compute* node, and `coverage` is the share of compute
-nodes inside fusion groups. Guards are skipped: a guard's fallback branch
+tensor output; and size arithmetic that tracing records on 0-dim tensors, from
+`aten::size` through `prim::NumToTensor`) are not counted. *External* nodes
+are the GEMM, convolution, attention and embedding ops that run in a library
+(ATen, oneDNN) whether or not they sit in a kernel: they are counted apart.
+Every other node with a tensor output is a *compute* node, and `coverage` is
+the share of compute nodes inside fusion groups. Guards are skipped: a guard's fallback branch
 holds copies of the group's nodes, not nodes left outside.
 
 Each compute node left outside gets a category (`CATEGORIES`) and the
@@ -297,6 +298,7 @@ def report_for(graph: torch._C.Graph | None, options: Options,
                       note or "no optimized graph: the function runs unfused")
     why_not = why_not_fused(graph, options)
     marks = _failure_marks(list(failures))
+    sizes = _size_arithmetic(graph)
     report = Report([], [], collections.Counter(), 0, list(failures), graph, note)
 
     def group_of(node: Any) -> None:
@@ -338,7 +340,7 @@ def report_for(graph: torch._C.Graph | None, options: Options,
             elif list(node.blocks()):
                 for sub in node.blocks():
                     visit(sub)
-            elif is_compute(node):
+            elif is_compute(node) and not all(v.unique() in sizes for v in node.outputs()):
                 outside(node)
 
     visit(graph.block())
@@ -346,6 +348,27 @@ def report_for(graph: torch._C.Graph | None, options: Options,
         report.unfused = [dataclasses.replace(u, category="not optimized", reason=note)
                           for u in report.unfused]
     return report
+
+
+def _size_arithmetic(graph: torch._C.Graph) -> set[int]:
+    """Values that hold sizes only: a traced `x.shape[-1] // 2` is `aten::size`,
+    `prim::NumToTensor`, then `aten::floor_divide` on a 0-dim tensor."""
+    derived: set[int] = set()
+
+    def visit(block: Any) -> None:
+        for node in block.nodes():
+            for sub in node.blocks():
+                visit(sub)
+            tensors = [v for v in node.inputs() if isinstance(v.type(), torch._C.TensorType)]
+            if node.kind() == "prim::NumToTensor":
+                derived.update(v.unique() for v in node.outputs())
+            elif any(v.unique() in derived for v in tensors) and all(
+                    v.unique() in derived or v.node().kind() == "prim::Constant"
+                    for v in tensors):
+                derived.update(v.unique() for v in node.outputs())
+
+    visit(graph.block())
+    return derived
 
 
 # -- the public entry points ------------------------------------------------------------------

@@ -246,3 +246,15 @@ def test_a_signature_past_max_specializations_is_not_optimized():
     assert report.groups == [] and report.unfused_nodes == 7
     assert {u.category for u in report.unfused} == {"not optimized"}
     assert "max_specializations" in report.note
+
+
+def test_traced_size_arithmetic_is_bookkeeping():
+    def halves(x):
+        return torch.sigmoid(x[..., : x.shape[-1] // 2]) * 2.0
+
+    x = torch.randn(4, 8)
+    traced = torch.jit.trace(halves, (x,))
+    assert "aten::floor_divide" in str(traced.graph)
+    report = nncfuse.explain(traced, x)
+    assert categories(report) == {("aten::slice", "no lowering")}
+    assert report.fused_nodes == 2
