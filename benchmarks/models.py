@@ -260,7 +260,7 @@ def run_model(spec: Spec, threads: int, args: argparse.Namespace) -> Result:
             if contender == "nncfuse":
                 result.report = nncfuse.explain(fn, *inputs)
         for contender, fn in ready.items():
-            result.shares[contender] = external_share(fn, 3 if args.quick else 5)
+            result.shares[contender] = external_share(fn, 3 if args.quick else 20)
         result.timings = measure(ready, rounds=args.rounds, target_s=args.target_ms / 1e3,
                                  warmup=1, clock=args.clock)
     torch._dynamo.reset()
