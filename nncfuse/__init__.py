@@ -9,11 +9,13 @@
     f(x, y)                     # profiles, then fuses and compiles with LLVM
     f.graph_for(x, y)           # the optimized TorchScript graph
     nncfuse.fusion_groups(g)    # the fusion-group nodes of a graph
+    print(nncfuse.explain(f, x, y))  # what fused, what stayed outside and why
 
 Set NNCFUSE_LOG_LEVEL (e.g. "tensorexpr_fuser:>>kernel:>>llvm_codegen") to
 watch every stage, NNCFUSE_DONT_USE_LLVM=1 to run kernels in the IR
 interpreter, NNCFUSE_DISABLE=1 to run everything unfused, NNCFUSE_VERIFY=1
-to verify the IR after every schedule pass.
+to verify the IR after every schedule pass, NNCFUSE_STRICT=1 to raise
+StrictFusionError where a compute node stays unfused.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from __future__ import annotations
 from typing import Any
 
 from .config import VERSION, Options
+from .explain import Report, StrictFusionError, explain
 from .jit.function import FusedFunction
 from .jit.tensorexpr_fuser import fusion_groups
 from .tensorexpr.kernel import TensorExprKernel
 
-__all__ = ["jit", "fusion_groups", "FusedFunction", "TensorExprKernel", "Options"]
+__all__ = ["jit", "explain", "fusion_groups", "FusedFunction", "TensorExprKernel", "Options",
+           "Report", "StrictFusionError"]
 __version__ = VERSION
 
 
@@ -33,7 +37,8 @@ def jit(fn: Any = None, **options: Any) -> Any:
     """Fuse `fn`: a Python function, a ScriptFunction (scripted or traced) or a module.
 
     Options (see `Options`): min_group_size (2), profiling_runs (1),
-    max_specializations (12), verify (False). Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
+    max_specializations (12), verify (False), strict (False: see `nncfuse.explain`).
+    Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
     """
     if fn is None:
         return lambda f: jit(f, **options)

@@ -27,6 +27,8 @@ class Options:
     disable:             run everything unfused (NNCFUSE_DISABLE=1).
     verify:              check the IR (`ir_verifier`) after every schedule pass, not only
                          at the end, naming the pass that broke it (NNCFUSE_VERIFY=1).
+    strict:              raise StrictFusionError from calls whose optimized graph leaves a
+                         fusible-looking node unfused (NNCFUSE_STRICT=1; see nncfuse.explain).
     """
 
     min_group_size: int = 2
@@ -35,6 +37,7 @@ class Options:
     use_llvm: bool = True
     disable: bool = False
     verify: bool = False
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.min_group_size < 1:
@@ -55,5 +58,6 @@ class Options:
             "use_llvm": not _env_flag("NNCFUSE_DONT_USE_LLVM"),
             "disable": _env_flag("NNCFUSE_DISABLE"),
             "verify": _env_flag("NNCFUSE_VERIFY"),
+            "strict": _env_flag("NNCFUSE_STRICT"),
         }
         return Options(**{**env, **overrides})  # type: ignore[arg-type]

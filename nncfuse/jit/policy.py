@@ -62,6 +62,10 @@ from .profiling import Profiler
 from .tensorexpr_fuser import fuse_tensor_exprs
 
 _log = log.get_logger(__file__)
+#: Strict fusion, installed by `nncfuse.explain` (a layer above, which builds the report):
+#: `strict_check(plan, failures, options)` returns the plan, or one that raises
+#: StrictFusionError.
+strict_check: Callable[..., Any] | None = None
 
 Signature = tuple[Any, ...]
 
@@ -206,8 +210,12 @@ class Policy:
         fails. Counts toward `max_specializations`. Under the lock."""
         self._optimized += 1
         try:
-            self.compile_failures += fuse_tensor_exprs(graph, self.options)
-            return optimized_plan(graph, prog.receiver)
+            failures = fuse_tensor_exprs(graph, self.options)
+            self.compile_failures += failures
+            plan = optimized_plan(graph, prog.receiver)
+            if self.options.strict and strict_check is not None:
+                plan = strict_check(plan, failures, self.options)
+            return plan
         except Exception as e:  # noqa: BLE001
             _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
             warnings.warn(f"nncfuse: optimization failed, running unfused: {e}", stacklevel=2)

@@ -22,6 +22,7 @@ read across a write. `guard.py` then compiles each group and guards it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -165,6 +166,14 @@ def fusion_groups(graph: Any) -> list[Any]:
 
     visit(graph.block())
     return found
+
+
+def why_not_fused(graph: torch._C.Graph, options: Options) -> Callable[[Any], str | None]:
+    """The fuser's verdict on the nodes of `graph`, for tools (`nncfuse.explain`): a function
+    from a node to the reason it may not join a group (what `>>tensorexpr_fuser` logs), or
+    None if it may. Alias safety is judged on `graph` as it is (an optimized graph keeps the
+    writes of the one the fuser saw)."""
+    return _Fuser(graph, options).why_not
 
 
 def fuse_tensor_exprs(graph: torch._C.Graph, options: Options) -> list[guard.CompileFailure]:
