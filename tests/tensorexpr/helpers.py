@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import expecttest
 import torch
 
 from nncfuse.tensorexpr import expr as E
@@ -30,6 +31,20 @@ def same_results(before: S.Stmt, after: S.Stmt, params: list, make_args) -> None
 
 def text(node) -> str:
     return str(node).strip()
+
+
+class _Expect(expecttest.TestCase):
+    def runTest(self) -> None:  # a TestCase needs a test method to be built
+        pass
+
+
+_EXPECT = _Expect()
+
+
+def assert_expected_inline(actual: str, expect: str) -> None:
+    """Golden text: `expect` is the string literal at the call site, which
+    `EXPECTTEST_ACCEPT=1 python -m pytest ...` rewrites to `actual`."""
+    _EXPECT.assertExpectedInline(actual, expect, skip=1)
 
 
 def var(name: str = "i") -> E.Var:

@@ -5,7 +5,7 @@ import pytest
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.dtype import BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, Dtype
-from tests.tensorexpr.helpers import buf, text, var
+from tests.tensorexpr.helpers import assert_expected_inline, buf, text, var
 
 
 def test_binary_operands_must_agree():
@@ -75,18 +75,15 @@ def test_printer_golden_loop_nest():
         )
     )
     nest = S.Block((S.For(i, E.imm(0), E.imm(4), S.For(j, E.imm(0), E.imm(8), body)),))
-    assert text(nest) == "\n".join(
-        [
-            "{",
-            "  for (int64_t i = 0; i < 4; i++) {",
-            "    for (int64_t j = 0; j < 8; j++) {",
-            "      float v = sin(a[i, j]);",
-            "      out[i, j] = v * v + 0.5f;",
-            "    }",
-            "  }",
-            "}",
-        ]
-    )
+    assert_expected_inline(text(nest), """\
+{
+  for (int64_t i = 0; i < 4; i++) {
+    for (int64_t j = 0; j < 8; j++) {
+      float v = sin(a[i, j]);
+      out[i, j] = v * v + 0.5f;
+    }
+  }
+}""")
 
 
 def test_printer_precedence_and_names():
@@ -111,12 +108,11 @@ def test_printer_allocate_free_parallel():
             S.Free(t),
         )
     )
-    assert text(s).splitlines() == [
-        "{",
-        "  Allocate(tmp, float, {16});",
-        "  for (int64_t i = 0; i < 16; i++) /* parallel */ {",
-        "    tmp[i] = 0.f;",
-        "  }",
-        "  Free(tmp);",
-        "}",
-    ]
+    assert_expected_inline(text(s), """\
+{
+  Allocate(tmp, float, {16});
+  for (int64_t i = 0; i < 16; i++) /* parallel */ {
+    tmp[i] = 0.f;
+  }
+  Free(tmp);
+}""")

@@ -1,7 +1,9 @@
 """LLVM through llvmlite: the host target machine, the O3 pipeline, and JIT engines.
 
 The target machine is built from the host CPU's name and features (as numba
-does), so the code uses AVX-512 where the machine has it. Each compiled
+does), so the code uses AVX-512 where the machine has it, narrowed to the
+instruction set of the kernels eager runs (`capability`: ATEN_CPU_CAPABILITY
+=avx2 drops AVX-512, =default everything from AVX and FMA up). Each compiled
 module gets its own MCJIT engine, which takes ownership of a fresh target
 machine; the engine lives as long as the `JitFunction` that holds it.
 External symbols resolve against the process, `libtorch_cpu.so`, whose
@@ -23,6 +25,7 @@ import torch
 
 from ... import log
 from ...config import VERSION
+from .. import capability
 
 _log = log.get_logger(__file__)
 CACHE_ENV = "NNCFUSE_CACHE_DIR"
@@ -43,11 +46,25 @@ def torch_library(name: str = "libtorch_cpu.so") -> str:
     return os.path.join(os.path.dirname(torch.__file__), "lib", name)
 
 
+#: Features beyond AVX2, and beyond the x86-64 baseline's SSE (AVX-encoded or FMA).
+_BEYOND_AVX2 = ("avx512", "avx10", "amx", "evex512")
+_BEYOND_DEFAULT = (*_BEYOND_AVX2, "avx", "fma", "xop", "f16c", "vaes", "vpclmulqdq", "sha512",
+                   "sm3", "sm4")
+
+
+def narrowed(features: str, aten_capability: str) -> str:
+    """LLVM's feature string `features` without what eager's `aten_capability` kernels lack."""
+    beyond = {capability.AVX2: _BEYOND_AVX2, capability.DEFAULT: _BEYOND_DEFAULT}
+    drop = beyond.get(aten_capability, ())
+    return ",".join(f"-{f[1:]}" if f[1:].startswith(drop) else f for f in features.split(","))
+
+
 @functools.cache
 def host_cpu() -> tuple[str, str]:
-    """The host CPU's LLVM name and feature string."""
+    """The host CPU's LLVM name and feature string, narrowed to eager's capability."""
     _initialize()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    features = llvm.get_host_cpu_features().flatten()
+    return llvm.get_host_cpu_name(), narrowed(features, capability.aten_capability())
 
 
 def host_features() -> set[str]:
@@ -56,7 +73,7 @@ def host_features() -> set[str]:
 
 @functools.cache
 def vector_bits() -> int:
-    """Width in bits of the host's widest SIMD registers that LLVM will use."""
+    """Width in bits of the widest SIMD registers the (narrowed) target has."""
     features = host_features()
     if "avx512f" in features:
         return 512

@@ -4,7 +4,8 @@ Casts follow `ir_eval.cast_value`: float to integer converts to int32
 (int64 for 64-bit targets) with out-of-range and NaN giving that type's
 minimum, as x86's cvtt instructions do, then wraps to the target width.
 Vector intrinsics call SLEEF in chunks of the widest width it offers
-(`vecmath`), or run lane by lane where it has no such function.
+(`vecmath`), or run lane by lane where it has no such function (or where
+eager's kernels call libm: `vecmath.vector_math`).
 """
 
 from __future__ import annotations
@@ -117,9 +118,10 @@ def _powi(cg: LLVMCodeGen, a: Any, b: Any, dtype: Dtype) -> Any:
 
 def _call(cg: LLVMCodeGen, name: str, args: list[Any], dtype: Dtype) -> Any:
     value_type = args[0].type
-    if name == "exp" and dtype.name == "float32" and dtype.lanes > 1:
+    inline = dtype.name == "float32" and dtype.lanes > 1 and vecmath.vector_math()
+    if name == "exp" and inline:
         return _inline_exp(cg, args[0], dtype.lanes)
-    if name == "erf" and dtype.name == "float32" and dtype.lanes > 1:
+    if name == "erf" and inline:
         return _inline_erf(cg, args[0], dtype.lanes)
     if name in vecmath.LLVM_NATIVE:
         return cg.intrinsic(vecmath.LLVM_NATIVE[name], value_type, args)

@@ -1,6 +1,8 @@
 """Parallel loops for llvm_codegen: a `For` marked parallel runs on OpenMP's threads.
 
-The loop body is outlined into a function `<kernel>.par<n>(ptr data)` that
+The loop body is outlined into a function `<kernel>.par<n>(ptr data)` (n counts
+the kernel's own parallel loops, so the IR text, which keys the object-code
+cache, depends on the kernel alone, not on what the process compiled before) that
 reads what the body uses (buffer pointers, scalars, the bounds) from a struct
 the caller fills, takes the `omp_get_thread_num()`-th of
 `omp_get_num_threads()` contiguous chunks of the iteration range, and runs
@@ -11,7 +13,6 @@ count, so `torch.set_num_threads` governs fused kernels too.
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING
 
 import llvmlite.ir as ir
@@ -24,8 +25,6 @@ from .llvm_types import I32, I64, PTR
 
 if TYPE_CHECKING:
     from .llvm_codegen import LLVMCodeGen
-
-_serial = itertools.count()
 
 
 def _captured(s: S.For) -> tuple[list[E.Var], list[Buf]]:
@@ -42,6 +41,12 @@ def _captured(s: S.For) -> tuple[list[E.Var], list[Buf]]:
         if isinstance(buf, Buf):
             bufs[buf.root] = None
     return [v for v in used if v not in bound], list(bufs)
+
+
+def _outlined_name(cg: LLVMCodeGen) -> str:
+    """`<kernel>.par<n>`, n the number of loops the kernel outlined before this one."""
+    prefix = f"{cg.name}.par"
+    return f"{prefix}{sum(1 for f in cg.module.functions if f.name.startswith(prefix))}"
 
 
 def emit_parallel_for(cg: LLVMCodeGen, s: S.For) -> None:
@@ -61,7 +66,7 @@ def emit_parallel_for(cg: LLVMCodeGen, s: S.For) -> None:
         b.store(value, b.gep(data, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
 
     outlined = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR]),
-                           name=f"{cg.name}.par{next(_serial)}")
+                           name=_outlined_name(cg))
     outlined.attributes.add("nounwind")
     gomp = cg.declare("GOMP_parallel", ir.VoidType(), [PTR, PTR, I32, I32])
     b.call(gomp, [outlined, data, ir.Constant(I32, 0), ir.Constant(I32, 0)])

@@ -17,10 +17,15 @@ does the same in its vector loops (libm only in their tails), and so do we.
 float32 exp and erf vectors are not calls at all: `llvm_math.py` computes
 them inline (polynomials and, for erf, an exp), 1.1x and 4.4x faster than
 SLEEF's 1.0-ULP variants. The measured errors are in the README.
+
+Where eager's kernels are the baseline ones (ATEN_CPU_CAPABILITY=default, or
+a CPU without AVX2), its vector loops call libm element by element, and so
+do ours: no SLEEF and no inline polynomials (`capability`).
 """
 
 from __future__ import annotations
 
+from .. import capability
 from .llvm_jit import has_symbol
 
 #: SLEEF accuracy suffix per intrinsic (u10 = 1.0 ULP, u15 = 1.5 ULP, "" = exact).
@@ -85,8 +90,16 @@ def sleef_name(fn: str, dtype_name: str, lanes: int) -> str | None:
     return name if has_symbol(name) else None
 
 
+def vector_math() -> bool:
+    """Whether vectors of transcendentals are computed as vectors (SLEEF, inline), as eager's
+    AVX2 and AVX-512 kernels do, rather than lane by lane in libm, as its default ones do."""
+    return capability.vector_math_is_sleef()
+
+
 def sleef_width(fn: str, dtype_name: str, vector_bits: int) -> int | None:
     """The widest SLEEF vector width for `fn` no wider than the host's registers."""
+    if not vector_math():
+        return None
     bits = 32 if dtype_name == "float32" else 64
     lanes = vector_bits // bits
     while lanes >= 2:

@@ -11,6 +11,7 @@ others to the computation type; the `_param` calls below say which.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -209,19 +210,35 @@ _GELU_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5  # M_SQRT2 * M_2_
 _GELU_KAPPA = 0.044715
 
 
+#: mkldnn_bf16_device_check() / mkldnn_fp16_device_check() (native/mkldnn/Utils.h) as torch
+#: exposes them: ideep's has_bf16_type_support() / has_fp16_type_support(), which ask oneDNN's
+#: effective ISA (the CPU, capped by ONEDNN_MAX_CPU_ISA; not ATEN_CPU_CAPABILITY).
+_ONEDNN_DEVICE_CHECKS = {
+    "bfloat16": "_is_mkldnn_bf16_supported",
+    "float16": "_is_mkldnn_fp16_supported",
+}
+
+
+def _onednn_device_check(dtype: str) -> bool:
+    check = getattr(torch.ops.mkldnn, _ONEDNN_DEVICE_CHECKS[dtype], None)
+    return check is not None and bool(check())
+
+
 def _gelu_uses_onednn(ctx: Ctx) -> bool:
     """Whether eager computes this gelu with oneDNN (`use_mkldnn` in native/Activation.cpp).
 
-    It does for contiguous float32 and bfloat16 inputs of two or more elements
-    (bfloat16 where the CPU supports it) while oneDNN is enabled, as it is by
-    default; the setting is read when the kernel is built (kernels are cached by graph).
+    ATen's condition: oneDNN enabled (as it is by default), a contiguous input
+    of two or more elements, and float32, or bfloat16 where
+    `mkldnn_bf16_device_check()` holds, or float16 where
+    `mkldnn_fp16_device_check()` holds (AVX512-FP16 or AVX-NE-CONVERT CPUs).
+    The setting is read when the kernel is built (kernels are cached by graph).
     """
     dtype = ctx.out_dtype.name
-    if dtype not in ("float32", "bfloat16") or not torch.backends.mkldnn.is_available():
+    if dtype not in ("float32", "bfloat16", "float16") or not torch.backends.mkldnn.is_available():
         return False
     if not torch.backends.mkldnn.enabled:
         return False
-    if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if dtype != "float32" and not _onednn_device_check(dtype):
         return False
     ty = ctx.node.inputsAt(0).type()
     sizes, strides = ty.sizes(), ty.strides()
@@ -233,6 +250,21 @@ def _gelu_uses_onednn(ctx: Ctx) -> bool:
             return False
         expected *= size
     return expected > 1
+
+
+@functools.cache
+def _onednn_gelu_is_avx512(dtype: str) -> bool:
+    """Whether oneDNN's gelu kernel for `dtype` is its AVX-512 one (erf as a polynomial).
+
+    That kernel computes `x * (1 + erf) * 0.5` and makes gelu(+inf) NaN; its
+    AVX2 kernel computes `0.5x + 0.5x * erf` from exp and, at the extremes,
+    agrees with ATen. Which kernel runs is oneDNN's own choice (the CPU, capped
+    by ONEDNN_MAX_CPU_ISA), which torch does not expose: this asks eager once,
+    with an input that `use_mkldnn` sends to oneDNN (the caller checked that it
+    would send this dtype there).
+    """
+    x = torch.tensor([math.inf, 0.0], dtype=getattr(torch, dtype))
+    return bool(torch.nn.functional.gelu(x)[0].isnan())
 
 
 @pointwise("aten::gelu", operands=(0,), overloads=("",))
@@ -249,9 +281,9 @@ def gelu(ctx: Ctx, x: E.Expr) -> E.Expr:
     if approximate != "none":
         raise LoweringError(f"gelu approximate={approximate!r}")
     erf = E.call("erf", x * E.as_expr(_SQRT1_2, x.dtype))
-    if not _gelu_uses_onednn(ctx):
-        return x * half * (one + erf)
-    # oneDNN's eltwise_gelu_erf: x * (1 + erf) * 0.5, so x > FLT_MAX / 2 overflows; and
-    # its erf polynomial, evaluated at |x| = inf, makes gelu(+inf) NaN.
+    if not (_gelu_uses_onednn(ctx) and _onednn_gelu_is_avx512(ctx.out_dtype.name)):
+        return x * half * (one + erf)  # ATen's, or within rounding oneDNN's AVX2 kernel's
+    # oneDNN's AVX-512 eltwise_gelu_erf: x * (1 + erf) * 0.5, so x > FLT_MAX / 2 overflows;
+    # and its erf polynomial, evaluated at |x| = inf, makes gelu(+inf) NaN.
     inf = E.cmp("==", x, E.as_expr(math.inf, x.dtype))
     return E.select(inf, E.as_expr(math.nan, x.dtype), x * (one + erf) * half)

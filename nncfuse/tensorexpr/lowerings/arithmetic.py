@@ -6,7 +6,9 @@ Each op computes what ATen's CPU kernel computes (`BinaryOpsKernel.cpp`,
 where the steps round:
 
 - multiply-adds are fused (`fma`): `add`/`sub` with `alpha` call
-  `vec::fmadd`, and the compiler contracts `a + b * c` in the others;
+  `vec::fmadd`, and the compiler contracts `a + b * c` in the others; but
+  eager's default kernels (ATen capability `default`) have no FMA and round
+  twice, and so do we there (`_multiply_add`);
 - float16/bfloat16 compute in float32 (`Ctx.operands`), but the kernels of
   `div` with a rounding mode, of `pow` by 3 and -2, and the scalar loop of
   `add` with `alpha` compute in the narrow type, so there each step rounds
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from .. import capability
 from .. import expr as E
 from ..dtype import FLOAT64, INT64, Dtype
 from ..ir_eval import evaluate
@@ -40,6 +43,11 @@ from .registry import (
 )
 
 Rounding = Callable[[E.Expr], E.Expr]
+
+
+def _multiply_add(a: E.Expr, b: E.Expr, c: E.Expr) -> E.Expr:
+    """`a * b + c` as eager's kernels compute it: rounded once where they have FMA."""
+    return E.call("fma", a, b, c) if capability.fuses_multiply_adds() else a * b + c
 
 
 def _rounding(ctx: Ctx, compute: Dtype, opmath: bool = False) -> Rounding:
@@ -83,8 +91,8 @@ def add(ctx: Ctx) -> E.Expr:
     the scalar loop's `a + alpha * b` as well. For float16 and bfloat16 the
     two differ: the vector loop fuses in float32, the scalar loop's
     c10::Half arithmetic rounds after each step. The vector loop takes 64 of
-    those at a time (AVX-512), so small tensors and all tails take the
-    scalar loop, which we follow.
+    those at a time (AVX-512; 32 with AVX2), so small tensors and all tails
+    take the scalar loop, which we follow.
     """
     swapped, sign = _ADD_LIKE[ctx.node.kind()]
     (a, b), compute = ctx.operands(ctx.args[:2], Promotion.DEFAULT)
@@ -101,7 +109,7 @@ def add(ctx: Ctx) -> E.Expr:
     if sign < 0:
         alpha = -alpha
     if compute.is_float and compute == ctx.out_dtype:
-        return E.call("fma", b, alpha, a)
+        return _multiply_add(b, alpha, a)
     return E.cast(ctx.out_dtype, a + _rounding(ctx, compute)(b * alpha))
 
 
@@ -278,11 +286,11 @@ def lerp(ctx: Ctx) -> E.Expr:
     if _is_constant(ctx.args[2]):  # choose the branch now
         w = E.as_expr(float(evaluate(weight)), compute)
         if abs(w.value) < 0.5:  # type: ignore[attr-defined]
-            return E.cast(ctx.out_dtype, E.call("fma", w, diff, start))
-        return E.cast(ctx.out_dtype, E.call("fma", w - 1.0, diff, end))
+            return E.cast(ctx.out_dtype, _multiply_add(w, diff, start))
+        return E.cast(ctx.out_dtype, _multiply_add(w - 1.0, diff, end))
     small = E.cmp("<", E.call("abs", weight), 0.5)
     coeff = E.select(small, weight, weight - 1.0)
-    return E.cast(ctx.out_dtype, E.call("fma", coeff, diff, E.select(small, start, end)))
+    return E.cast(ctx.out_dtype, _multiply_add(coeff, diff, E.select(small, start, end)))
 
 
 @register("aten::addcmul", overloads=("",))
@@ -295,7 +303,7 @@ def addcmul(ctx: Ctx) -> E.Expr:
     if value is not None:
         t1 = value * t1
     if compute.is_float:
-        return E.cast(ctx.out_dtype, E.call("fma", t1, t2, s))
+        return E.cast(ctx.out_dtype, _multiply_add(t1, t2, s))
     return E.cast(ctx.out_dtype, s + t1 * t2)
 
 

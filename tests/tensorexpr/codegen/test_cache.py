@@ -4,6 +4,12 @@ import os
 import subprocess
 import sys
 
+import torch
+
+import nncfuse
+from nncfuse.jit.runtime import kernel_of
+from nncfuse.tensorexpr.passes.parallelize import GRAIN
+
 PROGRAM = """
 import torch, nncfuse
 def f(a, b):
@@ -15,12 +21,37 @@ torch.testing.assert_close(g(a, b), f(a, b))
 print("ok")
 """
 
+#: Two kernels, both with parallel loops (sizes above the parallel grain), compiled in
+#: the order the command line gives: the IR text (the cache key) of each must not depend
+#: on what the process compiled before it.
+TWO_KERNELS = f"""
+import sys, torch, nncfuse
+from nncfuse.jit.runtime import kernel_of
+def kernel_a(a, b):
+    return torch.sigmoid(a * b) + torch.cos(b)
+def kernel_b(x):
+    return torch.tanh(x) * 2 + x
+n = {4 * GRAIN}
+calls = {{
+    "A": (kernel_a, (torch.randn(n), torch.randn(n))),
+    "B": (kernel_b, (torch.randn(n),)),
+}}
+for key in sys.argv[1:]:
+    fn, args = calls[key]
+    g = nncfuse.jit(fn)
+    g(*args)
+    torch.testing.assert_close(g(*args), fn(*args))
+    (group,) = nncfuse.fusion_groups(g.graph_for(*args))
+    assert "GOMP_parallel" in kernel_of(group).get_code_text("ir")
+print("ok")
+"""
 
-def run(cache_dir, tmp_path):
+
+def run(cache_dir, tmp_path, program=PROGRAM, args=()):
     env = {**os.environ, "NNCFUSE_CACHE_DIR": str(cache_dir), "NNCFUSE_LOG_LEVEL": ">llvm_jit"}
     script = tmp_path / "program.py"
-    script.write_text(PROGRAM)
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+    script.write_text(program)
+    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     return done.stderr
@@ -33,3 +64,29 @@ def test_second_process_loads_from_the_cache(tmp_path):
     assert len(list(cache.glob("*.o"))) == 1
     second = run(cache, tmp_path)
     assert "Object code from the cache" in second and "cached:" not in second
+
+
+def test_cache_key_does_not_depend_on_compile_order(tmp_path):
+    cache = tmp_path / "cache"
+    first = run(cache, tmp_path, TWO_KERNELS, ["A", "B"])
+    assert first.count("Object code cached: ") == 2 and "from the cache" not in first
+    second = run(cache, tmp_path, TWO_KERNELS, ["B", "A"])
+    assert "cached: " not in second and second.count("Object code from the cache: ") == 2, second
+    assert len(list(cache.glob("*.o"))) == 2
+
+
+def two_loops(x, y):
+    return torch.sin(x) * 2, torch.cos(y) + 1
+
+
+def test_same_graph_gives_the_same_ir_text():
+    """Outlined loops are numbered within their kernel: recompiling changes no byte."""
+    args = (torch.randn(2 * GRAIN), torch.randn(3, GRAIN))
+    g = nncfuse.jit(two_loops)
+    g(*args)
+    (group,) = nncfuse.fusion_groups(g.graph_for(*args))
+    subgraph = group.g("Subgraph")
+    texts = [nncfuse.TensorExprKernel(subgraph).jit.ir_text for _ in range(2)]
+    assert texts[0] == texts[1] == kernel_of(group).jit.ir_text
+    name = kernel_of(group).name
+    assert f'@"{name}.par0"' in texts[0] and f'@"{name}.par1"' in texts[0]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import nncfuse
+from nncfuse.tensorexpr import capability
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr.buffer import Buf
 from nncfuse.tensorexpr.codegen.llvm_codegen import compile_stmt
@@ -26,8 +27,8 @@ from tests.fused import BACKENDS, FLOATS, assert_exact, check, run_fused
 
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 SPECIAL = [0.0, -0.0, math.nan, math.inf, -math.inf, 0.5, -0.5, 1.0, -1.0, 2.5, -3.0, 7.0]
-# eager's vectorized kernels fuse multiply-adds on these; elsewhere it may round twice
-FMA = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+# eager's AVX2 and AVX-512 kernels fuse multiply-adds; its default ones round twice
+FMA = capability.fuses_multiply_adds()
 
 
 def floats(dtype, n=67, scale=4.0):

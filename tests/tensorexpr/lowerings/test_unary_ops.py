@@ -9,6 +9,9 @@ does.
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -257,17 +260,41 @@ def test_gelu(approximate, dtype, use_llvm):
     check(lambda t: F.gelu(t, approximate=approximate), x, exact=False, use_llvm=use_llvm)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_gelu_follows_eager_between_onednn_and_aten(dtype):
-    """Eager runs contiguous float32/bfloat16 gelu through oneDNN: gelu(inf) is NaN there."""
+    """Eager runs contiguous gelu through oneDNN (bfloat16/float16 where oneDNN supports
+    them): with its AVX-512 kernel gelu(inf) is NaN there; ATen's gelu(inf) is inf."""
     x = torch.tensor([math.inf, -math.inf, 3e38, -3e38, 1.0, -6.0, 7.0, 0.0], dtype=dtype)
     gelu = lambda t: F.gelu(t)
-    check(gelu, x, exact=False)  # oneDNN
+    check(gelu, x, exact=False)  # oneDNN where eager uses it
     check(gelu, x[:1], exact=False)  # one element: ATen
     check(gelu, torch.stack([x, x], 1)[:, 0], exact=False)  # strided: ATen
     with torch.backends.mkldnn.flags(enabled=False):  # read when a kernel is built: new shape
         check(gelu, x[:7], exact=False)  # ATen
-    assert F.gelu(x)[0].isnan() and F.gelu(x[:1])[0].isinf()
+    assert F.gelu(x[:1])[0].isinf()
+
+
+GELU_UNDER_ONEDNN_ISA = """
+import math, torch, torch.nn.functional as F
+from tests.fused import check
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    x = torch.tensor([math.inf, -math.inf, 3e38, -3e38, 1.0, -6.0, 7.0, 0.0], dtype=dtype)
+    check(lambda t: F.gelu(t), x, exact=False)
+print(F.gelu(torch.tensor([math.inf, 0.0]))[0].item())
+"""
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512_core"])
+def test_gelu_follows_onednn_isa(isa):
+    """oneDNN picks its kernel by its own ISA (ONEDNN_MAX_CPU_ISA caps it): with AVX2 eager's
+    float32 gelu(inf) is inf, as on CPUs without AVX-512; with AVX-512 it is NaN."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    done = subprocess.run([sys.executable, "-c", GELU_UNDER_ONEDNN_ISA], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if isa == "avx2":
+        assert done.stdout.split()[-1] == "inf"
 
 
 def test_gelu_approximations_differ_as_in_eager():

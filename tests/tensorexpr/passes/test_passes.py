@@ -16,7 +16,7 @@ from nncfuse.tensorexpr.passes.inline import inline_intermediates
 from nncfuse.tensorexpr.passes.insert_allocations import insert_allocations
 from nncfuse.tensorexpr.passes.simplify import simplify
 from nncfuse.tensorexpr.passes.vectorize import vectorize_inner_loops
-from tests.tensorexpr.helpers import buf, same_results, text, var
+from tests.tensorexpr.helpers import assert_expected_inline, buf, same_results, text, var
 
 
 def seed_program(n=4, m=8):
@@ -40,22 +40,19 @@ def test_inline_substitutes_single_uses_only():
     t0, out, prog = seed_program()
     after = inline_intermediates(prog, outputs=[out])
     # aten_mul, read once, is substituted; aten_sin, read twice, stays a nest of its own.
-    assert text(after) == "\n".join(
-        [
-            "{",
-            "  for (int64_t i = 0; i < 4; i++) {",
-            "    for (int64_t j = 0; j < 8; j++) {",
-            "      aten_sin[i, j] = sin(t0[i, j] * t0[i, j]);",
-            "    }",
-            "  }",
-            "  for (int64_t i_1 = 0; i_1 < 4; i_1++) {",
-            "    for (int64_t j_1 = 0; j_1 < 8; j_1++) {",
-            "      aten_mul_1[i_1, j_1] = aten_sin[i_1, j_1] * aten_sin[i_1, j_1];",
-            "    }",
-            "  }",
-            "}",
-        ]
-    )
+    assert_expected_inline(text(after), """\
+{
+  for (int64_t i = 0; i < 4; i++) {
+    for (int64_t j = 0; j < 8; j++) {
+      aten_sin[i, j] = sin(t0[i, j] * t0[i, j]);
+    }
+  }
+  for (int64_t i_1 = 0; i_1 < 4; i_1++) {
+    for (int64_t j_1 = 0; j_1 < 8; j_1++) {
+      aten_mul_1[i_1, j_1] = aten_sin[i_1, j_1] * aten_sin[i_1, j_1];
+    }
+  }
+}""")
     aten_sin = next(s.buf for s in walk(after) if isinstance(s, S.Store))
     before = insert_allocations(prog, params=[t0, out])
     same_results(before, insert_allocations(after, params=[t0, out]), [t0, out],
@@ -107,12 +104,11 @@ def test_dead_stores_and_lets_are_dropped():
         S.Store(out, (i,), v * v),
     ))
     after = eliminate_dead_stores(S.For(i, E.imm(0), E.imm(8), body), params=[x, out])
-    assert text(after).splitlines() == [
-        "for (int64_t i = 0; i < 8; i++) {",
-        "  float v = sin(x[i]);",
-        "  out[i] = v * v;",
-        "}",
-    ]
+    assert_expected_inline(text(after), """\
+for (int64_t i = 0; i < 8; i++) {
+  float v = sin(x[i]);
+  out[i] = v * v;
+}""")
 
 
 def test_inline_keeps_expensive_values_that_a_broadcast_reuses():
@@ -158,14 +154,13 @@ def test_cse_forwards_stores_and_binds_repeats():
     )
     prog = S.For(i, E.imm(0), E.imm(16), body)
     after = eliminate_common_subexpressions(prog)
-    assert text(after).splitlines() == [
-        "for (int64_t i = 0; i < 16; i++) {",
-        "  float v = x[i];",
-        "  float v_1 = sin(v * v);",
-        "  y[i] = v_1;",
-        "  z[i] = v_1 * v_1;",
-        "}",
-    ]
+    assert_expected_inline(text(after), """\
+for (int64_t i = 0; i < 16; i++) {
+  float v = x[i];
+  float v_1 = sin(v * v);
+  y[i] = v_1;
+  z[i] = v_1 * v_1;
+}""")
     same_results(prog, after, [x, y, z], rand_args(16, 16, 16))
 
 
