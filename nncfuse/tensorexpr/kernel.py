@@ -45,6 +45,7 @@ from .lowerings import (
     Arg,
     ConstArg,
     Ctx,
+    ListArg,
     LoweringError,
     ScalarArg,
     TensorArg,
@@ -60,6 +61,7 @@ from .passes.fuse_loops import fuse_loops
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
 from .passes.parallelize import GRAIN, parallelize_outer_loops, work
+from .passes.partition_loops import partition_loops
 from .passes.simplify import simplify
 from .passes.vectorize import vectorize_inner_loops
 
@@ -139,6 +141,21 @@ def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
     return metas
 
 
+def _lower_list(node: Any, env: dict[int, Arg]) -> bool:
+    """A `prim::ListConstruct` of tensors (for cat and stack) is the list of their args, of
+    constant numbers a constant list (sizes); no loop nest. Whether `node` was one."""
+    if node.kind() != "prim::ListConstruct":
+        return False
+    items = tuple(env[v.unique()] for v in node.inputs())
+    if all(isinstance(a, TensorArg) for a in items):
+        env[node.output().unique()] = ListArg(items)
+    elif all(isinstance(a, ScalarArg) and a.const is not None for a in items):
+        env[node.output().unique()] = ConstArg([a.const for a in items])  # type: ignore
+    else:
+        raise LoweringError("a list of something other than tensors or constants")
+    return True
+
+
 def lower_graph(graph: torch._C.Graph) -> Lowered:
     """One loop nest per node of `graph`; see the module docstring."""
     metas = graph_metas(graph)
@@ -195,6 +212,8 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
                 env[value.unique()] = ScalarArg(E.imm(ivalue, scalar_dtype(ivalue)), ivalue)
             else:
                 env[value.unique()] = ConstArg(ivalue)
+            continue
+        if _lower_list(node, env):
             continue
         lowering, reason = lowering_for(node)
         if lowering is None:
@@ -256,6 +275,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
     return [
         ("inline_intermediates", partial(inline_intermediates, outputs=outputs)),
         ("simplify", simplify),  # unit loops gone: loads of size-1 dims match their stores
+        ("partition_loops", partition_loops),  # cat: one loop per part, no selects
         ("fuse_loops", fuse_loops),
         ("flatten_indices", flatten_indices),
         ("simplify", simplify),
