@@ -28,8 +28,10 @@ import torch
 
 from .. import log
 from ..config import Options
+from ..tensorexpr.lowerings import aliases
+from ..tensorexpr.meta import is_tensor
 from . import guard
-from .subgraph import is_group, make_group, merge_into, unmerge
+from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
 from .supported import why_not_fusible
 
 _log = log.get_logger(__file__)
@@ -92,9 +94,13 @@ class _Fuser:
         if self.options.min_group_size <= 1:
             for node in list(block.nodes()):
                 lone = not is_group(node) and node.kind() != "prim::Constant"
+                lone = lone and node.outputsSize() == 1 and is_tensor(node.output())
                 if lone and self.why_not(node) is None:
                     make_group(self.graph, node)
         self.merge_adjacent(block)
+        for node in list(block.nodes()):
+            if is_group(node):
+                move_aliases_out(self.graph, node, aliases)  # eager's views stay views
         for node in list(block.nodes()):
             if is_group(node) and _body_size(node) < self.options.min_group_size:
                 _log.update("Undoing a group of ", _body_size(node), " node(s)")
