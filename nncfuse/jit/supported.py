@@ -39,12 +39,19 @@ def _tensor_problem(value: Any, what: str) -> str | None:
     return None
 
 
+_GROUP = "prim::TensorExprGroup"  # subgraph.GROUP (a sibling module: not imported)
 _LIST_READERS = {"aten::cat", "aten::concat", "aten::concatenate", "aten::stack"}
 
 
 def _list_problem(node: Any) -> str | None:
     """Why the `prim::ListConstruct` `node` cannot fuse with the node that reads it."""
     uses = list(node.output().uses())
+    if len(uses) == 1 and uses[0].user.kind() == _GROUP:  # the reader is in a group already
+        inner = list(uses[0].user.g("Subgraph").inputs())[uses[0].offset]
+        uses = list(inner.uses())
+        reader_problem = None
+    else:
+        reader_problem = _node_problem(uses[0].user) if uses else None
     if len(uses) != 1 or uses[0].user.kind() not in _LIST_READERS or uses[0].offset != 0:
         return "a list fuses only into the one cat or stack that reads it"
     for value in node.inputs():
@@ -53,7 +60,7 @@ def _list_problem(node: Any) -> str | None:
         problem = _tensor_problem(value, "list item")
         if problem:
             return problem
-    return _node_problem(uses[0].user)
+    return reader_problem
 
 
 def why_not_fusible(node: Any) -> str | None:

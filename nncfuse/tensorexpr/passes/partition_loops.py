@@ -102,7 +102,12 @@ class _Partition(Mutator):
                 pieces = []
                 for lo, hi in zip(bounds, bounds[1:]):
                     var = E.Var(s.var.name, s.var.dtype)
-                    body = substitute(s.body, {s.var: var + lo if lo else var})
+                    fresh: dict[E.Var, E.Expr] = {
+                        n.var: E.Var(n.var.name, n.var.dtype)
+                        for n in walk(s.body) if isinstance(n, S.For)
+                    }  # each piece binds its own inner loop variables
+                    fresh[s.var] = var + lo if lo else var
+                    body = substitute(s.body, fresh)
                     pieces.append(S.For(var, E.imm(0), E.imm(hi - lo), self.mutate(body)))
                 return S.Block(tuple(pieces))
         return self.generic_mutate(s)

@@ -1,0 +1,445 @@
+"""Views, slices, cat and stack inside fusion groups: index arithmetic, against eager.
+
+Every case runs through `nncfuse.jit` on both backends and compares with
+eager bit for bit, strides of the outputs included, and checks which ops
+ended up inside a group. Returned views of inputs must stay eager's views.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+import nncfuse
+from nncfuse.jit.supported import why_not_fusible
+from nncfuse.tensorexpr import expr as E
+from nncfuse.tensorexpr.ir_visitor import walk
+from tests.fused import BACKENDS, assert_exact
+
+
+def fused_kinds(graph):
+    """The node kinds inside the fusion groups of an optimized graph."""
+    kinds = set()
+    for group in nncfuse.fusion_groups(graph):
+        kinds |= {n.kind() for n in group.g("Subgraph").nodes()}
+    return kinds
+
+
+def run(fn, *args, use_llvm=True, traced=False):
+    """(fused result, eager result, kinds fused) of `fn` on fresh copies of `args`."""
+    def fresh():
+        return [a.clone() if isinstance(a, torch.Tensor) and a.is_contiguous() else a
+                for a in args]
+
+    target = fn
+    if traced:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            target = torch.jit.trace(fn, tuple(args), check_trace=False)
+    f = nncfuse.jit(target, min_group_size=1, use_llvm=use_llvm)
+    f(*fresh())
+    got = f(*args)
+    return got, fn(*fresh()), fused_kinds(f.graph_for(*args))
+
+
+def same(got, want):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert_exact(g, w)
+        assert g.shape == w.shape
+        for size, a, b in zip(w.shape, g.stride(), w.stride()):
+            assert size <= 1 or a == b, (g.stride(), w.stride())
+
+
+def rand(*shape):
+    return torch.randn(*shape)
+
+
+def case_view(x):
+    return (x * 2).view(-1, 3) + 1
+
+
+def case_view_unit_dims(x):
+    return (x * 2).view(2, 1, 12, 1).relu()
+
+
+def case_view_regroups(x):
+    return (x * 2).view(3, 8) - 1
+
+
+def case_reshape_of_transposed(x):
+    return (x.t() * 2).reshape(-1)
+
+
+def case_flatten(x):
+    return (x * 2).flatten(1).relu()
+
+
+def case_unflatten(x):
+    return (x * 2).unflatten(1, (2, 3)).relu()
+
+
+def case_squeeze_unsqueeze(x):
+    return (x * 2).unsqueeze(-1).squeeze(-1).unsqueeze(0).squeeze().squeeze(1).neg()
+
+
+def case_squeeze_dims(x):
+    return (x + 1).squeeze((0, 2)) * 2
+
+
+def case_permute(x):
+    return (x + 1).permute(2, 0, 1).relu()
+
+
+def case_transpose_negative(x):
+    return (x + 1).transpose(0, -1) * 2
+
+
+def case_t(x):
+    return (x + 1).t()
+
+
+def case_t_1d(x):
+    return (x + 1).t() * 2
+
+
+def case_movedim(x):
+    return x.movedim(0, -1) * 2
+
+
+def case_contiguous(x):
+    return (x.t() + 1).contiguous()
+
+
+def case_slice_steps(x):
+    return (x + 1)[1:, ::2] * 3
+
+
+def case_slice_negative(x):
+    return x[-3:-1] * 2
+
+
+def case_slice_empty(x):
+    return x[:, 10:] * 2
+
+
+def case_slice_long_step(x):
+    return x[::10] * 2
+
+
+def case_select(x):
+    return (x * 2)[1] + x[:, -1].unsqueeze(-1)
+
+
+def case_narrow(x):
+    return (x * 2).narrow(1, -3, 2)
+
+
+def case_expand_after_view(x, y):
+    return (x * 2).view(4, 1, 6).expand(4, 3, 6) + y
+
+
+def case_broadcast_after_view(x, b):
+    return x.t() + b
+
+
+def case_transposed_input(x):
+    return x.reshape(-1) * 2
+
+
+def case_sliced_input(x):
+    return x.t()[1:] * 2
+
+
+def case_zero_size(x):
+    return (x * 2).view(-1, 3).t() + 1
+
+
+def case_cat(x, y):
+    return torch.cat([x + 1, y * 2], 1).relu()
+
+
+def case_cat_dim0_three(x, y):
+    return torch.cat([x, y * 2, x.neg()]) * 2
+
+
+def case_cat_negative_dim(x, y):
+    return torch.cat((x.t(), y), -1) - 1
+
+
+def case_cat_empty_parts(x, y, e):
+    return torch.cat([x + 1, e, y + 1, e[:, :0]], 1)
+
+
+def case_cat_legacy_empty(x, e):
+    return torch.cat([x * 2, e])
+
+
+def case_cat_then_transpose(x, y):
+    return torch.cat([x + 1, y], 1).t() * 2
+
+
+def case_cat_then_view(x, y):
+    return torch.cat([x + 1, y], 1).view(-1) * 2
+
+
+def case_stack(x, y):
+    return torch.stack([x + 1, y * 2], 1).relu()
+
+
+def case_stack_last(x, y):
+    return torch.stack([x, y, x], -1) * 2
+
+
+# name: (function, inputs, kinds that must be fused)
+CASES = {
+    "view": (case_view, [rand(4, 6)], {"aten::view"}),
+    "view_unit_dims": (case_view_unit_dims, [rand(4, 6)], {"aten::view"}),
+    "view_regroups": (case_view_regroups, [rand(4, 6)], {"aten::view"}),
+    "reshape_of_transposed": (case_reshape_of_transposed, [rand(4, 6)],
+                              {"aten::reshape", "aten::t"}),
+    "flatten": (case_flatten, [rand(2, 3, 4)], {"aten::flatten"}),
+    "unflatten": (case_unflatten, [rand(4, 6)], {"aten::unflatten"}),
+    "squeeze_unsqueeze": (case_squeeze_unsqueeze, [rand(4, 1, 6)],
+                          {"aten::unsqueeze", "aten::squeeze"}),
+    "squeeze_dims": (case_squeeze_dims, [rand(1, 5, 1, 3)], {"aten::squeeze"}),
+    "permute": (case_permute, [rand(2, 3, 4)], {"aten::permute"}),
+    "transpose_negative": (case_transpose_negative, [rand(2, 3, 4)], {"aten::transpose"}),
+    "t": (case_t, [rand(4, 6)], {"aten::t"}),
+    "t_1d": (case_t_1d, [rand(5)], {"aten::t"}),
+    "movedim": (case_movedim, [rand(2, 3, 4)], {"aten::movedim"}),
+    "contiguous": (case_contiguous, [rand(4, 6)], {"aten::contiguous"}),
+    "slice_steps": (case_slice_steps, [rand(5, 7)], {"aten::slice"}),
+    "slice_negative": (case_slice_negative, [rand(5, 7)], {"aten::slice"}),
+    "slice_empty": (case_slice_empty, [rand(5, 7)], {"aten::slice"}),
+    "slice_long_step": (case_slice_long_step, [rand(5, 7)], {"aten::slice"}),
+    "select": (case_select, [rand(5, 5)], {"aten::select"}),
+    "narrow": (case_narrow, [rand(4, 6)], {"aten::narrow"}),
+    "expand_after_view": (case_expand_after_view, [rand(4, 6), rand(3, 6)],
+                          {"aten::view", "aten::expand"}),
+    "broadcast_after_view": (case_broadcast_after_view, [rand(4, 6), rand(4)], {"aten::t"}),
+    "transposed_input": (case_transposed_input, [rand(6, 4).t()], {"aten::reshape"}),
+    "sliced_input": (case_sliced_input, [rand(4, 12)[:, ::2]], {"aten::t", "aten::slice"}),
+    "zero_size": (case_zero_size, [rand(0, 6)], {"aten::view", "aten::t"}),
+    "cat": (case_cat, [rand(4, 5), rand(4, 3)], {"aten::cat", "prim::ListConstruct"}),
+    "cat_dim0_three": (case_cat_dim0_three, [rand(2, 3), rand(4, 3)], {"aten::cat"}),
+    "cat_negative_dim": (case_cat_negative_dim, [rand(3, 4), rand(4, 2)], {"aten::cat", "aten::t"}),
+    "cat_empty_parts": (case_cat_empty_parts, [rand(3, 2), rand(3, 4), rand(3, 0)], {"aten::cat"}),
+    "cat_legacy_empty": (case_cat_legacy_empty, [rand(3, 2), rand(0)], {"aten::cat"}),
+    "cat_then_transpose": (case_cat_then_transpose, [rand(3, 2), rand(3, 4)],
+                           {"aten::cat", "aten::t"}),
+    "cat_then_view": (case_cat_then_view, [rand(3, 2), rand(3, 4)], {"aten::cat", "aten::view"}),
+    "stack": (case_stack, [rand(4, 5), rand(4, 5)], {"aten::stack"}),
+    "stack_last": (case_stack_last, [rand(4, 5), rand(4, 5)], {"aten::stack"}),
+}
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_view_ops_fuse_and_match_eager(name, use_llvm):
+    fn, args, kinds = CASES[name]
+    got, want, fused = run(fn, *args, use_llvm=use_llvm)
+    same(got, want)
+    assert kinds <= fused, fused
+
+
+@pytest.mark.parametrize("name", ["view", "permute", "slice_steps", "cat", "stack"])
+def test_traced_view_ops_fuse(name):
+    fn, args, kinds = CASES[name]
+    got, want, fused = run(fn, *args, traced=True)
+    same(got, want)
+    assert kinds <= fused, fused
+
+
+def cat_twice(x, y):
+    c = torch.cat([x + 1, y], 1)
+    return c * c
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_cat_read_twice_writes_its_parts_in_place(use_llvm):
+    got, want, fused = run(cat_twice, rand(3, 2), rand(3, 4), use_llvm=use_llvm)
+    same(got, want)
+    assert "aten::cat" in fused
+
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+          torch.int16, torch.int32, torch.int64, torch.bool]
+
+
+def views_of_every_kind(x):
+    return torch.cat([x.t(), x[1:], x.view(2, 8).view(4, 4)[::2]], 0)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype(dtype, use_llvm):
+    x = (torch.randn(4, 4) * 50).to(dtype)
+    got, want, fused = run(views_of_every_kind, x, use_llvm=use_llvm)
+    same(got, want)
+    assert {"aten::cat", "aten::t", "aten::slice", "aten::view"} <= fused
+
+
+def cat_mixed(x, y):
+    return torch.cat([x, y], 0)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_cat_promotes(use_llvm):
+    x, y = torch.tensor([[1, -2]], dtype=torch.int8), torch.tensor([[0.5, 300.0]])
+    got, want, fused = run(cat_mixed, x, y, use_llvm=use_llvm)
+    same(got, want)
+    assert "aten::cat" in fused
+
+
+def test_cat_loops_have_no_selects():
+    """`partition_loops` gives each part its own loop: no select, no clamp is left."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(CASES["cat"][0], (rand(4, 5), rand(4, 3)), check_trace=False)
+    kernel = nncfuse.TensorExprKernel(traced.graph)
+    assert not [n for n in walk(kernel.stmt) if isinstance(n, (E.Select, E.Max, E.Min))
+                and n.dtype.scalar.is_int]
+    assert not [n for n in walk(kernel.stmt) if isinstance(n, E.Select)]
+
+
+# -- returned views ------------------------------------------------------------------------
+
+
+def shares_memory(a, b):
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def returns_transpose(x):
+    return x.transpose(0, 1)
+
+
+def returns_slice(x):
+    return x[1:]
+
+
+def returns_view(x):
+    return x.view(-1)
+
+
+def returns_chain(x):
+    return x.t().unsqueeze(0)[:, 1:]
+
+
+def returns_also_used(x):
+    return x.t() + 1, x.t()
+
+
+def returns_contiguous(x):
+    return x.contiguous(), x.contiguous() * 2
+
+
+RETURNED_VIEWS = {
+    "transpose": returns_transpose,
+    "slice": returns_slice,
+    "view": returns_view,
+    "chain": returns_chain,
+    "also_used": returns_also_used,
+    "contiguous": returns_contiguous,
+}
+
+
+@pytest.mark.parametrize("name", list(RETURNED_VIEWS))
+def test_returned_views_of_inputs_stay_views(name):
+    fn = RETURNED_VIEWS[name]
+    x = rand(4, 6)
+    f = nncfuse.jit(fn, min_group_size=1)
+    f(x)
+    got = f(x)
+    want = fn(x)
+    same(got, want)
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        assert shares_memory(g, x) == shares_memory(w, x)
+
+
+def view_of_computed(x):
+    y = x + 1
+    return y, y.t(), y[:, ::2]
+
+
+def test_returned_views_of_computed_values_share_its_memory():
+    x = rand(4, 6)
+    got, want, fused = run(view_of_computed, x)
+    same(got, want)
+    assert shares_memory(got[0], got[1]) and shares_memory(got[0], got[2])
+    assert "aten::add" in fused
+
+
+def view_strides(x):
+    return (x + 1).t(), (x * 2)[:, ::2], (x - 1).view(2, 12)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_returned_views_of_computed_values_have_eager_strides(use_llvm):
+    got, want, fused = run(view_strides, rand(4, 6), use_llvm=use_llvm)
+    same(got, want)
+    assert {"aten::t", "aten::slice", "aten::view"} <= fused
+
+
+def view_then_write(x):
+    y = x.view(-1)
+    x.add_(1)
+    return y * 2
+
+
+def transpose_then_write(x):
+    y = x.t()
+    z = y + 1
+    x.mul_(2)
+    return z + y
+
+
+@pytest.mark.parametrize("fn", [view_then_write, transpose_then_write])
+def test_writes_to_a_views_base(fn):
+    x = rand(4, 6)
+    f = nncfuse.jit(fn, min_group_size=1)
+    f(x.clone())
+    got = f(x.clone())
+    same(got, fn(x.clone()))
+
+
+def dynamic_view(x):
+    return x.view(x.size(0), -1) * 2
+
+
+def test_sizes_computed_at_run_time_are_not_fused():
+    x = rand(4, 2, 3)
+    f = nncfuse.jit(dynamic_view, min_group_size=1)
+    f(x)
+    got = f(x)
+    same(got, dynamic_view(x))
+    kinds = fused_kinds(f.graph_for(x))
+    assert "aten::view" not in kinds and "aten::mul" in kinds
+    view = next(n for n in dynamic_view_graph(x).nodes() if n.kind() == "aten::view")
+    assert "not a constant" in why_not_fusible(view)
+
+
+def dynamic_view_graph(x):
+    f = nncfuse.jit(dynamic_view, min_group_size=1, profiling_runs=1)
+    f(x)
+    return f.graph_for(x)
+
+
+def transpose_add(x, y):
+    return (x + 1).transpose(0, 1) + y
+
+
+def test_transpose_reads_input_once():
+    """(x + 1).transpose(0, 1) + y is one nest that reads x once per element."""
+    x, y = rand(8, 4), rand(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(transpose_add, (x, y), check_trace=False)
+    kernel = nncfuse.TensorExprKernel(traced.graph)
+    text = str(kernel.stmt)
+    assert text.count("x[") == 1, text
+    assert_exact(kernel.run([x, y]), transpose_add(x, y))
