@@ -18,6 +18,8 @@ indices; nothing is computed, so when the view is inlined into its consumer
   `k`; `perm` comes from applying the op to a meta tensor.
 - slices (slice with steps, select, narrow): `start + i * step` along one
   dimension.
+- constant padding, flip, roll, tril and triu: fresh tensors in eager, but
+  still the input at other indices (or a constant).
 - cat and stack: the element of the part whose range along the dimension
   holds the index, a chain of `Select`s; each part is read at an index
   clamped into its range, so no lane reads outside a part even where the
@@ -41,8 +43,8 @@ from collections.abc import Sequence
 import torch
 
 from .. import expr as E
-from .casts import convert, require_private_alias
-from .registry import Ctx, ListArg, LoweringError, TensorArg, register
+from .casts import convert, fits, require_private_alias
+from .registry import Ctx, ListArg, LoweringError, TensorArg, register, scalar_dtype
 
 _RESHAPES = (
     "aten::view", "aten::reshape", "aten::flatten", "aten::unflatten", "aten::squeeze",
@@ -267,3 +269,113 @@ def stack(ctx: Ctx) -> E.Expr:
         if len(p.shape) + 1 != len(ctx.out_shape):
             raise LoweringError("stack of tensors of different ranks")
     return concat(ctx, parts, dim, [1] * len(parts), stacked=True)
+
+
+# -- padding, flips, rolls, triangles: fresh tensors, still index arithmetic -------------------
+
+
+def _source_of_type(ctx: Ctx) -> TensorArg:
+    source = ctx.args[0]
+    if not isinstance(source, TensorArg) or source.dtype != ctx.out_dtype:
+        raise LoweringError(f"{ctx.node.kind()} of a non-tensor or to another dtype")
+    return source
+
+
+def _pad_value(ctx: Ctx, k: int) -> E.Expr:
+    value = ctx.const(k)
+    value = 0 if value is None else value
+    if not fits(value, ctx.out_dtype):
+        raise LoweringError(f"pad value {value!r} does not fit {ctx.out_dtype}: eager raises")
+    return convert(E.imm(value, scalar_dtype(value)), ctx.out_dtype)
+
+
+@register("aten::constant_pad_nd", overloads=("",), constant_operands=True)
+@register("aten::pad", overloads=("",), constant_operands=True)
+def constant_pad(ctx: Ctx) -> E.Expr:
+    """`value` outside the input's range (pads `(before, after)` from the last dim back;
+    negative pads crop), the input shifted by the `before` pads inside it."""
+    source = _source_of_type(ctx)
+    if ctx.node.kind() == "aten::pad" and ctx.const(2) != "constant":
+        raise LoweringError(f"pad mode {ctx.const(2)!r}")
+    pads = list(ctx.const(1))
+    ndim = len(source.shape)
+    if len(pads) % 2 or len(pads) // 2 > ndim:
+        raise LoweringError("pad must have an even length of at most twice the dims")
+    fill = _pad_value(ctx, 2 if ctx.node.kind() == "aten::constant_pad_nd" else 3)
+    indices = list(ctx.indices)
+    inside: list[E.Expr] = []
+    for k in range(len(pads) // 2):
+        d, before = ndim - 1 - k, pads[2 * k]
+        size, i = source.shape[d], ctx.indices[d]
+        local = i - before if before else i
+        if before > 0:
+            inside.append(E.cmp(">=", i, E.imm(before)))
+            local = E.Max(local, E.imm(0))
+        if before + size < ctx.out_shape[d]:
+            inside.append(E.cmp("<", i, E.imm(before + size)))
+            local = E.Min(local, E.imm(max(size - 1, 0)))
+        indices[d] = local
+    if math.prod(source.shape) == 0:
+        return fill  # all padding
+    value = ctx.load_at(source, indices)
+    for cond in reversed(inside):
+        value = E.Select(cond, value, fill)
+    return value
+
+
+@register("aten::flip", overloads=("",), constant_operands=True)
+def flip(ctx: Ctx) -> E.Expr:
+    """Index `size - 1 - i` along each flipped dim."""
+    source = _source_of_type(ctx)
+    ndim = len(source.shape)
+    dims = {d % max(ndim, 1) for d in ctx.const(1)}
+    indices = [
+        E.imm(source.shape[d] - 1) - i if d in dims and source.shape[d] > 1 else i
+        for d, i in enumerate(ctx.indices)
+    ]
+    return ctx.load_at(source, indices)
+
+
+@register("aten::roll", overloads=("",), constant_operands=True)
+def roll(ctx: Ctx) -> E.Expr:
+    """Index `i - shift` modulo the size along each rolled dim (a select, which
+    `partition_loops` splits); without dims, the flattened tensor rolls."""
+    source = _source_of_type(ctx)
+    shifts, dims = list(ctx.const(1)), list(ctx.const(2) or [])
+    if not dims:
+        if len(shifts) != 1:
+            raise LoweringError("roll without dims takes one shift")
+        n = math.prod(source.shape)
+        if n == 0:
+            return ctx.load_at(source, [E.imm(0)] * len(source.shape))  # never evaluated
+        flat = reshape_indices((n,), ctx.out_shape, ctx.indices)[0]
+        rolled = _rolled(flat, shifts[0], n)
+        return ctx.load_at(source, reshape_indices(source.shape, (n,), (rolled,)))
+    if len(shifts) != len(dims):
+        raise LoweringError("roll takes a shift per dim")
+    ndim = len(source.shape)
+    indices = list(ctx.indices)
+    for shift, d in zip(shifts, dims):
+        d = d % max(ndim, 1)
+        indices[d] = _rolled(indices[d], shift, source.shape[d])
+    return ctx.load_at(source, indices)
+
+
+def _rolled(i: E.Expr, shift: int, size: int) -> E.Expr:
+    s = shift % size if size else 0
+    if s == 0:
+        return i
+    return E.Select(E.cmp("<", i, E.imm(s)), i + (size - s), i - s)
+
+
+@register(("aten::tril", "aten::triu"), overloads=("",), constant_operands=True)
+def triangle(ctx: Ctx) -> E.Expr:
+    """The input where column - row <= diagonal (tril) or >= diagonal (triu), else 0."""
+    source = _source_of_type(ctx)
+    if len(source.shape) < 2:
+        raise LoweringError(f"{ctx.node.kind()} of fewer than 2 dims")
+    diagonal = ctx.const(1) or 0
+    row, col = ctx.indices[-2], ctx.indices[-1]
+    op = "<=" if ctx.node.kind() == "aten::tril" else ">="
+    keep = E.cmp(op, col, row + diagonal if diagonal else row)
+    return E.Select(keep, ctx.load(source), E.cast(ctx.out_dtype, E.imm(0)))

@@ -450,8 +450,9 @@ def test_transpose_reads_input_once():
 OPINFO_VIEWS = [
     "view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose",
     "t", "movedim", "contiguous", "narrow", "select", "view_as", "reshape_as", "mT",
-    "expand", "cat", "stack",
+    "expand", "cat", "stack", "flip", "roll", "tril", "triu", "nn.functional.pad",
 ]
+KINDS = {"nn.functional.pad": ("aten::pad", "aten::constant_pad_nd")}
 
 
 def _computed(t):
@@ -492,7 +493,9 @@ def test_opinfo_samples(name, computed):
 
     from nncfuse import testing
 
-    ops = [op for op in op_db if op.name == name]
+    ops = [op for op in op_db if op.name == name and op.variant_test_name in ("", "constant",
+                                                                             "multiple")]
+    kinds = KINDS.get(name, ("aten::" + name,))
     total = fused = 0
     failures = []
     for op in ops:
@@ -523,10 +526,67 @@ def test_opinfo_samples(name, computed):
                 if message:
                     failures.append(f"{op.name}[{dtype}] #{k}: {message}")
                 total += 1
-                fused += any(kind.startswith("aten::" + op.name.split(".")[-1]) or
-                             kind == "aten::" + name for kind in fused_kinds(f.graph_for(*tensors)))
+                fused += any(kind in kinds for kind in fused_kinds(f.graph_for(*tensors)))
     assert not failures, "\n".join(failures[:10])
     if not computed:
         return
     # narrow's samples with a tensor start (narrow.Tensor) stay unfused: it is a run-time value
     assert total and fused >= (0.5 if name == "narrow" else 0.8) * total, f"{fused}/{total} fused"
+
+
+# -- padding, flips, rolls, triangles ----------------------------------------------------------
+
+
+def pad_constant(x):
+    return torch.nn.functional.pad(x * 2, (1, 2, 0, 1), value=3.5) + 1
+
+
+def pad_negative(x):
+    return torch.constant_pad_nd(x + 1, [-1, 2, 1, -2])
+
+
+def flip_roll(x):
+    return (x * 2).flip(0, -1) + x.roll(2, 1) + x.roll((1, -7), (0, 1))
+
+
+def roll_flat(x):
+    return (x + 1).roll(3)
+
+
+def triangles(x):
+    return (x + 1).tril() + x.triu(1) * 2 + x.tril(-2)
+
+
+MORE = {
+    "pad_constant": (pad_constant, [rand(3, 4)], {"aten::pad"}),
+    "pad_negative": (pad_negative, [rand(3, 5)], {"aten::constant_pad_nd"}),
+    "pad_empty": (pad_constant, [rand(0, 4)], {"aten::pad"}),
+    "flip_roll": (flip_roll, [rand(3, 5)], {"aten::flip", "aten::roll"}),
+    "roll_flat": (roll_flat, [rand(3, 5)], {"aten::roll"}),
+    "triangles": (triangles, [rand(2, 4, 5)], {"aten::tril", "aten::triu"}),
+}
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("name", list(MORE))
+def test_pad_flip_roll_triangles(name, use_llvm):
+    fn, args, kinds = MORE[name]
+    got, want, fused = run(fn, *args, use_llvm=use_llvm)
+    same(got, want)
+    assert kinds <= fused, fused
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float16, torch.bool])
+def test_pad_flip_roll_triangles_dtypes(dtype):
+    x = (torch.randn(3, 5) * 50).to(dtype)
+    for fn in (flip_roll, triangles):
+        if dtype == torch.bool:
+            continue
+        got, want, _ = run(fn, x)
+        same(got, want)
+    got, want, fused = run(pad_negative, x) if dtype != torch.bool else run(triangles_bool, x)
+    same(got, want)
+
+
+def triangles_bool(x):
+    return x.tril() | x.flip(0).triu()
