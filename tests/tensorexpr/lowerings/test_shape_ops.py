@@ -590,3 +590,43 @@ def test_pad_flip_roll_triangles_dtypes(dtype):
 
 def triangles_bool(x):
     return x.tril() | x.flip(0).triu()
+
+
+# -- chunk, split, unbind: one slice per part ---------------------------------------------------
+
+
+def chunk_split_unbind(x):
+    a, b = (x + 1).chunk(2, 1)
+    c, d, e = x.split([1, 2, 3], -1)
+    p, q = torch.split(x * 2, 3, 1)
+    u, v, w, z = (x * 2)[:, :4].unbind(1)
+    return a * b + c + e + p.relu() * q + d[:, :1], u + v * w - z
+
+
+def chunk_uneven(x):
+    a, b, c = (x - 1).chunk(3, 0)
+    return a * 2, b + 1, c.neg()
+
+
+def chunk_of_input_returned(x):
+    a, b = x.chunk(2, 1)
+    return a, b * 2
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_chunk_split_unbind_fuse(use_llvm):
+    got, want, fused = run(chunk_split_unbind, rand(4, 6), use_llvm=use_llvm)
+    same(got, want)
+    assert {"aten::slice", "aten::select"} <= fused
+    assert not {"aten::chunk", "aten::split", "aten::unbind"} & fused
+    got, want, fused = run(chunk_uneven, rand(5, 3), use_llvm=use_llvm)
+    same(got, want)
+    assert "aten::slice" in fused
+
+
+def test_returned_chunk_of_an_input_is_a_view():
+    x = rand(4, 6)
+    got, want, fused = run(chunk_of_input_returned, x)
+    same(got, want)
+    assert shares_memory(got[0], x) and not shares_memory(got[1], x)
+    assert {"aten::slice", "aten::mul"} <= fused
