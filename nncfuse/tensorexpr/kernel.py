@@ -63,6 +63,7 @@ from .passes.insert_allocations import insert_allocations
 from .passes.parallelize import GRAIN, parallelize_outer_loops, work
 from .passes.partition_loops import partition_loops
 from .passes.simplify import simplify
+from .passes.tile_transposes import tile_transposes
 from .passes.vectorize import vectorize_inner_loops
 
 _log = log.get_logger(__file__)
@@ -280,6 +281,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
         ("flatten_indices", flatten_indices),
         ("simplify", simplify),
         ("collapse_loops", collapse_loops),
+        ("tile_transposes", tile_transposes),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
         ("eliminate_dead_stores", partial(eliminate_dead_stores, params=bufs)),
         ("vectorize_inner_loops", partial(vectorize_inner_loops, vector_bits=vector_width)),
