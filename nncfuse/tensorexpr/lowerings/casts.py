@@ -171,19 +171,28 @@ def require_private_alias(node: Any) -> None:
     to. A group output is different: the caller would see a fresh tensor
     where eager hands out the input's memory. That is only unobservable when
     the memory the alias shares is private to it: a value computed in the
-    group and not returned, through a chain of such aliases. (The fuser moves
-    the other returned aliases out of its groups: `subgraph.move_aliases_out`.)
+    group whose aliases (itself included) are not returned but for this one.
+    (The fuser moves the other returned aliases out of its groups:
+    `subgraph.move_aliases_out`.)
     """
     if not _returned(node.output()):
         return
     source = node.inputsAt(0)
-    while True:
-        producer = source.node()
-        if producer.kind() == "prim::Param" or _returned(source):
-            raise LoweringError(f"{node.kind()} would return a copy where eager shares memory")
-        if not aliases(producer):
-            return
-        source = producer.inputsAt(0)
+    while source.node().kind() != "prim::Param" and aliases(source.node()):
+        source = source.node().inputsAt(0)
+    if source.node().kind() == "prim::Param" or _returned_aliases(source) > 1:
+        raise LoweringError(f"{node.kind()} would return a copy where eager shares memory")
+
+
+def _returned_aliases(base: Any) -> int:
+    """How many of `base` and the values aliasing it through alias nodes are returned."""
+    count, todo = 0, [base]
+    while todo:
+        value = todo.pop()
+        count += _returned(value)
+        todo += [u.user.output() for u in value.uses()
+                 if u.offset == 0 and u.user.kind() != "prim::Return" and aliases(u.user)]
+    return count
 
 
 def _returned(value: Any) -> bool:

@@ -630,3 +630,29 @@ def test_returned_chunk_of_an_input_is_a_view():
     same(got, want)
     assert shares_memory(got[0], x) and not shares_memory(got[1], x)
     assert {"aten::slice", "aten::mul"} <= fused
+
+
+def two_views_of_computed(x):
+    y = x + 1
+    return y.t(), y.view(-1)
+
+
+def test_two_returned_views_of_a_computed_value_share_memory():
+    got, want, fused = run(two_views_of_computed, rand(4, 6))
+    same(got, want)
+    assert shares_memory(got[0], got[1])
+    assert "aten::add" in fused
+
+
+def test_the_kernel_refuses_to_copy_shared_views():
+    """Without the fuser moving them out, two returned views of one value cannot be copies."""
+    graph = torch._C.parse_ir("""
+        graph(%x : Float(4, 6, strides=[6, 1], requires_grad=0, device=cpu)):
+          %one : int = prim::Constant[value=1]()
+          %y : Float(4, 6, strides=[6, 1], requires_grad=0, device=cpu) = aten::add(%x, %one, %one)
+          %a : Float(6, 4, strides=[1, 6], requires_grad=0, device=cpu) = aten::t(%y)
+          %b : Float(4, 6, strides=[6, 1], requires_grad=0, device=cpu) = aten::t(%a)
+          return (%a, %b)
+    """)
+    with pytest.raises(Exception, match="shares memory"):
+        nncfuse.TensorExprKernel(graph)
