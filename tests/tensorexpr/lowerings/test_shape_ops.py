@@ -656,3 +656,34 @@ def test_the_kernel_refuses_to_copy_shared_views():
     """)
     with pytest.raises(Exception, match="shares memory"):
         nncfuse.TensorExprKernel(graph)
+
+
+def test_reshape_indices_agree_with_row_major_order():
+    """The grouped div/mod of `reshape_indices` against unravel(ravel(...)) on random shapes."""
+    import itertools
+    import random
+
+    from nncfuse.tensorexpr.lowerings.shapes import reshape_indices
+    from nncfuse.tensorexpr.passes.simplify import simplify
+
+    rng = random.Random(0)
+    for _ in range(60):
+        dims = [rng.choice([1, 2, 3, 4, 6]) for _ in range(rng.randint(1, 4))]
+        n = 1
+        for d in dims:
+            n *= d
+        factors = [f for f in range(1, n + 1) if n % f == 0]
+        out, rest = [], n
+        while rest > 1 and len(out) < 3:
+            f = rng.choice([f for f in factors if rest % f == 0])
+            out.append(f)
+            rest //= f
+        out = [*out, rest] if rest > 1 or not out else out
+        rng.shuffle(out)
+        for idx in itertools.islice(itertools.product(*(range(d) for d in out)), 40):
+            got = [simplify(e).value for e in
+                   reshape_indices(dims, out, [E.imm(i) for i in idx])]
+            flat = torch.arange(n).reshape(out)[idx].item()
+            want = [int(i) for i in torch.unravel_index(torch.tensor(flat), dims)]
+            want = [0 if d == 1 else w for d, w in zip(dims, want)]
+            assert got == want, (dims, out, idx)
