@@ -398,7 +398,23 @@ def transpose_then_write(x):
     return z + y
 
 
-@pytest.mark.parametrize("fn", [view_then_write, transpose_then_write])
+def write_through_a_view(x):
+    y = x.t()
+    z = y * 2
+    y.add_(1)
+    return z + x.t(), x[1:]
+
+
+def write_to_a_computed_base(x):
+    b = x * 2
+    v = b.view(-1)
+    b.mul_(3)
+    return v + 1, b[:, 1:]
+
+
+@pytest.mark.parametrize(
+    "fn", [view_then_write, transpose_then_write, write_through_a_view, write_to_a_computed_base]
+)
 def test_writes_to_a_views_base(fn):
     x = rand(4, 6)
     f = nncfuse.jit(fn, min_group_size=1)
