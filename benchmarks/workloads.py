@@ -101,6 +101,16 @@ def shared_sin(a):
     return torch.sin(a) + torch.sin(a + 0.001) + (torch.sin(a + 0.002) + torch.sin(a + 0.003))
 
 
+# -- data movement inside a group: index arithmetic --------------------------------------------
+
+def cat_relu(x, y):
+    return torch.cat([x + 1, y * 2], 1).relu()
+
+
+def transpose_add(x, y):
+    return (x + 1).transpose(0, 1) + y
+
+
 # -- input builders: each takes the main tensor's shape --------------------------------------------
 
 def _randn(shape: tuple[int, ...]) -> Inputs:
@@ -127,6 +137,14 @@ def _bias_residual(shape: tuple[int, ...]) -> Inputs:
 def _row_col(shape: tuple[int, ...]) -> Inputs:
     m, n = shape
     return torch.randn(shape), torch.randn(n), torch.randn(m, 1)
+
+
+def _two(shape: tuple[int, ...]) -> Inputs:
+    return torch.randn(shape), torch.randn(shape)
+
+
+def _transposed_pair(shape: tuple[int, ...]) -> Inputs:
+    return torch.randn(shape), torch.randn(shape[::-1])
 
 
 @dataclass(frozen=True)
@@ -178,6 +196,8 @@ WORKLOADS: list[Workload] = [
     Workload("bcast_add_mul", bcast_add_mul, _row_col, (2048, 2048), _Q2),
     Workload("bcast_sigmoid", bcast_sigmoid, _row_col, (2048, 2048), _Q2),
     Workload("tiny_tanh_16", tiny_tanh, _randn, (16,), (16,)),
+    Workload("cat_relu", cat_relu, _two, (1024, 512), _Q2),  # the output has 2x the elements
+    Workload("transpose_add", transpose_add, _transposed_pair, (2048, 2048), _Q2),
 ]
 
 

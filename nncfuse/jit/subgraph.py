@@ -11,13 +11,15 @@ from, and give to, the rest of the graph:
                                                     -> (%z)
 
 `make_group` wraps one node, `merge_into` pulls a producer (a node or a
-group) into a group, `unmerge` puts a group's nodes back in its place. The
+group) into a group, `unmerge` puts a group's nodes back in its place,
+`move_aliases_out` takes returned views that must share memory out again. The
 fuser forms groups with them and the guard undoes the ones that fail to
 compile.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -107,3 +109,88 @@ def unmerge(graph: Any, group: Any) -> list[Any]:
         outer.replaceAllUsesWith(env[inner.unique()])
     group.destroy()
     return moved
+
+
+def move_aliases_out(graph: Any, group: Any, is_alias: Callable[[Any], bool]) -> None:
+    """Compute outside `group` each returned alias that eager shares memory with another value.
+
+    An alias node (`is_alias`: a view, or a conversion that returns its input)
+    inside a group computes a fresh tensor. As a group output that is only
+    right if no other value outside sees the memory eager's view shares:
+
+        %v = aten::t(%x)      (%x an input of the group)      -> %v = aten::t(%x) outside
+        %y = aten::add(...);  %v = aten::t(%y);  both returned -> %v = aten::t(%y) outside
+
+    Such an output becomes a copy of its chain of aliases after the group,
+    applied to the group's input or output it views (the base becomes an
+    output if it was not one); uses inside the group keep the inner copy,
+    and what is no longer used inside is removed.
+    """
+    subgraph = group.g("Subgraph")
+    while True:
+        found = _shared_alias(subgraph, is_alias)
+        if found is None:
+            break
+        k, chain = found
+        env: dict[int, Any] = {}
+
+        def outer(v: Any) -> Any:
+            if v.unique() not in env:
+                env[v.unique()] = _outer_value(graph, group, v)
+            return env[v.unique()]
+
+        prev = group
+        for node in reversed(chain):
+            clone = graph.createClone(node, outer)
+            clone.insertAfter(prev)
+            for out, new in zip(node.outputs(), clone.outputs()):
+                new.setType(out.type())
+                env[out.unique()] = new
+            prev = clone
+        group.outputsAt(k).replaceAllUsesWith(prev.output())
+        group.eraseOutput(k)
+        subgraph.eraseOutput(k)
+        torch._C._jit_pass_dce(subgraph)
+    for k in reversed(range(len(list(subgraph.inputs())))):
+        if not list(subgraph.inputs())[k].uses():
+            subgraph.eraseInput(k)
+            group.removeInput(k)
+
+
+def _shared_alias(subgraph: Any, is_alias: Callable[[Any], bool]) -> tuple[int, list[Any]] | None:
+    """(output index, alias chain from it to its base) of the first returned alias whose base
+    is a subgraph input or is seen through another output too; None if there is none."""
+    inputs = {v.unique() for v in subgraph.inputs()}
+    chains: list[tuple[int, list[Any], Any]] = []
+    seen: dict[int, int] = {}
+    for k, value in enumerate(subgraph.outputs()):
+        chain, base = [], value
+        while base.unique() not in inputs and is_alias(base.node()):
+            chain.append(base.node())
+            base = base.node().inputsAt(0)
+        chains.append((k, chain, base))
+        seen[base.unique()] = seen.get(base.unique(), 0) + 1
+    for k, chain, base in chains:
+        if chain and (base.unique() in inputs or seen[base.unique()] > 1):
+            return k, chain
+    return None
+
+
+def _outer_value(graph: Any, group: Any, inner: Any) -> Any:
+    """The value outside `group` that stands for its subgraph's value `inner` (made an output
+    of the group if it was not one; constants are copied before the group)."""
+    subgraph = group.g("Subgraph")
+    for k, v in enumerate(subgraph.inputs()):
+        if v == inner:
+            return group.inputsAt(k)
+    for k, v in enumerate(subgraph.outputs()):
+        if v == inner:
+            return group.outputsAt(k)
+    if inner.node().kind() == "prim::Constant":
+        clone = graph.createClone(inner.node(), lambda x: x)
+        clone.insertBefore(group)
+        return clone.output()
+    subgraph.registerOutput(inner)
+    new = group.addOutput()
+    new.setType(inner.type())
+    return new

@@ -4,8 +4,11 @@ A node fuses when a lowering exists for its schema (`tensorexpr.lowerings`)
 and every value it touches is something a CPU kernel can take: its tensor
 inputs and its one output have complete profiled types on the CPU, in a
 dtype the loop IR has, not requiring grad (kernels record no autograd);
-its other inputs are numbers, or constants the lowering reads. The reasons
-are what `>>tensorexpr_fuser` logs for nodes left out.
+its other inputs are numbers, or constants the lowering reads (only
+constants, for lowerings that compile them in: view sizes, dims, slice
+bounds). A `prim::ListConstruct` of tensors fuses with the one cat or stack
+that reads it, and only with it: the list is no value a kernel returns. The
+reasons are what `>>tensorexpr_fuser` logs for nodes left out.
 """
 
 from __future__ import annotations
@@ -34,10 +37,40 @@ def _tensor_problem(value: Any, what: str) -> str | None:
     return None
 
 
+_GROUP = "prim::TensorExprGroup"  # subgraph.GROUP (a sibling module: not imported)
+_LIST_READERS = {"aten::cat", "aten::concat", "aten::concatenate", "aten::stack"}
+
+
+def _list_problem(node: Any) -> str | None:
+    """Why the `prim::ListConstruct` `node` cannot fuse with the node that reads it."""
+    uses = list(node.output().uses())
+    if len(uses) == 1 and uses[0].user.kind() == _GROUP:  # the reader is in a group already
+        inner = list(uses[0].user.g("Subgraph").inputs())[uses[0].offset]
+        uses = list(inner.uses())
+        reader_problem = None
+    else:
+        reader_problem = _node_problem(uses[0].user) if uses else None
+    if len(uses) != 1 or uses[0].user.kind() not in _LIST_READERS or uses[0].offset != 0:
+        return "a list fuses only into the one cat or stack that reads it"
+    for value in node.inputs():
+        if not is_tensor(value):
+            return f"list item %{value.debugName()} is not a tensor"
+        problem = _tensor_problem(value, "list item")
+        if problem:
+            return problem
+    return reader_problem
+
+
 def why_not_fusible(node: Any) -> str | None:
     """None if `node` can join a fusion group, else the reason it cannot."""
     if node.kind() == "prim::Constant":
         return "constants are copied into groups, not fused"
+    if node.kind() == "prim::ListConstruct":
+        return _list_problem(node)
+    return _node_problem(node)
+
+
+def _node_problem(node: Any) -> str | None:
     lowering, reason = lowering_for(node)
     if lowering is None:
         return reason
@@ -51,7 +84,20 @@ def why_not_fusible(node: Any) -> str | None:
             problem = _tensor_problem(value, "input")
             if problem:
                 return problem
-        elif value.type().kind() not in _NUMBER_KINDS and value.node().kind() != "prim::Constant":
+        elif value.node().kind() == "prim::Constant" or _fused_list(node, value):
+            continue
+        elif lowering.constant_operands:
+            return f"{node.kind()} compiles in %{value.debugName()}, which is not a constant"
+        elif value.type().kind() not in _NUMBER_KINDS:
             return f"input %{value.debugName()} of type {value.type()} is not a constant"
     return None
+
+
+def _fused_list(node: Any, value: Any) -> bool:
+    """Whether `value` is the tensor list a cat or stack `node` reads, built to fuse with it."""
+    return (
+        node.kind() in _LIST_READERS
+        and value.node().kind() == "prim::ListConstruct"
+        and node.inputsAt(0) == value
+    )
 

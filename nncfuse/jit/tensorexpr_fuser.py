@@ -29,8 +29,10 @@ import torch
 
 from .. import log
 from ..config import Options
+from ..tensorexpr.lowerings import aliases
+from ..tensorexpr.meta import is_tensor
 from . import guard
-from .subgraph import is_group, make_group, merge_into, unmerge
+from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
 from .supported import why_not_fusible
 
 _log = log.get_logger(__file__)
@@ -66,7 +68,7 @@ class _Fuser:
         reason = why_not_fusible(node)
         if reason is None and any(v.unique() in self.written for v in node.inputs()):
             reason = "an input is written to by another node"
-        if reason is None and node.output().unique() in self.written:
+        if reason is None and any(v.unique() in self.written for v in node.outputs()):
             reason = "its output is written to by another node"
         if key is not None:
             self.reasons[key] = reason
@@ -93,9 +95,13 @@ class _Fuser:
         if self.options.min_group_size <= 1:
             for node in list(block.nodes()):
                 lone = not is_group(node) and node.kind() != "prim::Constant"
+                lone = lone and node.outputsSize() == 1 and is_tensor(node.output())
                 if lone and self.why_not(node) is None:
                     make_group(self.graph, node)
         self.merge_adjacent(block)
+        for node in list(block.nodes()):
+            if is_group(node):
+                move_aliases_out(self.graph, node, aliases)  # eager's views stay views
         for node in list(block.nodes()):
             if is_group(node) and _body_size(node) < self.options.min_group_size:
                 _log.update("Undoing a group of ", _body_size(node), " node(s)")
@@ -176,10 +182,62 @@ def why_not_fused(graph: torch._C.Graph, options: Options) -> Callable[[Any], st
     return _Fuser(graph, options).why_not
 
 
+_SPLITS = {"aten::chunk", "aten::split", "aten::split_with_sizes", "aten::unsafe_chunk",
+           "aten::unsafe_split", "aten::unbind"}
+
+
+def _chunks_to_slices(graph: Any, block: Any) -> None:
+    """Spell `chunk`, `split` and `unbind` unpacked into their parts as one `slice` (`select`
+    for unbind) per part, which fuse: the same views of the same input.
+
+        %l : Tensor[] = aten::chunk(%x, 2, 1)           %a = aten::slice(%x, 1, 0, 3, 1)
+        %a : Tensor, %b : Tensor = prim::ListUnpack(%l) -> %b = aten::slice(%x, 1, 3, 6, 1)
+
+    Each part's extent along the dim comes from its profiled type; a split whose list is
+    used otherwise, or whose operands are not constants, stays as it is.
+    """
+    for node in list(block.nodes()):
+        for sub in node.blocks():
+            _chunks_to_slices(graph, sub)
+        if node.kind() != "prim::ListUnpack" or node.input().node().kind() not in _SPLITS:
+            continue
+        split = node.input().node()
+        if len(node.input().uses()) != 1:
+            continue
+        source = split.inputsAt(0)
+        operands = [v.toIValue() for v in list(split.inputs())[1:]
+                    if v.node().kind() == "prim::Constant"]
+        if len(operands) != split.inputsSize() - 1 or not is_tensor(source):
+            continue
+        ndim = source.type().dim()
+        sizes = [v.type().sizes() if is_tensor(v) else None for v in node.outputs()]
+        if ndim is None or None in sizes or any(s is None or None in s for s in sizes):
+            continue
+        dim = (operands[0] if split.kind() == "aten::unbind" else operands[-1]) % max(ndim, 1)
+        with graph.insert_point_guard(node):
+            start = 0
+            for out, size in zip(node.outputs(), sizes):
+                if split.kind() == "aten::unbind":
+                    args = [source, graph.insertConstant(dim), graph.insertConstant(start)]
+                    part = graph.create("aten::select", args, 1)
+                    start += 1
+                else:
+                    end = start + size[dim]
+                    args = [source, *(graph.insertConstant(c) for c in (dim, start, end, 1))]
+                    part = graph.create("aten::slice", args, 1)
+                    start = end
+                graph.insertNode(part)
+                part.output().setType(out.type())
+                out.replaceAllUsesWith(part.output())
+        node.destroy()
+        split.destroy()
+
+
 def fuse_tensor_exprs(graph: torch._C.Graph, options: Options) -> list[guard.CompileFailure]:
     """Form, compile and guard fusion groups in `graph`, in place; return the groups that
     failed to compile (they run unfused)."""
     _log.dump("Before TExprFuser:\n", graph)
+    _chunks_to_slices(graph, graph.block())
     _Fuser(graph, options).run(graph.block())
     _log.dump("After creating fusion groups:\n", graph)
     groups = [n for n in fusion_groups(graph) if is_group(n)]

@@ -67,6 +67,7 @@ from .lowerings import (
     Arg,
     ConstArg,
     Ctx,
+    ListArg,
     LoweringError,
     RuntimeCheck,
     ScalarArg,
@@ -83,7 +84,9 @@ from .passes.fuse_loops import fuse_loops
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
 from .passes.parallelize import GRAIN, parallelize_outer_loops, work
+from .passes.partition_loops import partition_loops
 from .passes.simplify import simplify
+from .passes.tile_transposes import tile_transposes
 from .passes.vectorize import vectorize_inner_loops
 
 _log = log.get_logger(__file__)
@@ -191,6 +194,18 @@ class _GraphLowering:
         return name
 
 
+def _lower_list(state: _GraphLowering, node: Any) -> None:
+    """A `prim::ListConstruct` of tensors (for cat and stack) is the list of their operands,
+    of constant numbers a constant list (sizes); no loop nest."""
+    items = tuple(state.env[v.unique()] for v in node.inputs())
+    if all(isinstance(a, TensorArg) for a in items):
+        state.env[node.output().unique()] = ListArg(items)
+    elif all(isinstance(a, ScalarArg) and a.const is not None for a in items):
+        state.env[node.output().unique()] = ConstArg([a.const for a in items])  # type: ignore
+    else:
+        raise LoweringError("a list of something other than tensors or constants")
+
+
 def lower_graph(graph: torch._C.Graph) -> Lowered:
     """One loop nest per node of `graph`; see the module docstring."""
     state = _GraphLowering(graph)
@@ -200,6 +215,8 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
     for node in graph.nodes():
         if node.kind() == "prim::Constant":
             _lower_constant(state, node)
+        elif node.kind() == "prim::ListConstruct":
+            _lower_list(state, node)
         else:
             _lower_node(state, node, kernel_inputs, graph_outputs)
     outputs = _collect_outputs(state, graph)
@@ -321,10 +338,12 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
     return [
         ("inline_intermediates", partial(inline_intermediates, outputs=outputs)),
         ("simplify", simplify),  # unit loops gone: loads of size-1 dims match their stores
+        ("partition_loops", partition_loops),  # cat: one loop per part, no selects
         ("fuse_loops", fuse_loops),
         ("flatten_indices", flatten_indices),
         ("simplify", simplify),
         ("collapse_loops", collapse_loops),
+        ("tile_transposes", tile_transposes),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
         ("eliminate_dead_stores", partial(eliminate_dead_stores, params=bufs)),
         ("vectorize_inner_loops", partial(vectorize_inner_loops, vector_bits=vector_width)),

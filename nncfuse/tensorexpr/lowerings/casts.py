@@ -22,7 +22,7 @@ import torch
 
 from .. import expr as E
 from ..dtype import FLOAT32, INT64, Dtype
-from .registry import Arg, Ctx, LoweringError, ScalarArg, TensorArg, register
+from .registry import VIEWS, Arg, Ctx, LoweringError, ScalarArg, TensorArg, register
 
 # TorchScript passes a MemoryFormat as an int: its value in c10::MemoryFormat.
 _MEMORY_FORMATS = (
@@ -150,8 +150,8 @@ def _keeps_layout(value: Any, memory_format: int | None) -> bool:
 
 
 def aliases(node: Any) -> bool:
-    """Whether eager's result of `node` is its first input, or a view of it."""
-    if node.kind() in _VIEWS:
+    """Whether eager's result of `node` is (or may be) its first input, or a view of it."""
+    if node.kind() in VIEWS:
         return True
     if node.kind() not in _CONVERSIONS:
         return False
@@ -171,18 +171,32 @@ def require_private_alias(node: Any) -> None:
     to. A group output is different: the caller would see a fresh tensor
     where eager hands out the input's memory. That is only unobservable when
     the memory the alias shares is private to it: a value computed in the
-    group, used by nothing else, through a chain of such aliases.
+    group whose aliases (itself included) are not returned but for this one.
+    (The fuser moves the other returned aliases out of its groups:
+    `subgraph.move_aliases_out`.)
     """
-    if not any(use.user.kind() == "prim::Return" for use in node.output().uses()):
+    if not _returned(node.output()):
         return
     source = node.inputsAt(0)
-    while True:
-        producer = source.node()
-        if producer.kind() == "prim::Param" or len(source.uses()) != 1:
-            raise LoweringError(f"{node.kind()} would return a copy where eager shares memory")
-        if not aliases(producer):
-            return
-        source = producer.inputsAt(0)
+    while source.node().kind() != "prim::Param" and aliases(source.node()):
+        source = source.node().inputsAt(0)
+    if source.node().kind() == "prim::Param" or _returned_aliases(source) > 1:
+        raise LoweringError(f"{node.kind()} would return a copy where eager shares memory")
+
+
+def _returned_aliases(base: Any) -> int:
+    """How many of `base` and the values aliasing it through alias nodes are returned."""
+    count, todo = 0, [base]
+    while todo:
+        value = todo.pop()
+        count += _returned(value)
+        todo += [u.user.output() for u in value.uses()
+                 if u.offset == 0 and u.user.kind() != "prim::Return" and aliases(u.user)]
+    return count
+
+
+def _returned(value: Any) -> bool:
+    return any(use.user.kind() == "prim::Return" for use in value.uses())
 
 
 _TO_OVERLOADS = (
@@ -217,7 +231,7 @@ def to(ctx: Ctx) -> E.Expr:
     return convert(ctx.load(source), ctx.out_dtype)
 
 
-@register(_VIEWS, overloads=("",))
+@register(_VIEWS, overloads=("",), constant_operands=True, view=True)
 def expand(ctx: Ctx) -> E.Expr:
     """A broadcast view: each output element reads the input element it broadcasts from."""
     source = ctx.args[0]

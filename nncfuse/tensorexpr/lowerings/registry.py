@@ -29,7 +29,7 @@ from .. import expr as E
 from ..buffer import Buf
 from ..dtype import BOOL, FLOAT32, FLOAT64, INT64, Dtype, from_torch
 
-__all__ = ["Promotion", "register", "pointwise", "lowering_for", "LoweringError"]
+__all__ = ["Promotion", "register", "pointwise", "lowering_for", "LoweringError", "VIEWS"]
 
 
 class Promotion(enum.Enum):
@@ -145,6 +145,13 @@ class ConstArg(Arg):
     value: Any
 
 
+@dataclass(frozen=True)
+class ListArg(Arg):
+    """A list of tensors built in the group (`prim::ListConstruct`), for cat and stack."""
+
+    items: tuple[Arg, ...]
+
+
 def scalar_dtype(value: Any) -> Dtype:
     """The IR type of a Python number used as an operand."""
     if isinstance(value, bool):
@@ -236,6 +243,21 @@ class Ctx:
             raise LoweringError(f"cannot load a constant {arg}")
         return value if dtype is None else E.cast(dtype, value)
 
+    def load_at(self, arg: Arg, indices: Sequence[E.Expr], dtype: Dtype | None = None) -> E.Expr:
+        """The element of tensor `arg` at `indices`, one per dimension of `arg`, as `dtype`.
+
+        For lowerings that move data (views, slices, cat): they compute where in
+        their input an output element comes from. Dimensions of size 1 are read
+        at 0 whatever the index says (that is how they broadcast).
+        """
+        if not isinstance(arg, TensorArg):
+            raise LoweringError(f"cannot index a non-tensor {arg}")
+        if len(indices) != len(arg.shape):
+            raise LoweringError(f"{len(indices)} indices for a {len(arg.shape)}-dim tensor")
+        idx = tuple(E.imm(0) if size == 1 else i for i, size in zip(indices, arg.shape))
+        value: E.Expr = E.Load(arg.buf, idx)
+        return value if dtype is None else E.cast(dtype, value)
+
     def const(self, k: int) -> Any:
         """The Python value of constant operand `k` (None if absent)."""
         if k >= len(self.args):
@@ -296,18 +318,37 @@ class Lowering:
     kind: str
     fn: Lowerer
     overloads: frozenset[str] | None
+    #: the lowering compiles its non-tensor operands in (sizes, dims, indices): the fuser
+    #: takes the node only when they are constants
+    constant_operands: bool = False
 
 
 REGISTRY: dict[str, Lowering] = {}
 
+#: Kinds whose eager result is a view of their first input (or may be: reshape, contiguous).
+#: Inside a group they are index arithmetic; a group does not return one of an input.
+VIEWS: set[str] = set()
 
-def register(kinds: str | Sequence[str], overloads: Sequence[str] | None = None):
-    """Decorator: `fn(ctx) -> Expr` lowers nodes of `kinds` with the given schema overloads."""
+
+def register(
+    kinds: str | Sequence[str],
+    overloads: Sequence[str] | None = None,
+    constant_operands: bool = False,
+    view: bool = False,
+):
+    """Decorator: `fn(ctx) -> Expr` lowers nodes of `kinds` with the given schema overloads.
+
+    `constant_operands`: see `Lowering`; `view`: the kinds go into `VIEWS`.
+    """
     names = [kinds] if isinstance(kinds, str) else list(kinds)
 
     def wrap(fn: Lowerer) -> Lowerer:
         for name in names:
-            REGISTRY[name] = Lowering(name, fn, frozenset(overloads) if overloads else None)
+            REGISTRY[name] = Lowering(
+                name, fn, frozenset(overloads) if overloads else None, constant_operands
+            )
+            if view:
+                VIEWS.add(name)
         return fn
 
     return wrap

@@ -1,0 +1,68 @@
+"""partition_loops (cat's loops, one per part) and tile_transposes (2-D tiles for transposes)."""
+
+import torch
+
+from nncfuse.tensorexpr import expr as E
+from nncfuse.tensorexpr.dtype import FLOAT32
+from nncfuse.tensorexpr.ir_visitor import walk
+from nncfuse.tensorexpr.loopnest import compute
+from nncfuse.tensorexpr.passes.flatten_indices import flatten_indices
+from nncfuse.tensorexpr.passes.partition_loops import partition_loops
+from nncfuse.tensorexpr.passes.simplify import simplify
+from nncfuse.tensorexpr.passes.tile_transposes import TILE, tile_transposes
+from tests.tensorexpr.helpers import buf, same_results, text
+
+
+def cat_body(a, b):
+    def body(i, j):
+        left = E.Load(a, (i, E.Min(j, E.imm(2)))) + 1.0
+        right = E.Load(b, (i, E.Max(j - 3, E.imm(0)))) * 2.0
+        return E.Select(E.cmp("<", j, E.imm(3)), left, right)
+
+    return body
+
+
+def test_partition_loops_gives_each_part_a_loop_without_selects_or_clamps():
+    a, b, out = buf("a", [4, 3]), buf("b", [4, 5]), buf("out", [4, 8])
+    _, nest = compute("out", FLOAT32, [4, 8], cat_body(a, b), out=out)
+    split = partition_loops(nest)
+    assert not [n for n in walk(split) if isinstance(n, (E.Select, E.Min, E.Max))], text(split)
+    assert "out[i, j] = a[i, j] + 1.f;" in text(split)
+    assert "out[i, j_1 + 3] = b[i, j_1] * 2.f;" in text(split)
+    same_results(nest, split, [a, b, out],
+                 lambda: [torch.randn(4, 3), torch.randn(4, 5), torch.empty(4, 8)])
+
+
+def test_partition_loops_leaves_loops_without_comparisons():
+    a, out = buf("a", [4, 8]), buf("out", [4, 8])
+    _, nest = compute("out", FLOAT32, [4, 8], lambda i, j: E.Load(a, (i, j)) * 2.0, out=out)
+    assert partition_loops(nest) is nest
+
+
+def transposed_sum(n):
+    x, y, out = buf("x", [n, n]), buf("y", [n, n]), buf("out", [n, n])
+    _, nest = compute("out", FLOAT32, [n, n],
+                      lambda i, j: E.Load(x, (i, j)) + E.Load(y, (j, i)), out=out)
+    return simplify(flatten_indices(nest)), [x, y, out]
+
+
+def test_tile_transposes_tiles_a_transposed_read():
+    n = 8 * TILE  # rows of 256 elements: y's stride in the inner loop is MIN_STRIDE
+    flat, params = transposed_sum(n)
+    tiled = tile_transposes(flat)
+    loops = [line.strip() for line in text(tiled).splitlines() if "for" in line]
+    assert loops == [
+        f"for (int64_t io = 0; io < {n // TILE}; io++) {{",
+        f"for (int64_t jo = 0; jo < {n // TILE}; jo++) {{",
+        f"for (int64_t ii = 0; ii < {TILE}; ii++) {{",
+        f"for (int64_t ji = 0; ji < {TILE}; ji++) {{",
+    ], text(tiled)
+    same_results(flat, tiled, params, lambda: [torch.randn(n, n), torch.randn(n, n),
+                                               torch.empty(n, n)])
+
+
+def test_tile_transposes_leaves_short_strides_and_odd_extents():
+    flat, _ = transposed_sum(4 * TILE)  # a stride of 128: rows stay in cache
+    assert tile_transposes(flat) is flat
+    flat, _ = transposed_sum(8 * TILE + 1)
+    assert tile_transposes(flat) is flat
