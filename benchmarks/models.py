@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 from harness import Timing, fmt_time, geomean, measure
-from report import LABELS, machine_info
+from report import LABELS, draw_speedups, machine_info
 
 import nncfuse
 from nncfuse.explain import EXTERNAL_KINDS
@@ -345,47 +345,16 @@ def print_tables(results: list[Result], contenders: list[str], clock: str) -> li
 def write_chart(path: Path, results: list[Result], contenders: list[str],
                 machine: dict[str, Any], clock: str) -> None:
     """Speedup over eager per model, one panel per thread setting (log scale), as the suite's."""
-    try:
-        import matplotlib
-    except ImportError:
-        print('matplotlib is not installed (pip install -e ".[plot]"): no chart drawn')
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    others = [c for c in contenders if c != "eager"]
-    settings = sorted({r.threads for r in results})
     names = list(dict.fromkeys(r.model for r in results))
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 1.5 + 0.5 * len(
-        names)), sharey=True, squeeze=False)
-    height = 0.8 / max(1, len(others))
-    for ax, threads in zip(axes[0], settings):
-        by_name = {r.model: r for r in results if r.threads == threads}
-        for k, c in enumerate(others):
-            speedups = [(by_name[n].speedup(c) if n in by_name else None) or math.nan
-                        for n in names]
-            ax.barh([i + (k - (len(others) - 1) / 2) * height for i in range(len(names))],
-                    speedups, height=height, label=LABELS[c])
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xscale("log")
-        ax.set_title(f"{threads} thread{'s' if threads > 1 else ''}")
-        ax.set_xlabel(f"speedup over eager (median {clock} time; log scale, >1 is faster)")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.grid(axis="x", which="both", alpha=0.3)
+    panels: dict[int, dict[tuple[str, str], float]] = {}
+    for r in results:
+        for c in contenders:
+            panels.setdefault(r.threads, {})[r.model, c] = r.speedup(c) or math.nan
     covered = {r.model: r.report.coverage for r in results if r.report is not None}
-    axes[0][0].set_yticks(range(len(names)), [
-        f"{n} ({100 * covered[n]:.0f}% fused)" if n in covered else n for n in names])
-    axes[0][0].invert_yaxis()
-    axes[0][-1].legend(loc="lower right")
-    fig.suptitle(f"transformers models (nncfuse's coverage in brackets)\n{machine['cpu_model']}, "
-                 f"torch {machine['torch']}, nncfuse {machine['nncfuse_revision']}", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+    labels = [f"{n} ({100 * covered[n]:.0f}% fused)" if n in covered else n for n in names]
+    title = (f"transformers models (nncfuse's coverage in brackets)\n{machine['cpu_model']}, "
+             f"torch {machine['torch']}, nncfuse {machine['nncfuse_revision']}")
+    draw_speedups(path, panels, names, labels, contenders, clock, title, fontsize=10)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -239,6 +239,30 @@ def write_chart(
     path: Path, rows: list[Any], contenders: list[str], machine: dict[str, Any], clock: str
 ) -> None:
     """Speedup over eager per workload, one panel per thread setting (log scale)."""
+    names = list(dict.fromkeys(r.workload for r in rows))
+    panels: dict[int, dict[tuple[str, str], float]] = {}
+    for r in rows:
+        e = _median(r, "eager")
+        for c in contenders:
+            t = _median(r, c)
+            panels.setdefault(r.threads, {})[r.workload, c] = e / t if e and t else math.nan
+    title = (f"{machine['cpu_model']} ({machine['llvm_host_cpu']}), torch {machine['torch']}"
+             f", nncfuse {machine['nncfuse_revision']}, {machine['date'][:10]}")
+    draw_speedups(path, panels, names, names, contenders, clock, title)
+
+
+def draw_speedups(
+    path: Path,
+    panels: dict[int, dict[tuple[str, str], float]],
+    names: list[str],
+    labels: list[str],
+    contenders: list[str],
+    clock: str,
+    title: str,
+    fontsize: float | None = None,
+) -> None:
+    """Horizontal bars of speedup over eager, one panel per thread setting (log scale):
+    `panels[threads][name, contender]`, NaN where missing; `labels` name the rows."""
     try:
         import matplotlib
     except ImportError:
@@ -246,33 +270,29 @@ def write_chart(
         return
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     others = [c for c in contenders if c != "eager"]
-    settings = list(dict.fromkeys(r.threads for r in rows))
-    names = list(dict.fromkeys(r.workload for r in rows))
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 1.5 + 0.42 * len(
+    settings = sorted(panels)
+    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 1.5 + 0.45 * len(
         names)), sharey=True, squeeze=False)
     height = 0.8 / max(1, len(others))
     for ax, threads in zip(axes[0], settings):
-        by_name = {r.workload: r for r in rows if r.threads == threads}
         for k, c in enumerate(others):
-            speedups = []
-            for name in names:
-                r = by_name.get(name)
-                e, t = (_median(r, "eager"), _median(r, c)) if r else (None, None)
-                speedups.append(e / t if e and t else math.nan)
+            speedups = [panels[threads].get((n, c), math.nan) for n in names]
             ax.barh([i + (k - (len(others) - 1) / 2) * height for i in range(len(names))],
                     speedups, height=height, label=LABELS[c])
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log")
         ax.set_title(f"{threads} thread{'s' if threads > 1 else ''}")
         ax.set_xlabel(f"speedup over eager (median {clock} time; log scale, >1 is faster)")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.grid(axis="x", which="both", alpha=0.3)
-    axes[0][0].set_yticks(range(len(names)), names)
+    axes[0][0].set_yticks(range(len(names)), labels)
     axes[0][0].invert_yaxis()
     axes[0][-1].legend(loc="lower right")
-    fig.suptitle(f"{machine['cpu_model']} ({machine['llvm_host_cpu']}), torch {machine['torch']}"
-                 f", nncfuse {machine['nncfuse_revision']}, {machine['date'][:10]}")
+    fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

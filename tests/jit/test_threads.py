@@ -35,6 +35,16 @@ def _inputs():
     return calls
 
 
+def _run_threads(work):
+    """`work(seed)` in THREADS threads at once, seeds 0..THREADS-1; fail on a deadlock."""
+    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlocked"
+
+
 def _hammer(fns, calls):
     """Call the functions `fns` from THREADS threads at once (thread k calls fns[k % len(fns)]),
     each over `calls` in its own order; return the errors and each thread's optimize switch
@@ -55,12 +65,7 @@ def _hammer(fns, calls):
             errors.append(e)
         switches.append(torch._C._get_graph_executor_optimize())
 
-    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "deadlocked"
+    _run_threads(work)
     return errors, switches
 
 
@@ -136,12 +141,7 @@ def test_threads_calling_a_module_with_keywords():
         except Exception as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(seed,), daemon=True) for seed in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "deadlocked"
+    _run_threads(work)
     assert errors == []
     assert all(len(nncfuse.fusion_groups(fm.graph_for(x, scale=0.5))) == 1 for x in xs)
 
