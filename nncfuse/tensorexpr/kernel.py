@@ -221,6 +221,7 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         if is_output:
             output_metas[buf] = meta
         env[out.unique()] = TensorArg(buf, meta.sizes)
+        nests.extend(ctx.nests)  # the node's intermediates (a reduction's row statistics)
         nests.append(nest)
 
     input_index = {v.unique(): k for k, v in enumerate(graph.inputs())}

@@ -4,7 +4,7 @@ Importing the package registers every family; `registry` holds the table and
 what the families share (operands, promotion, `pointwise`).
 """
 
-from . import activation, arithmetic, bitwise, casts, compare, unary  # noqa: F401
+from . import activation, arithmetic, bitwise, casts, compare, reductions, unary  # noqa: F401
 from .registry import (  # noqa: F401 - names used outside the package
     Arg,
     ConstArg,

@@ -28,6 +28,7 @@ import torch
 
 from .. import expr as E
 from ..buffer import Buf
+from ..loopnest import compute
 from ..dtype import BOOL, FLOAT32, FLOAT64, INT64, Dtype, from_torch
 
 __all__ = ["Promotion", "register", "pointwise", "lowering_for", "LoweringError"]
@@ -174,7 +175,8 @@ class Ctx:
     """What a lowering sees: the node, its operands, and the output element being computed.
 
     `inputs` are the kernel's input buffers and parameters (for run-time checks),
-    `checks` collects the checks the kernel runs before its code.
+    `checks` collects the checks the kernel runs before its code, `nests` the
+    nests of the node's intermediates (`intermediate`), run before its own.
     """
 
     node: Any
@@ -184,6 +186,18 @@ class Ctx:
     indices: tuple[E.Expr, ...] = field(default=())
     inputs: frozenset = field(default=frozenset())
     checks: list = field(default_factory=list)
+    nests: list = field(default_factory=list)
+
+    def intermediate(
+        self, name: str, dtype: Dtype, dims: Sequence[int], fn: Callable[..., E.Expr]
+    ) -> TensorArg:
+        """A temporary over `dims`, `fn(*indices)` at each element, computed by its own nest
+        (appended to `nests`, which the kernel runs before this node's): for values every
+        element of the output reuses, such as the max of a softmax row."""
+        op = str(self.node.kind()).split("::")[-1]
+        buf, nest = compute(f"{op}_{name}", dtype, dims, fn)
+        self.nests.append(nest)
+        return TensorArg(buf, tuple(dims))
 
     def arg(self, k: int) -> Arg | None:
         """Operand `k`, or None when the node has fewer operands."""

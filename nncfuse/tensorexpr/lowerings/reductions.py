@@ -1,0 +1,382 @@
+"""Reductions: sum, mean, prod, amax, amin, any, all, var, std, logsumexp, softmax,
+log_softmax, layer_norm.
+
+An output element of a reduction is a `Reduce` over the reduced dims of its
+input. Ops that reduce and then broadcast the result back over the reduced
+dims (softmax, log_softmax, layer_norm) give each row statistic its own
+intermediate nest over the kept dims (`Ctx.intermediate`), which the output
+nest loads: the statistic is computed once per row, not once per element,
+and `fuse_loops` then runs the statistics and the output of a row in one
+sweep while the row is in cache.
+
+Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `SoftMaxKernel.cpp`,
+`layer_norm_kernel.cpp`):
+
+- float16 and bfloat16 accumulate in float32 and round once at the end;
+  mean is the float32 sum divided by the count, then rounded;
+- sums are vectorized into several accumulators and combined pairwise
+  (`vectorize_reductions`), as close to eager's cascade as a serial sum is not;
+- max and min propagate NaN (the `Max`/`Min` rows); amax/amin of an empty
+  dim raise in eager, so such nodes stay unfused;
+- variance is two-pass (the mean, then the mean squared deviation), never
+  E[x^2] - E[x]^2; layer_norm computes `(x * rstd - mean * rstd) * w + b`
+  with `rstd = 1 / sqrt(var + eps)`, ATen's order;
+- softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from .. import expr as E
+from ..dtype import BOOL, Dtype
+from .registry import Ctx, LoweringError, TensorArg, compute_type, register, schema_overload
+
+Index = tuple[E.Expr, ...]
+
+
+def _tensor(ctx: Ctx, k: int = 0) -> TensorArg:
+    arg = ctx.arg(k)
+    if not isinstance(arg, TensorArg):
+        raise LoweringError("reductions take a tensor")
+    return arg
+
+
+def _normalize(dims: Sequence[int], ndim: int) -> tuple[int, ...]:
+    """Dims in [0, ndim), sorted, as eager wraps them (a 0-dim tensor takes 0 and -1)."""
+    rank = max(ndim, 1)
+    out = set()
+    for d in dims:
+        if not -rank <= d < rank:
+            raise LoweringError(f"dim {d} out of range")
+        out.add(d % rank)
+    if len(out) != len(list(dims)):
+        raise LoweringError("a dim appears twice: eager raises")
+    return tuple(sorted(d for d in out if d < ndim))
+
+
+def _dims(ctx: Ctx, k: int, ndim: int) -> tuple[int, ...]:
+    """The reduced dims given by operand `k` (an int, a list, None or [] for all)."""
+    value = ctx.const(k)
+    if value is None:
+        return tuple(range(ndim))
+    if isinstance(value, int):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(d, int) for d in value):
+        raise LoweringError(f"reduced dims must be constant ints, got {value!r}")
+    if not value:
+        return tuple(range(ndim))
+    return _normalize(value, ndim)
+
+
+class _Box:
+    """How the output of a reduction over `dims` of `x` indexes `x`."""
+
+    def __init__(self, x: TensorArg, dims: tuple[int, ...], keepdim: bool):
+        self.x, self.dims, self.keepdim = x, dims, keepdim
+        self.kept = tuple(d for d in range(len(x.shape)) if d not in dims)
+        self.sizes = tuple(x.shape[d] for d in dims)
+        self.count = math.prod(self.sizes)
+
+    def kept_indices(self, out: Index) -> Index:
+        """The output index without the reduced dims (which keepdim leaves at 0)."""
+        if self.keepdim:
+            return tuple(out[d] for d in self.kept)
+        return tuple(out)
+
+    def load(self, kept: Index, reduced: Index, dtype: Dtype | None = None) -> E.Expr:
+        """x at kept-dims index `kept` and reduced-dims index `reduced`."""
+        idx: list[E.Expr] = [E.imm(0)] * len(self.x.shape)
+        for d, i in zip(self.kept, kept):
+            idx[d] = i
+        for d, i in zip(self.dims, reduced):
+            idx[d] = i
+        value: E.Expr = E.Load(self.x.buf, tuple(idx))
+        return value if dtype is None else E.cast(dtype, value)
+
+    def reduce(
+        self, op: str, kept: Index, body: Callable[[Index], E.Expr], init: E.Expr
+    ) -> E.Expr:
+        """`init` combined with `body(reduced index)` over the reduced dims."""
+        names = "rstuvw"
+        rvars = tuple(E.Var(names[k] if k < len(names) else f"r{k}") for k in range(len(self.dims)))
+        value = body(rvars)
+        if not rvars:
+            return E.combine(op, init, value)
+        return E.Reduce(op, init, value, rvars, tuple(E.imm(s) for s in self.sizes))
+
+
+def _box(ctx: Ctx, dims_at: int | None, keepdim_at: int | None) -> _Box:
+    x = _tensor(ctx)
+    ndim = len(x.shape)
+    dims = tuple(range(ndim)) if dims_at is None else _dims(ctx, dims_at, ndim)
+    keepdim = bool(ctx.const(keepdim_at)) if keepdim_at is not None else False
+    return _Box(x, dims, keepdim)
+
+
+def _input(box: _Box, ctx: Ctx, kept: Index, compute: Dtype) -> Callable[[Index], E.Expr]:
+    """The input element converted as eager converts it: to the result type (the `dtype=`
+    argument), then to the type it accumulates in."""
+    return lambda r: E.cast(compute, E.cast(ctx.out_dtype, box.load(kept, r)))
+
+
+def _zero(dtype: Dtype) -> E.Expr:
+    return E.imm(False if dtype.is_bool else 0.0 if dtype.is_float else 0, dtype)
+
+
+# -- sum, mean, prod -----------------------------------------------------------------------------
+
+#: op -> (position of dims, of keepdim) per schema overload; None: all dims, no keepdim.
+_SUM_ARGS = {"": (None, None), "dim_IntList": (1, 2), "dim": (1, 2), "dim_int": (1, 2)}
+
+
+@register(("aten::sum", "aten::mean"), overloads=("", "dim_IntList", "dim"))
+def sum_mean(ctx: Ctx) -> E.Expr:
+    """Accumulated in the result type (float32 for float16/bfloat16); mean then divides."""
+    dims_at, keepdim_at = _SUM_ARGS[schema_overload(ctx.node) or ""]
+    box = _box(ctx, dims_at, keepdim_at)
+    out = ctx.out_dtype
+    if out.is_bool:
+        raise LoweringError("a bool sum")
+    compute = compute_type(out)
+    kept = box.kept_indices(ctx.indices)
+    total = box.reduce("Add", kept, _input(box, ctx, kept, compute), _zero(compute))
+    if ctx.node.kind() == "aten::mean":
+        if not compute.is_float:
+            raise LoweringError("mean of integers: eager raises")
+        total = total / E.imm(float(box.count), compute)
+    return E.cast(out, total)
+
+
+@register("aten::prod", overloads=("", "dim_int"))
+def prod(ctx: Ctx) -> E.Expr:
+    dims_at, keepdim_at = _SUM_ARGS[schema_overload(ctx.node) or ""]
+    box = _box(ctx, dims_at, keepdim_at)
+    out = ctx.out_dtype
+    if out.is_bool:
+        raise LoweringError("a bool product")
+    compute = compute_type(out)
+    kept = box.kept_indices(ctx.indices)
+    one = E.imm(1.0 if compute.is_float else 1, compute)
+    return E.cast(out, box.reduce("Mul", kept, _input(box, ctx, kept, compute), one))
+
+
+# -- amax, amin, any, all --------------------------------------------------------------------------
+
+
+@register(("aten::amax", "aten::amin"), overloads=("",))
+def amax_amin(ctx: Ctx) -> E.Expr:
+    """NaN propagates; an empty reduced dim raises in eager, so it is not fused."""
+    box = _box(ctx, 1, 2)
+    if box.count == 0:
+        raise LoweringError("amax/amin over an empty dim: eager raises")
+    op = "Max" if ctx.node.kind() == "aten::amax" else "Min"
+    dtype = box.x.dtype
+    if dtype != ctx.out_dtype:
+        raise LoweringError("amax/amin keep the input's type")
+    compute = compute_type(dtype)
+    kept = box.kept_indices(ctx.indices)
+    value = box.reduce(op, kept, lambda r: box.load(kept, r, compute), E.identity(op, compute))
+    return E.cast(ctx.out_dtype, value)
+
+
+_ANY_ARGS = {"": (None, None), "dim": (1, 2), "dims": (1, 2)}
+
+
+@register(("aten::any", "aten::all"), overloads=("", "dim", "dims"))
+def any_all(ctx: Ctx) -> E.Expr:
+    """`x != 0` or-ed (any) or and-ed (all); uint8 inputs give uint8 results, as eager's."""
+    dims_at, keepdim_at = _ANY_ARGS[schema_overload(ctx.node) or ""]
+    box = _box(ctx, dims_at, keepdim_at)
+    is_any = ctx.node.kind() == "aten::any"
+    kept = box.kept_indices(ctx.indices)
+    op = "Or" if is_any else "And"
+    value = box.reduce(
+        op, kept, lambda r: E.cast(BOOL, box.load(kept, r)), E.imm(not is_any, BOOL)
+    )
+    return E.cast(ctx.out_dtype, value)
+
+
+# -- var, std ---------------------------------------------------------------------------------------
+
+
+def _var_args(ctx: Ctx) -> tuple[int | None, int | None, float]:
+    """(dims position, keepdim position, correction) of var/std's overloads."""
+    overload = schema_overload(ctx.node) or ""
+    if overload == "":
+        return None, None, 1.0 if ctx.const(1) in (None, True) else 0.0
+    if overload == "dim":
+        return 1, 3, 1.0 if ctx.const(2) in (None, True) else 0.0
+    correction = ctx.const(2)
+    return 1, 3, 1.0 if correction is None else float(correction)
+
+
+@register(("aten::var", "aten::std"), overloads=("", "dim", "correction"))
+def var_std(ctx: Ctx) -> E.Expr:
+    """Two-pass: the mean (an intermediate over the kept dims), then the squared deviations
+    over `max(0, N - correction)`."""
+    dims_at, keepdim_at, correction = _var_args(ctx)
+    box = _box(ctx, dims_at, keepdim_at)
+    out = ctx.out_dtype
+    if not out.is_float or box.x.dtype != out:
+        raise LoweringError("var/std of a non-float tensor")
+    compute = compute_type(out)
+    mean = _mean_of(ctx, box, compute)
+    kept = box.kept_indices(ctx.indices)
+    m = E.Load(mean.buf, kept)
+
+    def deviation(r: Index) -> E.Expr:
+        d = box.load(kept, r, compute) - m
+        return d * d
+
+    squares = box.reduce("Add", kept, deviation, _zero(compute))
+    value = squares / E.imm(max(0.0, box.count - correction), compute)
+    if ctx.node.kind() == "aten::std":
+        value = E.call("sqrt", value)
+    return E.cast(out, value)
+
+
+def _mean_of(ctx: Ctx, box: _Box, compute: Dtype) -> TensorArg:
+    """An intermediate: the mean of `box` at each kept index."""
+
+    def mean(*kept: E.Expr) -> E.Expr:
+        total = box.reduce("Add", kept, lambda r: box.load(kept, r, compute), _zero(compute))
+        return total / E.imm(float(box.count), compute)
+
+    return ctx.intermediate("mean", compute, [box.x.shape[d] for d in box.kept], mean)
+
+
+# -- softmax, log_softmax, logsumexp ----------------------------------------------------------------
+
+
+def _row_box(ctx: Ctx, dims: tuple[int, ...]) -> _Box:
+    return _Box(_tensor(ctx), dims, keepdim=True)
+
+
+def _row_max(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],
+             compute: Dtype) -> TensorArg:
+    def row_max(*kept: E.Expr) -> E.Expr:
+        return box.reduce("Max", kept, lambda r: value(kept, r), E.identity("Max", compute))
+
+    return ctx.intermediate("max", compute, [box.x.shape[d] for d in box.kept], row_max)
+
+
+def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: TensorArg,
+             compute: Dtype, finish: Callable[[E.Expr], E.Expr], name: str) -> TensorArg:
+    """An intermediate: `finish(sum of exp(x - max))` at each kept index."""
+
+    def exp_sum(*kept: E.Expr) -> E.Expr:
+        m = E.Load(top.buf, kept)
+        body = lambda r: E.call("exp", value(kept, r) - m)  # noqa: E731
+        return finish(box.reduce("Add", kept, body, _zero(compute)))
+
+    return ctx.intermediate(name, compute, [box.x.shape[d] for d in box.kept], exp_sum)
+
+
+@register(("aten::softmax", "aten::log_softmax"), overloads=("int",))
+def softmax(ctx: Ctx) -> E.Expr:
+    """max, then the sum of exp(x - max), per row; then every element of the row."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float:
+        raise LoweringError("softmax of a non-float type")
+    compute = compute_type(out)
+    dim = ctx.const(1)
+    if not isinstance(dim, int):
+        raise LoweringError("softmax dim must be a constant int")
+    box = _row_box(ctx, _normalize([dim], len(x.shape)))
+    log = ctx.node.kind() == "aten::log_softmax"
+
+    def value(kept: Index, r: Index) -> E.Expr:
+        return E.cast(compute, E.cast(out, box.load(kept, r)))
+
+    if box.count == 0 or not box.dims:  # an empty row, or a 0-dim tensor: elementwise
+        one = value(box.kept_indices(ctx.indices), tuple(ctx.indices[d] for d in box.dims))
+        return E.cast(out, one - one if log else one / one)
+    top = _row_max(ctx, box, value, compute)
+    if log:
+        scale = _exp_sum(ctx, box, value, top, compute, lambda s: E.call("log", s), "logsum")
+    else:
+        one = E.imm(1.0, compute)
+        scale = _exp_sum(ctx, box, value, top, compute, lambda s: one / s, "rsum")
+    kept = box.kept_indices(ctx.indices)
+    here = tuple(ctx.indices[d] for d in box.dims)
+    m, s = E.Load(top.buf, kept), E.Load(scale.buf, kept)
+    shifted = value(kept, here) - m
+    return E.cast(out, shifted - s if log else E.call("exp", shifted) * s)
+
+
+@register("aten::logsumexp", overloads=("",))
+def logsumexp(ctx: Ctx) -> E.Expr:
+    """`max + log(sum(exp(x - max)))`, with the max of a row of infinities taken as 0."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float or x.dtype != out:
+        raise LoweringError("logsumexp of a non-float type")
+    box = _box(ctx, 1, 2)
+    compute = compute_type(out)
+    rows = _Box(x, box.dims, True)
+
+    def value(kept: Index, r: Index) -> E.Expr:
+        return rows.load(kept, r, compute)
+
+    top = _row_max(ctx, rows, value, compute)
+    kept = box.kept_indices(ctx.indices)
+    m = E.Load(top.buf, kept)
+    finite = E.select(E.cmp("==", E.call("abs", m), E.imm(math.inf, compute)),
+                      E.imm(0.0, compute), m)
+    body = lambda r: E.call("exp", value(kept, r) - finite)  # noqa: E731
+    total = box.reduce("Add", kept, body, _zero(compute))
+    return E.cast(out, E.call("log", total) + finite)
+
+
+# -- layer_norm --------------------------------------------------------------------------------------
+
+
+@register("aten::layer_norm", overloads=("",))
+def layer_norm(ctx: Ctx) -> E.Expr:
+    """Mean and 1/sqrt(var + eps) per row (two-pass, in float32 for reduced floats), then
+    `(x * rstd + (-mean * rstd)) * weight + bias` as ATen's kernel."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float or x.dtype != out:
+        raise LoweringError("layer_norm of a non-float tensor")
+    shape = ctx.const(1)
+    if not isinstance(shape, (list, tuple)) or tuple(shape) != tuple(x.shape[-len(shape):]):
+        raise LoweringError("normalized_shape must be a constant matching the input")
+    if not shape:
+        raise LoweringError("an empty normalized_shape")
+    ndim = len(x.shape)
+    box = _row_box(ctx, tuple(range(ndim - len(shape), ndim)))
+    if box.count == 0:
+        raise LoweringError("layer_norm of empty rows")
+    compute = compute_type(out)
+    eps = ctx.const(4)
+    eps = 1e-5 if eps is None else float(eps)
+    mean = _mean_of(ctx, box, compute)
+    rows = [x.shape[d] for d in box.kept]
+
+    def rstd(*kept: E.Expr) -> E.Expr:
+        m = E.Load(mean.buf, kept)
+
+        def deviation(r: Index) -> E.Expr:
+            d = box.load(kept, r, compute) - m
+            return d * d
+
+        var = box.reduce("Add", kept, deviation, _zero(compute)) / E.imm(float(box.count), compute)
+        return E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
+
+    scale = ctx.intermediate("rstd", compute, rows, rstd)
+    kept = box.kept_indices(ctx.indices)
+    here = tuple(ctx.indices[d] for d in box.dims)
+    s, m = E.Load(scale.buf, kept), E.Load(mean.buf, kept)
+    y = box.load(kept, here, compute) * s + (-(m * s))
+    for k, combine in ((2, E.Mul), (3, E.Add)):
+        if not ctx.is_none(k):
+            arg = ctx.args[k]
+            if not isinstance(arg, TensorArg) or tuple(arg.shape) != tuple(shape):
+                raise LoweringError("layer_norm weight and bias have the normalized shape")
+            y = combine(y, ctx.load(arg, compute))
+    return E.cast(out, y)
+
