@@ -125,7 +125,7 @@ def _zero(dtype: Dtype) -> E.Expr:
     return E.imm(False if dtype.is_bool else 0.0 if dtype.is_float else 0, dtype)
 
 
-# -- sum, mean, prod -----------------------------------------------------------------------------
+# -- sum, mean, prod ----------------------------------------------------------------------------
 
 #: op -> (position of dims, of keepdim) per schema overload; None: all dims, no keepdim.
 _SUM_ARGS = {"": (None, None), "dim_IntList": (1, 2), "dim": (1, 2), "dim_int": (1, 2)}
@@ -162,7 +162,7 @@ def prod(ctx: Ctx) -> E.Expr:
     return E.cast(out, box.reduce("Mul", kept, _input(box, ctx, kept, compute), one))
 
 
-# -- amax, amin, any, all --------------------------------------------------------------------------
+# -- amax, amin, any, all -----------------------------------------------------------------------
 
 
 @register(("aten::amax", "aten::amin"), overloads=("",))
@@ -198,7 +198,7 @@ def any_all(ctx: Ctx) -> E.Expr:
     return E.cast(ctx.out_dtype, value)
 
 
-# -- var, std ---------------------------------------------------------------------------------------
+# -- var, std -----------------------------------------------------------------------------------
 
 
 def _var_args(ctx: Ctx) -> tuple[int | None, int | None, float]:
@@ -247,7 +247,7 @@ def _mean_of(ctx: Ctx, box: _Box, compute: Dtype) -> TensorArg:
     return ctx.intermediate("mean", compute, [box.x.shape[d] for d in box.kept], mean)
 
 
-# -- softmax, log_softmax, logsumexp ----------------------------------------------------------------
+# -- softmax, log_softmax, logsumexp ------------------------------------------------------------
 
 
 def _row_box(ctx: Ctx, dims: tuple[int, ...]) -> _Box:
@@ -331,7 +331,7 @@ def logsumexp(ctx: Ctx) -> E.Expr:
     return E.cast(out, E.call("log", total) + finite)
 
 
-# -- layer_norm --------------------------------------------------------------------------------------
+# -- layer_norm ---------------------------------------------------------------------------------
 
 
 @register("aten::layer_norm", overloads=("",))

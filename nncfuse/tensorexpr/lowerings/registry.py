@@ -28,8 +28,8 @@ import torch
 
 from .. import expr as E
 from ..buffer import Buf
-from ..loopnest import compute
 from ..dtype import BOOL, FLOAT32, FLOAT64, INT64, Dtype, from_torch
+from ..loopnest import compute
 
 __all__ = ["Promotion", "register", "pointwise", "lowering_for", "LoweringError"]
 
