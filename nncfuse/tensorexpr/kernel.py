@@ -62,6 +62,7 @@ from .passes.insert_allocations import insert_allocations
 from .passes.parallelize import GRAIN, parallelize_outer_loops, work
 from .passes.simplify import simplify
 from .passes.vectorize import vectorize_inner_loops
+from .passes.vectorize_reductions import vectorize_reductions
 
 _log = log.get_logger(__file__)
 
@@ -263,6 +264,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
         ("collapse_loops", collapse_loops),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
         ("eliminate_dead_stores", partial(eliminate_dead_stores, params=bufs)),
+        ("vectorize_reductions", partial(vectorize_reductions, vector_bits=vector_width)),
         ("vectorize_inner_loops", partial(vectorize_inner_loops, vector_bits=vector_width)),
         ("simplify", simplify),
         ("parallelize_outer_loops", parallelize_outer_loops),
