@@ -15,8 +15,9 @@ eager's (cascade) error instead of drifting as one serial accumulator does.
 
 Axes over dense memory are merged first (`r0 * 64 + r1` -> one axis of
 `64 * n`), so that a full reduction is one long contiguous axis. Reductions
-over strided (outer) dims are left to `vectorize_inner_loops`, which
-vectorizes across the kept inner dim instead. Run on flat indices, before
+over strided (outer) dims are only blocked (a long sum as a sum of
+`BLOCK`-point sums) and left to `vectorize_inner_loops`, which vectorizes
+across the kept inner dim instead. Run on flat indices, before
 `vectorize_inner_loops`.
 """
 
@@ -67,6 +68,27 @@ def _contiguous(body: E.Expr, var: E.Var) -> bool:
     return depends
 
 
+def _blocked(e: E.Reduce) -> E.Reduce:
+    """A long sum over one strided axis as a sum of sums of `BLOCK` points (the cascade),
+    for a column sum, which `vectorize_inner_loops` then widens across the columns."""
+    if len(e.vars) != 1:
+        return e
+    (var,), (stop,) = e.vars, e.stops
+    if e.op != "Add" or not isinstance(stop, E.Imm) or stop.value < 2 * BLOCK:  # type: ignore
+        return e
+    blocks, rest = divmod(stop.value, BLOCK)  # type: ignore[operator]
+    block, within = E.Var(var.name), E.Var(var.name)
+    zero = E.identity(e.op, e.dtype)
+    inner = E.Reduce(e.op, zero, substitute(e.body, {var: block * BLOCK + within}),
+                     (within,), (E.imm(BLOCK),))
+    total = E.Reduce(e.op, e.init, inner, (block,), (E.imm(blocks),))
+    if not rest:
+        return total
+    tail = E.Var(var.name)
+    body = substitute(e.body, {var: tail + blocks * BLOCK})
+    return E.Reduce(e.op, total, body, (tail,), (E.imm(rest),))
+
+
 class _VectorizeReductions(Mutator):
     def __init__(self, vector_bits: int):
         self.vector_bits = vector_bits
@@ -77,8 +99,10 @@ class _VectorizeReductions(Mutator):
             return e
         e = _merge_axes(e)
         var, stop = e.vars[-1], e.stops[-1]
-        if not isinstance(stop, E.Imm) or not _contiguous(e.body, var):
+        if not isinstance(stop, E.Imm):
             return e
+        if not _contiguous(e.body, var):
+            return _blocked(e)
         native = lanes_for(e.body, self.vector_bits)
         count = stop.value
         if native < 2 or count < native:  # type: ignore[operator]
