@@ -3,7 +3,8 @@
 - every variable is bound before use: by an enclosing `For`, an earlier
   `Let` in an enclosing Block, an enclosing `Reduce` (in its body), or as a
   kernel parameter;
-- no variable is bound twice;
+- no variable is bound twice (a `Reduce`'s variables may be shared by copies
+  of that Reduce, which bind them only inside their bodies);
 - temporaries are allocated before use and freed exactly once, after use;
 - only temporaries and outputs are stored to.
 """
@@ -75,7 +76,11 @@ class _Checker(Visitor):
             self.visit(stop)
         outer = set(self.scope)
         for v in e.vars:
-            self.bind(v)
+            # Lexical: copies of one Reduce (a vectorized loop and its tail) share its
+            # variables, which is sound; shadowing a variable in scope is not.
+            if v in self.scope or v in self.bound:
+                raise IRError(f"Reduce variable {v.name} is already bound")
+            self.scope.add(v)
         self.visit(e.body)
         self.scope = outer
 
