@@ -130,7 +130,7 @@ def test_prod(use_llvm):
     close(lambda x: x.prod(), x[:3, :6], use_llvm=use_llvm)
 
 
-# -- amax, amin, any, all -----------------------------------------------------------------------------
+# -- amax, amin, any, all ------------------------------------------------------------------------
 
 
 def extremes(dtype=torch.float32):
