@@ -21,7 +21,9 @@ Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `SoftMaxKernel.cpp`,
 - variance is two-pass (the mean, then the mean squared deviation), never
   E[x^2] - E[x]^2; layer_norm computes `(x * rstd - mean * rstd) * w + b`
   with `rstd = 1 / sqrt(var + eps)`, ATen's order;
-- softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`.
+- softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`
+  (over the last dim of float16/bfloat16 with the sum and its log rounded to
+  that type, as ATen keeps them).
 """
 
 from __future__ import annotations
@@ -296,7 +298,7 @@ def softmax(ctx: Ctx) -> E.Expr:
         return E.cast(out, one - one if log else one / one)
     top = _row_max(ctx, box, value, compute)
     if log:
-        scale = _exp_sum(ctx, box, value, top, compute, lambda s: E.call("log", s), "logsum")
+        scale = _exp_sum(ctx, box, value, top, compute, _log_sum(ctx, box, out), "logsum")
     else:
         one = E.imm(1.0, compute)
         scale = _exp_sum(ctx, box, value, top, compute, lambda s: one / s, "rsum")
@@ -307,13 +309,22 @@ def softmax(ctx: Ctx) -> E.Expr:
     return E.cast(out, shifted - s if log else E.call("exp", shifted) * s)
 
 
+def _log_sum(ctx: Ctx, box: _Box, out: Dtype) -> Callable[[E.Expr], E.Expr]:
+    """log of a row's sum; ATen's last-dim kernel keeps the sum and its log in the tensor's
+    type, so for float16/bfloat16 both round to it."""
+    if not (out.is_reduced_float and box.dims == (len(box.x.shape) - 1,)):
+        return lambda s: E.call("log", s)
+    narrow = lambda e: E.cast(e.dtype, E.cast(out, e))  # noqa: E731
+    return lambda s: narrow(E.call("log", narrow(s)))
+
+
 @register("aten::logsumexp", overloads=("",))
 def logsumexp(ctx: Ctx) -> E.Expr:
     """`max + log(sum(exp(x - max)))`, with the max of a row of infinities taken as 0."""
     x = _tensor(ctx)
     out = ctx.out_dtype
-    if not out.is_float or x.dtype != out:
-        raise LoweringError("logsumexp of a non-float type")
+    if not out.is_float or (x.dtype.is_float and x.dtype != out):
+        raise LoweringError("logsumexp gives the input's float type (integers: the default)")
     box = _box(ctx, 1, 2)
     compute = compute_type(out)
     rows = _Box(x, box.dims, True)
