@@ -17,7 +17,9 @@ Axes over dense memory are merged first (`r0 * 64 + r1` -> one axis of
 `64 * n`), so that a full reduction is one long contiguous axis. Reductions
 over strided (outer) dims are only blocked (a long sum as a sum of
 `BLOCK`-point sums) and left to `vectorize_inner_loops`, which vectorizes
-across the kept inner dim instead. Run on flat indices, before
+across the kept inner dim instead; here, an innermost loop of such
+reductions is widened to `ACCUMULATORS` registers of columns first (a tail
+of fewer columns is left to `vectorize_inner_loops`). Run on flat indices, before
 `vectorize_inner_loops`.
 """
 
@@ -28,7 +30,7 @@ from .. import stmt as S
 from ..dtype import INDEX
 from ..ir_visitor import Mutator, substitute, walk
 from .simplify import Simplifier, simplify
-from .vectorize import _Unvectorizable, _Widen, lanes_for
+from .vectorize import _Unvectorizable, _Widen, lanes_for, vectorize_inner_loops
 
 #: Vector registers per reduction: independent accumulators, to hide the add's latency.
 ACCUMULATORS = 4
@@ -92,6 +94,16 @@ def _blocked(e: E.Reduce) -> E.Reduce:
 class _VectorizeReductions(Mutator):
     def __init__(self, vector_bits: int):
         self.vector_bits = vector_bits
+
+    def mutate_For(self, s: S.For) -> S.Stmt:
+        """An innermost loop over the kept columns of column reductions: `ACCUMULATORS`
+        registers' worth of columns at a time, each row's slice loaded in one go."""
+        body = self.mutate(s.body)
+        new = s if body is s.body else S.For(s.var, s.start, s.stop, body, s.parallel)
+        columns = [n for n in walk(body) if isinstance(n, E.Reduce)]
+        if not columns or any(isinstance(n, (S.For, E.Ramp)) for n in walk(body)):
+            return new
+        return vectorize_inner_loops(new, self.vector_bits * ACCUMULATORS)
 
     def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
         e = self.generic_mutate(e)
