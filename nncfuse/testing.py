@@ -37,7 +37,8 @@ OPS: list[tuple[str, str]] = [
         "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "to",
         # reductions (issue #10)
         "sum", "mean", "prod", "amax", "amin", "any", "all", "var", "std", "logsumexp",
-        "softmax", "log_softmax", "nn.functional.layer_norm",
+        "softmax", "log_softmax", "nn.functional.layer_norm", "argmax", "argmin",
+        "linalg.vector_norm", "nn.functional.group_norm",
     )),
     ("div", "no_rounding_mode"), ("div", "trunc_rounding"), ("div", "floor_rounding"),
     ("max", "binary"), ("min", "binary"),

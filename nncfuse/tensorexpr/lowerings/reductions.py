@@ -1,5 +1,5 @@
-"""Reductions: sum, mean, prod, amax, amin, any, all, var, std, logsumexp, softmax,
-log_softmax, layer_norm.
+"""Reductions: sum, mean, prod, amax, amin, any, all, argmax, argmin, var, std, logsumexp,
+linalg_vector_norm, softmax, log_softmax, layer_norm, group_norm; batch_norm in inference.
 
 An output element of a reduction is a `Reduce` over the reduced dims of its
 input. Ops that reduce and then broadcast the result back over the reduced
@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from .. import expr as E
-from ..dtype import BOOL, Dtype
+from ..dtype import BOOL, INT64, Dtype
 from .registry import Ctx, LoweringError, TensorArg, compute_type, register, schema_overload
 
 Index = tuple[E.Expr, ...]
@@ -257,11 +257,11 @@ def _row_box(ctx: Ctx, dims: tuple[int, ...]) -> _Box:
 
 
 def _row_max(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],
-             compute: Dtype) -> TensorArg:
+             compute: Dtype, op: str = "Max") -> TensorArg:
     def row_max(*kept: E.Expr) -> E.Expr:
-        return box.reduce("Max", kept, lambda r: value(kept, r), E.identity("Max", compute))
+        return box.reduce(op, kept, lambda r: value(kept, r), E.identity(op, compute))
 
-    return ctx.intermediate("max", compute, [box.x.shape[d] for d in box.kept], row_max)
+    return ctx.intermediate(op.lower(), compute, [box.x.shape[d] for d in box.kept], row_max)
 
 
 def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: TensorArg,
@@ -391,3 +391,171 @@ def layer_norm(ctx: Ctx) -> E.Expr:
             y = combine(y, ctx.load(arg, compute))
     return E.cast(out, y)
 
+
+
+# -- argmax, argmin ------------------------------------------------------------------------------
+
+
+@register(("aten::argmax", "aten::argmin"), overloads=("",))
+def argmax_argmin(ctx: Ctx) -> E.Expr:
+    """Two passes: the max (min), then the first index that holds it, or the first NaN (which
+    is then the max), as eager; over all dims (dim=None) the index is row-major."""
+    x = _tensor(ctx)
+    ndim = len(x.shape)
+    dims = tuple(range(ndim)) if ctx.const(1) is None else _normalize([ctx.const(1)], ndim)
+    keepdim = bool(ctx.const(2))
+    box = _Box(x, dims, keepdim and ctx.const(1) is not None)
+    if box.count == 0:
+        raise LoweringError("argmax/argmin over an empty dim: eager raises")
+    if x.dtype.is_bool or ctx.out_dtype != INT64:
+        raise LoweringError("argmax/argmin of bool")
+    op = "Max" if ctx.node.kind() == "aten::argmax" else "Min"
+    compute = compute_type(x.dtype)
+    rows = _Box(x, dims, True)
+    best = _row_max(ctx, rows, lambda kept, r: rows.load(kept, r, compute), compute, op)
+    kept = box.kept_indices(ctx.indices) if ctx.const(1) is not None or not keepdim else ()
+    m = E.Load(best.buf, kept)
+
+    def first(r: Index) -> E.Expr:
+        v = box.load(kept, r, compute)
+        hit = E.cmp("==", v, m)
+        if compute.is_float:
+            hit = E.Or(hit, E.cmp("!=", v, v))
+        flat: E.Expr = E.imm(0)
+        for i, size in zip(r, box.sizes):
+            flat = flat * size + i
+        return E.select(hit, flat, E.imm(box.count))
+
+    return box.reduce("Min", kept, first, E.imm(box.count))
+
+
+# -- linalg_vector_norm ----------------------------------------------------------------------------
+
+
+@register("aten::linalg_vector_norm", overloads=("",))
+def vector_norm(ctx: Ctx) -> E.Expr:
+    """`ord` 2: sqrt of the sum of squares; 1: sum of |x|; inf, -inf: max, min of |x|; 0: the
+    count of nonzeros; other p: (sum |x|^p)^(1/p). In float32 for reduced floats."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float or not x.dtype.is_float:
+        raise LoweringError("vector_norm of a non-float tensor")
+    p = ctx.const(1)
+    p = 2.0 if p is None else float(p)
+    box = _box(ctx, 2, 3)
+    compute = compute_type(out)
+    kept = box.kept_indices(ctx.indices)
+    magnitude = lambda r: E.call("abs", E.cast(compute, E.cast(out, box.load(kept, r))))  # noqa
+    if math.isinf(p):
+        if box.count == 0:
+            raise LoweringError("an infinity norm over an empty dim: eager raises")
+        op = "Max" if p > 0 else "Min"
+        return E.cast(out, box.reduce(op, kept, magnitude, E.identity(op, compute)))
+    zero = _zero(compute)
+    if p == 0:
+        ones = lambda r: E.cast(compute, E.cmp("!=", magnitude(r), zero))  # noqa: E731
+        return E.cast(out, box.reduce("Add", kept, ones, zero))
+    if p == 1:
+        return E.cast(out, box.reduce("Add", kept, magnitude, zero))
+    if p == 2:
+        squares = lambda r: magnitude(r) * magnitude(r)  # noqa: E731
+        return E.cast(out, E.call("sqrt", box.reduce("Add", kept, squares, zero)))
+    power = E.imm(p, compute)
+    powers = lambda r: E.call("pow", magnitude(r), power)  # noqa: E731
+    total = box.reduce("Add", kept, powers, zero)
+    return E.cast(out, E.call("pow", total, E.imm(1.0 / p, compute)))
+
+
+# -- batch_norm (inference), group_norm -------------------------------------------------------
+
+
+@register("aten::batch_norm", overloads=("",))
+def batch_norm(ctx: Ctx) -> E.Expr:
+    """Inference only (`training` False, running statistics given): per channel (dim 1)
+    `alpha = weight / sqrt(var + eps)`, `beta = bias - mean * alpha`, then `x * alpha + beta`,
+    ATen's `batch_norm_cpu_transform_input`."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if ctx.const(5) or ctx.is_none(3) or ctx.is_none(4):
+        raise LoweringError("batch_norm in training, or without running statistics")
+    if not out.is_float or x.dtype != out or len(x.shape) < 2:
+        raise LoweringError("batch_norm of a non-float tensor, or one without channels")
+    compute = compute_type(out)
+    channels = x.shape[1]
+    eps = float(ctx.const(7))
+    params = {}
+    for k in (1, 2, 3, 4):
+        arg = ctx.arg(k)
+        if not ctx.is_none(k):
+            if not isinstance(arg, TensorArg) or tuple(arg.shape) != (channels,):
+                raise LoweringError("batch_norm parameters have one value per channel")
+            params[k] = arg
+
+    def param(k: int, c: E.Expr, default: float) -> E.Expr:
+        if k not in params:
+            return E.imm(default, compute)
+        return E.cast(compute, E.Load(params[k].buf, (c,)))
+
+    def alpha_of(c: E.Expr) -> E.Expr:
+        invstd = E.imm(1.0, compute) / E.call("sqrt", param(4, c, 1.0) + E.imm(eps, compute))
+        return param(1, c, 1.0) * invstd
+
+    alpha = ctx.intermediate("alpha", compute, [channels], alpha_of)
+    beta = ctx.intermediate(
+        "beta", compute, [channels],
+        lambda c: param(2, c, 0.0) - param(3, c, 0.0) * E.Load(alpha.buf, (c,)),
+    )
+    c = ctx.indices[1]
+    value = ctx.load(x, compute) * E.Load(alpha.buf, (c,)) + E.Load(beta.buf, (c,))
+    return E.cast(out, value)
+
+
+@register("aten::group_norm", overloads=("",))
+def group_norm(ctx: Ctx) -> E.Expr:
+    """Mean and 1/sqrt(var + eps) per (sample, group) over the group's channels and all
+    spatial dims (two-pass), then `(x * rstd - mean * rstd) * weight[c] + bias[c]`."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    groups = ctx.const(1)
+    if not out.is_float or x.dtype != out or len(x.shape) < 2 or not isinstance(groups, int):
+        raise LoweringError("group_norm of a non-float tensor, or without channels")
+    n, channels, *spatial = x.shape
+    if groups <= 0 or channels % groups:
+        raise LoweringError("channels must divide into the groups")
+    per_group = channels // groups
+    count = per_group * math.prod(spatial)
+    if count == 0 or n == 0:
+        raise LoweringError("group_norm of an empty group")
+    compute = compute_type(out)
+    eps = float(ctx.const(4))
+    sizes = (per_group, *spatial)
+    names = "rstuvw"
+
+    def over_group(b: E.Expr, g: E.Expr, body: Callable[[E.Expr], E.Expr]) -> E.Expr:
+        rvars = tuple(E.Var(names[k]) for k in range(len(sizes)))
+        element = E.Load(x.buf, (b, g * per_group + rvars[0], *rvars[1:]))
+        return E.Reduce("Add", _zero(compute), body(E.cast(compute, element)), rvars,
+                        tuple(E.imm(s) for s in sizes))
+
+    mean = ctx.intermediate(
+        "mean", compute, [n, groups],
+        lambda b, g: over_group(b, g, lambda v: v) / E.imm(float(count), compute),
+    )
+
+    def rstd(b: E.Expr, g: E.Expr) -> E.Expr:
+        m = E.Load(mean.buf, (b, g))
+        var = over_group(b, g, lambda v: (v - m) * (v - m)) / E.imm(float(count), compute)
+        return E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
+
+    scale = ctx.intermediate("rstd", compute, [n, groups], rstd)
+    b, c = ctx.indices[0], ctx.indices[1]
+    g = c / E.imm(per_group)
+    s, m = E.Load(scale.buf, (b, g)), E.Load(mean.buf, (b, g))
+    y = ctx.load(x, compute) * s + (-(m * s))
+    for k, combine in ((2, E.Mul), (3, E.Add)):
+        if not ctx.is_none(k):
+            arg = ctx.args[k]
+            if not isinstance(arg, TensorArg) or tuple(arg.shape) != (channels,):
+                raise LoweringError("group_norm weight and bias have one value per channel")
+            y = combine(y, E.cast(compute, E.Load(arg.buf, (c,))))
+    return E.cast(out, y)

@@ -288,3 +288,52 @@ def test_row_statistics_fuse_with_consumers_that_broadcast_them():
     fn = lambda x: (x - x.mean(-1, keepdim=True)) / x.amax(-1, keepdim=True)  # noqa: E731
     close(fn, randn(32, 50))
     assert len(loops(kernel_stmt(fn, randn(32, 50)))) == 1
+
+
+# -- argmax, argmin, norms, batch_norm, group_norm ------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_argmax_argmin_first_index_and_nan(use_llvm):
+    x = extremes()
+    x[2, 7] = x[2, 9] = 50.0  # a tie: the first index wins
+    for fn in (lambda x: x.argmax(-1), lambda x: x.argmin(1), lambda x: x.argmax(0),
+               lambda x: x.argmax(), lambda x: x.argmin(1, keepdim=True),
+               lambda x: x.argmax(None, keepdim=True)):
+        check(fn, x, use_llvm=use_llvm)
+    ints = torch.randint(0, 5, (6, 40), dtype=torch.int32)
+    check(lambda x: x.argmax(-1), ints, use_llvm=use_llvm)
+    check(lambda x: x.argmin(), ints, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("ord", [2, 1, float("inf"), -float("inf"), 0, 3])
+def test_vector_norm(ord, use_llvm):
+    x = randn(5, 40)
+    x[1, :7] = 0.0
+    close(lambda x: torch.linalg.vector_norm(x, ord, -1), x, use_llvm=use_llvm)
+    close(lambda x: torch.linalg.vector_norm(x, ord), x, use_llvm=use_llvm)
+    close(lambda x: torch.norm(x, 2, 0, keepdim=True), x, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("affine", [False, True])
+def test_batch_norm_inference(affine, use_llvm):
+    x = randn(4, 6, 5, 7)
+    mean, var = randn(6), torch.rand(6) + 0.5
+    w, b = (randn(6), randn(6)) if affine else (None, None)
+    close(lambda x: F.batch_norm(x, mean, var, w, b, False, 0.1, 1e-5), x, use_llvm=use_llvm)
+    close(lambda x: torch.relu(F.batch_norm(x, mean, var, w, b)) + 1, x[:, :, 0],
+          use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("groups", [1, 3, 6])
+def test_group_norm(groups, use_llvm):
+    x = randn(2, 6, 5, 7) * 3 + 10
+    w, b = randn(6), randn(6)
+    close(lambda x: F.group_norm(x, groups, w, b, 1e-5), x, use_llvm=use_llvm)
+    close(lambda x: F.group_norm(x, groups), x[:, :, 0], use_llvm=use_llvm)
+    for dtype in REDUCED:
+        close(lambda x: F.group_norm(x, groups, w.to(dtype), b.to(dtype)), x.to(dtype),
+              use_llvm=use_llvm)
