@@ -60,6 +60,7 @@ from .passes.fuse_loops import fuse_loops
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
 from .passes.parallelize import GRAIN, parallelize_outer_loops, work
+from .passes.reuse_outputs import reuse_outputs
 from .passes.simplify import simplify
 from .passes.vectorize import vectorize_inner_loops
 from .passes.vectorize_reductions import vectorize_reductions
@@ -259,6 +260,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
         ("inline_intermediates", partial(inline_intermediates, outputs=outputs)),
         ("simplify", simplify),  # unit loops gone: loads of size-1 dims match their stores
         ("fuse_loops", fuse_loops),
+        ("reuse_outputs", partial(reuse_outputs, params=bufs)),
         ("flatten_indices", flatten_indices),
         ("simplify", simplify),
         ("collapse_loops", collapse_loops),

@@ -139,3 +139,31 @@ def test_simplify_drops_unit_and_empty_axes():
     assert text(simplify(e)) == "reduce_add(0.f, a[r, 0] for r < 4)"
     empty = E.reduce("Max", E.Load(a, (r, k)), [(r, 0)])
     assert text(simplify(empty)) == "-INFINITY"
+
+
+def _softmax_like(extra_read: bool):
+    x, out = buf("x", [4, 8]), buf("out", [4, 8])
+    e, s = buf("e", [4, 8]), buf("s", [4])
+    i, j, j2, r = var("i"), var("j"), var("j"), var("r")
+    body = [
+        S.For(j, E.imm(0), E.imm(8), S.Store(e, (i, j), E.call("exp", E.Load(x, (i, j))))),
+        S.Store(s, (i,), E.reduce("Add", E.Load(e, (i, r)), [(r, 8)], 0.0)),
+        S.For(j2, E.imm(0), E.imm(8),
+              S.Store(out, (i, j2), E.Load(e, (i, j2)) / E.Load(s, (i,)))),
+    ]
+    if extra_read:  # reads the row after `out` overwrote it: e must keep its own memory
+        body.append(S.Store(s, (i,), E.reduce("Max", E.Load(e, (i, r)), [(r, 8)])))
+    return S.For(i, E.imm(0), E.imm(4), S.Block(tuple(body))), [x, out, s]
+
+
+def test_reuse_outputs_keeps_a_temporary_in_the_buffer_overwriting_it():
+    from nncfuse.tensorexpr.passes.reuse_outputs import reuse_outputs
+
+    stmt, params = _softmax_like(False)
+    new = reuse_outputs(stmt, params)
+    assert "e[" not in text(new) and "out[i, j_1] = out[i, j_1] / s[i]" in text(new)
+    x = torch.randn(4, 8)
+    got = run(new, params, [x, torch.zeros(4, 8), torch.zeros(4)])[1]
+    torch.testing.assert_close(got, x.exp() / x.exp().sum(-1, True))
+    stmt, params = _softmax_like(True)
+    assert reuse_outputs(stmt, params) is stmt

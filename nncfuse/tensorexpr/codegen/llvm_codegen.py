@@ -30,7 +30,7 @@ from .. import ops
 from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
-from ..ir_visitor import Visitor
+from ..ir_visitor import Visitor, walk
 from ..passes.simplify import Simplifier
 from . import llvm_math, llvm_parallel
 from .llvm_jit import JitFunction, compile_ir, vector_bits
@@ -472,6 +472,10 @@ def compile_stmt(
     `release_gil=False` makes calls cheaper (tens of ns) for kernels that finish
     quickly; `streaming` outputs (fresh, 64-byte aligned) get non-temporal stores.
     """
+    # An output the kernel reads back (a temporary kept in it, `reuse_outputs`) must stay
+    # in the caches: no streaming stores for it.
+    read = {n.buf.root for n in walk(stmt) if isinstance(n, E.Load)}
+    streaming = frozenset(b for b in streaming if b.root not in read)
     cg = LLVMCodeGen(stmt, params, name, streaming)
     text = cg.ir_text()
     _log.debug("LLVM module before optimizations\n", text)

@@ -297,6 +297,8 @@ def softmax(ctx: Ctx) -> E.Expr:
         one = value(box.kept_indices(ctx.indices), tuple(ctx.indices[d] for d in box.dims))
         return E.cast(out, one - one if log else one / one)
     top = _row_max(ctx, box, value, compute)
+    if not log and out == compute:
+        return _softmax_in_place(ctx, box, value, top, compute)
     if log:
         scale = _exp_sum(ctx, box, value, top, compute, _log_sum(ctx, box, out), "logsum")
     else:
@@ -307,6 +309,36 @@ def softmax(ctx: Ctx) -> E.Expr:
     m, s = E.Load(top.buf, kept), E.Load(scale.buf, kept)
     shifted = value(kept, here) - m
     return E.cast(out, shifted - s if log else E.call("exp", shifted) * s)
+
+
+def _softmax_in_place(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],
+                      top: TensorArg, compute: Dtype) -> E.Expr:
+    """`exp(x - max)` as an intermediate, its sum, then the intermediate scaled: ATen's
+    order, one exponential per element; `reuse_outputs` keeps the exponentials in the
+    output's memory."""
+    shape = list(box.x.shape)
+
+    def exp(*idx: E.Expr) -> E.Expr:
+        kept = tuple(idx[d] for d in box.kept)
+        here = tuple(idx[d] for d in box.dims)
+        return E.call("exp", value(kept, here) - E.Load(top.buf, kept))
+
+    exps = ctx.intermediate("exp", compute, shape, exp)
+
+    def reciprocal(*kept: E.Expr) -> E.Expr:
+        def body(r: Index) -> E.Expr:
+            idx: list[E.Expr] = [E.imm(0)] * len(shape)
+            for d, i in zip(box.kept, kept):
+                idx[d] = i
+            for d, i in zip(box.dims, r):
+                idx[d] = i
+            return E.Load(exps.buf, tuple(idx))
+
+        return E.imm(1.0, compute) / box.reduce("Add", kept, body, _zero(compute))
+
+    scale = ctx.intermediate("rsum", compute, [shape[d] for d in box.kept], reciprocal)
+    kept = box.kept_indices(ctx.indices)
+    return E.Load(exps.buf, tuple(ctx.indices)) * E.Load(scale.buf, kept)
 
 
 def _log_sum(ctx: Ctx, box: _Box, out: Dtype) -> Callable[[E.Expr], E.Expr]:

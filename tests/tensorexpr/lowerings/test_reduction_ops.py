@@ -229,9 +229,22 @@ def test_softmax_extremes_and_dtypes(log, use_llvm):
 
 
 def test_softmax_is_one_sweep_over_rows():
-    """max, sum and output of a row in one loop: the row is read from memory once."""
+    """max, sum and output of a row in one loop: the row is read from memory once, and
+    each exponential is computed once, into the output (`reuse_outputs`)."""
     stmt = kernel_stmt(lambda x: torch.softmax(x, -1), torch.randn(64, 1000))
     assert len(loops(stmt)) == 1
+    assert "softmax_exp" not in str(stmt)
+    assert str(stmt).count("exp(") == 2  # the vector loop and its tail
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_softmax_exponentials_live_in_whatever_follows(use_llvm):
+    x = randn(8, 50)
+    close(lambda x: torch.softmax(x, -1) * 2, x, use_llvm=use_llvm)
+    close(lambda x: torch.softmax(x, 0) + torch.softmax(x, -1), x, use_llvm=use_llvm)
+    close(lambda x: torch.softmax(x, -1).sum(-1), x, use_llvm=use_llvm)
+    close(lambda x: torch.softmax(x.t(), -1), x, use_llvm=use_llvm)
+    close(lambda x: torch.softmax(x[::2, 3:], -1), x, use_llvm=use_llvm)
 
 
 # -- layer_norm, RMSNorm --------------------------------------------------------------------------
