@@ -1,5 +1,6 @@
 """Reductions: sum, mean, prod, amax, amin, any, all, argmax, argmin, var, std, logsumexp,
-linalg_vector_norm, softmax, log_softmax, layer_norm, group_norm; batch_norm in inference.
+linalg_vector_norm, softmax, log_softmax, layer_norm, group_norm, instance_norm; batch_norm
+in inference.
 
 An output element of a reduction is a `Reduce` over the reduced dims of its
 input. Ops that reduce and then broadcast the result back over the reduced
@@ -507,35 +508,43 @@ def batch_norm(ctx: Ctx) -> E.Expr:
     `alpha = weight / sqrt(var + eps)`, `beta = bias - mean * alpha`, then `x * alpha + beta`,
     ATen's `batch_norm_cpu_transform_input`."""
     x = _tensor(ctx)
-    out = ctx.out_dtype
     if ctx.const(5) or ctx.is_none(3) or ctx.is_none(4):
         raise LoweringError("batch_norm in training, or without running statistics")
+    return _normalize_channels(ctx, x, 1, 2, 3, 4, float(ctx.const(7)))
+
+
+def _normalize_channels(ctx: Ctx, x: TensorArg, weight_at: int, bias_at: int, mean_at: int,
+                        var_at: int, eps: float) -> E.Expr:
+    """`x * alpha[c] + beta[c]` from per-channel weight, bias, mean and variance."""
+    out = ctx.out_dtype
     if not out.is_float or x.dtype != out or len(x.shape) < 2:
         raise LoweringError("batch_norm of a non-float tensor, or one without channels")
     compute = compute_type(out)
     channels = x.shape[1]
-    eps = float(ctx.const(7))
     params = {}
-    for k in (1, 2, 3, 4):
+    roles = {"weight": weight_at, "bias": bias_at, "mean": mean_at, "var": var_at}
+    for k in roles.values():
         arg = ctx.arg(k)
         if not ctx.is_none(k):
             if not isinstance(arg, TensorArg) or tuple(arg.shape) != (channels,):
                 raise LoweringError("batch_norm parameters have one value per channel")
             params[k] = arg
 
-    def param(k: int, c: E.Expr, default: float) -> E.Expr:
+    def param(role: str, c: E.Expr, default: float) -> E.Expr:
+        k = roles[role]
         if k not in params:
             return E.imm(default, compute)
         return E.cast(compute, E.Load(params[k].buf, (c,)))
 
     def alpha_of(c: E.Expr) -> E.Expr:
-        invstd = E.imm(1.0, compute) / E.call("sqrt", param(4, c, 1.0) + E.imm(eps, compute))
-        return param(1, c, 1.0) * invstd
+        var = param("var", c, 1.0)
+        invstd = E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
+        return param("weight", c, 1.0) * invstd
 
     alpha = ctx.intermediate("alpha", compute, [channels], alpha_of)
     beta = ctx.intermediate(
         "beta", compute, [channels],
-        lambda c: param(2, c, 0.0) - param(3, c, 0.0) * E.Load(alpha.buf, (c,)),
+        lambda c: param("bias", c, 0.0) - param("mean", c, 0.0) * E.Load(alpha.buf, (c,)),
     )
     c = ctx.indices[1]
     value = ctx.load(x, compute) * E.Load(alpha.buf, (c,)) + E.Load(beta.buf, (c,))
@@ -546,9 +555,28 @@ def batch_norm(ctx: Ctx) -> E.Expr:
 def group_norm(ctx: Ctx) -> E.Expr:
     """Mean and 1/sqrt(var + eps) per (sample, group) over the group's channels and all
     spatial dims (two-pass), then `(x * rstd - mean * rstd) * weight[c] + bias[c]`."""
+    return _group_norm(ctx, ctx.const(1), 2, 3, float(ctx.const(4)))
+
+
+@register("aten::instance_norm", overloads=("",))
+def instance_norm(ctx: Ctx) -> E.Expr:
+    """With the input's statistics and no running ones to update: group_norm with a group
+    per channel; with running statistics only (`use_input_stats` False): batch_norm's."""
+    x = _tensor(ctx)
+    if not ctx.const(5):
+        if ctx.is_none(3) or ctx.is_none(4):
+            raise LoweringError("instance_norm without statistics")
+        return _normalize_channels(ctx, x, 1, 2, 3, 4, float(ctx.const(7)))
+    if not (ctx.is_none(3) and ctx.is_none(4)):
+        raise LoweringError("instance_norm updating running statistics (a mutation)")
+    if len(x.shape) < 2:
+        raise LoweringError("instance_norm without channels")
+    return _group_norm(ctx, x.shape[1], 1, 2, float(ctx.const(7)))
+
+
+def _group_norm(ctx: Ctx, groups: object, weight_at: int, bias_at: int, eps: float) -> E.Expr:
     x = _tensor(ctx)
     out = ctx.out_dtype
-    groups = ctx.const(1)
     if not out.is_float or x.dtype != out or len(x.shape) < 2 or not isinstance(groups, int):
         raise LoweringError("group_norm of a non-float tensor, or without channels")
     n, channels, *spatial = x.shape
@@ -559,7 +587,6 @@ def group_norm(ctx: Ctx) -> E.Expr:
     if count == 0 or n == 0:
         raise LoweringError("group_norm of an empty group")
     compute = compute_type(out)
-    eps = float(ctx.const(4))
     sizes = (per_group, *spatial)
     names = "rstuvw"
 
@@ -584,7 +611,7 @@ def group_norm(ctx: Ctx) -> E.Expr:
     g = c / E.imm(per_group)
     s, m = E.Load(scale.buf, (b, g)), E.Load(mean.buf, (b, g))
     y = ctx.load(x, compute) * s + (-(m * s))
-    for k, combine in ((2, E.Mul), (3, E.Add)):
+    for k, combine in ((weight_at, E.Mul), (bias_at, E.Add)):
         if not ctx.is_none(k):
             arg = ctx.args[k]
             if not isinstance(arg, TensorArg) or tuple(arg.shape) != (channels,):

@@ -350,3 +350,14 @@ def test_group_norm(groups, use_llvm):
     for dtype in REDUCED:
         close(lambda x: F.group_norm(x, groups, w.to(dtype), b.to(dtype)), x.to(dtype),
               use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_instance_norm(use_llvm):
+    x = randn(2, 6, 5, 7) * 3 + 10
+    w, b = randn(6), randn(6)
+    close(lambda x: F.instance_norm(x, weight=w, bias=b), x, use_llvm=use_llvm)
+    close(lambda x: F.instance_norm(x), x[:, :, 0], use_llvm=use_llvm)
+    mean, var = randn(6), torch.rand(6) + 0.5
+    close(lambda x: F.instance_norm(x, mean, var, w, b, use_input_stats=False), x,
+          use_llvm=use_llvm)
