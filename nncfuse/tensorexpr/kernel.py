@@ -62,6 +62,7 @@ from .passes.insert_allocations import insert_allocations
 from .passes.parallelize import GRAIN, parallelize_outer_loops, work
 from .passes.reuse_outputs import reuse_outputs
 from .passes.simplify import simplify
+from .passes.split_reductions import split_reductions
 from .passes.vectorize import vectorize_inner_loops
 from .passes.vectorize_reductions import vectorize_reductions
 
@@ -266,6 +267,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Callable[[S
         ("collapse_loops", collapse_loops),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
         ("eliminate_dead_stores", partial(eliminate_dead_stores, params=bufs)),
+        ("split_reductions", split_reductions),
         ("vectorize_reductions", partial(vectorize_reductions, vector_bits=vector_width)),
         ("vectorize_inner_loops", partial(vectorize_inner_loops, vector_bits=vector_width)),
         ("simplify", simplify),

@@ -96,6 +96,9 @@ def test_long_float32_sum_stays_within_eager_tolerance():
     close(lambda x: x.sum(-1), rows)
     cols = torch.rand(1 << 15, 32) + 1e4
     close(lambda x: x.sum(0), cols)
+    close(lambda x: x[3:].sum() * 2, x)  # chunks and a tail
+    stmt = kernel_stmt(lambda x: x.sum(), x)
+    assert any(s.parallel for s in loops(stmt)), "a long full reduction runs in chunks"
     exact = x.double().sum()
     got = run_fused(lambda x: x.sum(), x)
     assert abs(got.double() - exact) <= abs(x.sum().double() - exact) + 2 * 1024
