@@ -111,6 +111,33 @@ def transpose_add(x, y):
     return (x + 1).transpose(0, 1) + y
 
 
+# -- reductions (issue #10): written as a model writes them ------------------------------------
+
+def softmax_rows(x):
+    return torch.softmax(x, -1)
+
+
+# The normalized shape is written out: TorchScript folds only constant lists.
+def layer_norm_affine(x, w, b):
+    return torch.nn.functional.layer_norm(x, (768,), w, b, 1e-5)
+
+
+def residual_layer_norm(x, r, w, b):
+    return torch.nn.functional.layer_norm(x + r, (768,), w, b, 1e-5)
+
+
+def sum_rows(x):
+    return x.sum(-1)
+
+
+def sum_cols(x):
+    return x.sum(0)
+
+
+def rms_norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
 # -- input builders: each takes the main tensor's shape --------------------------------------------
 
 def _randn(shape: tuple[int, ...]) -> Inputs:
@@ -132,6 +159,14 @@ def _bias(shape: tuple[int, ...]) -> Inputs:
 
 def _bias_residual(shape: tuple[int, ...]) -> Inputs:
     return torch.randn(shape), torch.randn(shape[-1]), torch.randn(shape)
+
+
+def _affine(shape: tuple[int, ...]) -> Inputs:
+    return torch.randn(shape), torch.randn(shape[-1]), torch.randn(shape[-1])
+
+
+def _residual_affine(shape: tuple[int, ...]) -> Inputs:
+    return torch.randn(shape), torch.randn(shape), torch.randn(shape[-1]), torch.randn(shape[-1])
 
 
 def _row_col(shape: tuple[int, ...]) -> Inputs:
@@ -198,6 +233,13 @@ WORKLOADS: list[Workload] = [
     Workload("tiny_tanh_16", tiny_tanh, _randn, (16,), (16,)),
     Workload("cat_relu", cat_relu, _two, (1024, 512), _Q2),  # the output has 2x the elements
     Workload("transpose_add", transpose_add, _transposed_pair, (2048, 2048), _Q2),
+    Workload("softmax_rows", softmax_rows, _randn, (4096, 1024), _Q2),
+    Workload("layer_norm_affine", layer_norm_affine, _affine, (4096, 768), (64, 768)),
+    Workload("residual_layer_norm", residual_layer_norm, _residual_affine, (4096, 768),
+             (64, 768)),
+    Workload("sum_rows", sum_rows, _randn, (4096, 1024), _Q2),
+    Workload("sum_cols", sum_cols, _randn, (4096, 1024), _Q2),
+    Workload("rms_norm", rms_norm, _bias, (4096, 768), _Q2),
 ]
 
 

@@ -1,6 +1,6 @@
 """Checking nncfuse against eager PyTorch on OpInfo's samples (needs the `test` extra).
 
-`OPS` names, in OpInfo's spelling, the elementwise ops nncfuse fuses. For
+`OPS` names, in OpInfo's spelling, the ops nncfuse fuses (elementwise and reductions). For
 one sample, `run_sample` traces a function calling the op (non-tensor
 arguments become constants), runs it through `nncfuse.jit(traced,
 min_group_size=1)` and compares with eager: dtype, shape, strides of
@@ -35,6 +35,10 @@ OPS: list[tuple[str, str]] = [
         "minimum", "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "lerp", "addcmul",
         "eq", "ne", "lt", "le", "gt", "ge", "isnan", "logical_not", "bitwise_and", "bitwise_or",
         "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "to",
+        # reductions (issue #10)
+        "sum", "mean", "prod", "amax", "amin", "any", "all", "var", "std", "logsumexp",
+        "softmax", "log_softmax", "nn.functional.layer_norm", "argmax", "argmin",
+        "linalg.vector_norm", "nn.functional.group_norm",
     )),
     ("div", "no_rounding_mode"), ("div", "trunc_rounding"), ("div", "floor_rounding"),
     ("max", "binary"), ("min", "binary"),

@@ -15,7 +15,7 @@ alike are still different variables.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -450,3 +450,103 @@ def is_const(e: Expr, value: Number | None = None) -> bool:
     if isinstance(e, Broadcast):
         e = e.value
     return isinstance(e, Imm) and (value is None or e.value == value)
+
+
+#: The `ops.BINARY` rows a `Reduce` or `LaneReduce` may combine with.
+REDUCIBLE = ("Add", "Mul", "Max", "Min", "And", "Or")
+
+
+def _check_reducible(op: str, dtype: Dtype) -> ops.Op:
+    row = ops.BINARY.get(op)
+    if op not in REDUCIBLE or row is None:
+        raise ValueError(f"cannot reduce with {op!r}")
+    if not row.accepts(dtype.scalar) or row.llvm.pick(dtype.scalar) is None:
+        raise TypeError(f"cannot reduce {dtype} with {op}")
+    return row
+
+
+@dataclass(frozen=True)
+class Reduce(Expr):
+    """`init` combined with `body` over every point of a box of reduction variables.
+
+        acc = init
+        for (vars[0] = 0; vars[0] < stops[0]; ...)     // the last variable innermost
+          acc = op(acc, body)
+        value = acc
+
+    `op` names an `ops.BINARY` row (`REDUCIBLE`); the accumulator is the
+    combine's first operand, so NaN propagates through Max/Min as in
+    torch.maximum. The variables are bound by the node: they are free nowhere
+    else. `body` and `init` share one dtype, which may be a vector: then each
+    lane accumulates on its own (a reduction vectorized across kept elements).
+    """
+
+    op: str
+    init: Expr
+    body: Expr
+    vars: tuple[Var, ...]
+    stops: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        _check_reducible(self.op, self.body.dtype)
+        if self.init.dtype != self.body.dtype:
+            raise TypeError(f"Reduce init is {self.init.dtype}, body {self.body.dtype}")
+        if not self.vars or len(self.vars) != len(self.stops):
+            raise TypeError("Reduce needs one stop per variable, and at least one variable")
+        for v, stop in zip(self.vars, self.stops):
+            if v.dtype != INDEX or stop.dtype != INDEX:
+                raise TypeError("Reduce variables and stops are int64 scalars")
+
+    @property
+    def row(self) -> ops.Op:
+        return ops.BINARY[self.op]
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.body.dtype
+
+
+@dataclass(frozen=True)
+class LaneReduce(Expr):
+    """The lanes of a vector combined into a scalar with `op`, pairwise by halves:
+    `[a, b, c, d]` -> `op(op(a, c), op(b, d))`. The lanes are a power of two."""
+
+    op: str
+    value: Expr
+
+    def __post_init__(self) -> None:
+        _check_reducible(self.op, self.value.dtype)
+        lanes = self.value.dtype.lanes
+        if lanes < 2 or lanes & (lanes - 1):
+            raise TypeError(f"LaneReduce needs a power-of-two vector, got {lanes} lanes")
+
+    @property
+    def row(self) -> ops.Op:
+        return ops.BINARY[self.op]
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.value.dtype.scalar
+
+
+def identity(op: str, dtype: Dtype) -> Expr:
+    """The identity of reduction `op` in `dtype` (broadcast to its lanes)."""
+    row = _check_reducible(op, dtype)
+    assert row.identity is not None
+    value = Imm.make(row.identity(dtype.scalar), dtype.scalar)
+    return value if dtype.lanes == 1 else Broadcast(value, dtype.lanes)
+
+
+def reduce(op: str, body: Expr, axes: Sequence[tuple[Var, Expr | int]],
+           init: ExprLike | None = None) -> Expr:
+    """`Reduce(op, init, body, ...)` over `axes` (variable, stop); init defaults to the identity."""
+    vars_ = tuple(v for v, _ in axes)
+    stops = tuple(imm(s) if isinstance(s, int) else s for _, s in axes)
+    start = identity(op, body.dtype) if init is None else as_expr(init, body.dtype)
+    return Reduce(op, start, body, vars_, stops)
+
+
+def combine(op: str, a: Expr, b: Expr) -> Expr:
+    """The binary node of `ops.BINARY` row `op` over `a` and `b`: one step of a reduction."""
+    cls = {c.__name__: c for c in BinaryOp.__subclasses__()}[op]
+    return cls(a, b)

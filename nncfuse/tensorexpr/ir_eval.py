@@ -139,6 +139,51 @@ class _Compiler(Visitor):
             return lambda env: nd.type(fn(*(a(env) for a in args)))
         return lambda env: np.asarray(fn(*(a(env) for a in args)), dtype=nd)
 
+    def visit_Reduce(self, e: E.Reduce) -> Fn:
+        combine = e.row.interp if e.dtype.is_float else (e.row.interp_int or e.row.interp)
+        init, body = self.expr(e.init), self.expr(e.body)
+        slots = [self.slot(v) for v in e.vars]
+        stops = [self.expr(s) for s in e.stops]
+        nd = _np_dtype(e.dtype)
+        bf16 = e.dtype.name == "bfloat16"
+        last = len(slots) - 1
+
+        def run(env: Env) -> Any:
+            acc = init(env)
+            bounds = [int(s(env)) for s in stops]
+
+            def axis(k: int, acc: Any) -> Any:
+                slot = slots[k]
+                for i in range(bounds[k]):
+                    env[slot] = np.int64(i)
+                    if k == last:
+                        acc = combine(acc, body(env))
+                        acc = _round_bf16(acc) if bf16 else acc
+                    else:
+                        acc = axis(k + 1, acc)
+                return acc
+
+            out = axis(0, acc)
+            return np.asarray(out, dtype=nd) if e.dtype.lanes > 1 else nd.type(out)
+
+        return run
+
+    def visit_LaneReduce(self, e: E.LaneReduce) -> Fn:
+        value = self.expr(e.value)
+        combine = e.row.interp if e.dtype.is_float else (e.row.interp_int or e.row.interp)
+        nd = _np_dtype(e.dtype)
+        bf16 = e.dtype.name == "bfloat16"
+
+        def run(env: Env) -> Any:
+            v = np.asarray(value(env))
+            while v.shape[0] > 1:
+                half = v.shape[0] // 2
+                v = np.asarray(combine(v[:half], v[half:]))
+                v = _round_bf16(v) if bf16 else v
+            return nd.type(v[0])
+
+        return run
+
     def visit_Ramp(self, e: E.Ramp) -> Fn:
         base, stride = self.expr(e.base), self.expr(e.stride)
         steps = np.arange(e.lanes, dtype=np.int64)

@@ -135,6 +135,15 @@ class IRPrinter(Visitor):
     def visit_Broadcast(self, e: E.Broadcast) -> tuple[str, int]:
         return f"Broadcast({self.expr(e.value)}, {e.lanes})", _ATOM
 
+    def visit_Reduce(self, e: E.Reduce) -> tuple[str, int]:
+        # reduce_add(0.f, t0[8 * i + r] for r < 8, k < 4): the init, then the body over the box.
+        axes = ", ".join(f"{self.names.get(v)} < {self.expr(s)}" for v, s in zip(e.vars, e.stops))
+        name = f"reduce_{e.op.lower()}"
+        return f"{name}({self.expr(e.init)}, {self.expr(e.body)} for {axes})", _ATOM
+
+    def visit_LaneReduce(self, e: E.LaneReduce) -> tuple[str, int]:
+        return f"lanes_{e.op.lower()}({self.expr(e.value)})", _ATOM
+
     def visit_Load(self, e: E.Load) -> tuple[str, int]:
         return f"{self.names.get(e.buf)}[{self._indices(e.indices)}]", _ATOM
 

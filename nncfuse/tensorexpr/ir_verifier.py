@@ -1,8 +1,10 @@
 """Checks that a statement is well formed beyond what node constructors check.
 
 - every variable is bound before use: by an enclosing `For`, an earlier
-  `Let` in an enclosing Block, or as a kernel parameter;
-- no variable is bound twice;
+  `Let` in an enclosing Block, an enclosing `Reduce` (in its body), or as a
+  kernel parameter;
+- no variable is bound twice (a `Reduce`'s variables may be shared by copies
+  of that Reduce, which bind them only inside their bodies);
 - temporaries are allocated before use and freed exactly once, after use;
 - only temporaries and outputs are stored to.
 
@@ -76,6 +78,20 @@ class _Checker(Visitor):
     def visit_Var(self, e: E.Var) -> None:
         if e not in self.scope:
             raise IRError(f"variable {e.name} used out of scope")
+
+    def visit_Reduce(self, e: E.Reduce) -> None:
+        self.visit(e.init)
+        for stop in e.stops:
+            self.visit(stop)
+        outer = set(self.scope)
+        for v in e.vars:
+            # Lexical: copies of one Reduce (a vectorized loop and its tail) share its
+            # variables, which is sound; shadowing a variable in scope is not.
+            if v in self.scope or v in self.bound:
+                raise IRError(f"Reduce variable {v.name} is already bound")
+            self.scope.add(v)
+        self.visit(e.body)
+        self.scope = outer
 
     def visit_Load(self, e: E.Load) -> None:
         self.buffer(e.buf, store=False)

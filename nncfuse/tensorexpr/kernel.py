@@ -85,9 +85,12 @@ from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
 from .passes.parallelize import GRAIN, parallelize_outer_loops, work
 from .passes.partition_loops import partition_loops
+from .passes.reuse_outputs import reuse_outputs
 from .passes.simplify import simplify
+from .passes.split_reductions import split_reductions
 from .passes.tile_transposes import tile_transposes
 from .passes.vectorize import vectorize_inner_loops
+from .passes.vectorize_reductions import vectorize_reductions
 
 _log = log.get_logger(__file__)
 
@@ -302,6 +305,7 @@ def _lower_node(
     if is_output:
         state.output_metas[buf] = meta
     state.env[out.unique()] = TensorArg(buf, meta.sizes)
+    state.nests.extend(ctx.nests)  # the node's intermediates (a reduction's row statistics)
     state.nests.append(nest)
 
 
@@ -340,12 +344,15 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
         ("simplify", simplify),  # unit loops gone: loads of size-1 dims match their stores
         ("partition_loops", partition_loops),  # cat: one loop per part, no selects
         ("fuse_loops", fuse_loops),
+        ("reuse_outputs", partial(reuse_outputs, params=bufs)),
         ("flatten_indices", flatten_indices),
         ("simplify", simplify),
         ("collapse_loops", collapse_loops),
         ("tile_transposes", tile_transposes),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
         ("eliminate_dead_stores", partial(eliminate_dead_stores, params=bufs)),
+        ("split_reductions", split_reductions),
+        ("vectorize_reductions", partial(vectorize_reductions, vector_bits=vector_width)),
         ("vectorize_inner_loops", partial(vectorize_inner_loops, vector_bits=vector_width)),
         ("simplify", simplify),
         ("parallelize_outer_loops", parallelize_outer_loops),

@@ -63,6 +63,9 @@ class Op:
     of float or integer operands only). `interp_int`, where given, computes
     integer and bool operands instead of `interp`. `cheap`: a few instructions,
     so recomputing it is cheaper than keeping it in a temporary (`inline`).
+    `identity`, for the ops a `Reduce` may combine with: the value of a scalar
+    dtype that leaves every operand unchanged (`x + -0.` is `x`, also for -0.),
+    which starts partial accumulators (vector lanes, cascade blocks).
     """
 
     name: str
@@ -75,6 +78,7 @@ class Op:
     fold: bool
     interp_int: Callable[..., Any] | None = None
     cheap: bool = True
+    identity: Callable[[Dtype], Any] | None = None
 
     @property
     def infix(self) -> bool:
@@ -192,23 +196,50 @@ def _overflowing_early(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _binary(name: str, symbol: str, precedence: int, types: str, interp: Callable[..., Any],
-            llvm: Emit, interp_int: Callable[..., Any] | None = None) -> Op:
-    return Op(name, symbol, precedence, 2, types, interp, llvm, True, interp_int)
+            llvm: Emit, interp_int: Callable[..., Any] | None = None,
+            identity: Callable[[Dtype], Any] | None = None) -> Op:
+    return Op(name, symbol, precedence, 2, types, interp, llvm, True, interp_int,
+              identity=identity)
+
+
+def _lowest(dtype: Dtype) -> Any:
+    if dtype.is_float:
+        return -float("inf")
+    if dtype.is_bool:
+        return False
+    return -(1 << (dtype.bits - 1)) if dtype.is_signed else 0
+
+
+def _highest(dtype: Dtype) -> Any:
+    if dtype.is_float:
+        return float("inf")
+    if dtype.is_bool:
+        return True
+    return (1 << (dtype.bits - 1 if dtype.is_signed else dtype.bits)) - 1
+
+
+def _ones(dtype: Dtype) -> Any:
+    return True if dtype.is_bool else -1 if dtype.is_signed and dtype.is_int else _highest(dtype)
 
 
 #: Binary ops by node class name: `a + b` in C precedence, or `max(a, b)`.
 BINARY: dict[str, Op] = {op.name: op for op in (
-    _binary("Add", "+", 8, "number", np.add, Emit("fadd", "add", "add")),
+    _binary("Add", "+", 8, "number", np.add, Emit("fadd", "add", "add"),
+            identity=lambda d: -0.0 if d.is_float else 0),
     _binary("Sub", "-", 8, "number", np.subtract, Emit("fsub", "sub", "sub")),
-    _binary("Mul", "*", 9, "number", np.multiply, Emit("fmul", "mul", "mul")),
+    _binary("Mul", "*", 9, "number", np.multiply, Emit("fmul", "mul", "mul"),
+            identity=lambda d: 1.0 if d.is_float else 1),
     # Integer division truncates, and its remainder takes the sign of `a` (C's).
     _binary("Div", "/", 9, "any", np.divide, Emit("fdiv", "sdiv", "udiv"), _trunc_div),
     _binary("Mod", "%", 9, "any", np.fmod, Emit("frem", "srem", "urem")),
     # NaN if either operand is NaN (torch.maximum); max(-0., 0.) is its first operand.
-    _binary("Max", "max", CALL, "any", _max, Emit("max_nan", "smax", "umax")),
-    _binary("Min", "min", CALL, "any", _min, Emit("min_nan", "smin", "umin")),
-    _binary("And", "&", 4, "any", np.bitwise_and, Emit(None, "and", "and")),
-    _binary("Or", "|", 2, "any", np.bitwise_or, Emit(None, "or", "or")),
+    _binary("Max", "max", CALL, "any", _max, Emit("max_nan", "smax", "umax"),
+            identity=_lowest),
+    _binary("Min", "min", CALL, "any", _min, Emit("min_nan", "smin", "umin"),
+            identity=_highest),
+    _binary("And", "&", 4, "any", np.bitwise_and, Emit(None, "and", "and"), identity=_ones),
+    _binary("Or", "|", 2, "any", np.bitwise_or, Emit(None, "or", "or"),
+            identity=lambda d: False if d.is_bool else 0),
     _binary("Xor", "^", 3, "any", np.bitwise_xor, Emit(None, "xor", "xor")),
     _binary("Shl", "<<", 7, "any", np.left_shift, Emit(None, "shl", "shl")),
     _binary("Shr", ">>", 7, "any", np.right_shift, Emit(None, "ashr", "lshr")),

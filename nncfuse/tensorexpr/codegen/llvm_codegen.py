@@ -30,7 +30,7 @@ from .. import ops
 from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
-from ..ir_visitor import Visitor
+from ..ir_visitor import Visitor, walk
 from ..passes.simplify import Simplifier
 from . import llvm_math, llvm_parallel
 from .llvm_jit import JitFunction, compile_ir, vector_bits
@@ -242,6 +242,62 @@ class LLVMCodeGen(Visitor):
             return self.f32_to_bf16(out, e.dtype.lanes)
         return out
 
+    def combine(self, row: ops.Op, a: ir.Value, b: ir.Value, dtype: Dtype) -> ir.Value:
+        """`row` applied to two values of `dtype` (bfloat16 computed in float32, rounded)."""
+        a, compute = self.to_compute(a, dtype)
+        b, _ = self.to_compute(b, dtype)
+        out = self.emit(row, (a, b), compute)
+        if dtype.scalar.name == "bfloat16":
+            return self.f32_to_bf16(out, dtype.lanes)
+        return out
+
+    def visit_Reduce(self, e: E.Reduce) -> ir.Value:
+        """Counted loops, one per variable, carrying the accumulator in a phi."""
+        return self.reduce_axes(e, 0, self.expr(e.init))
+
+    def reduce_axes(self, e: E.Reduce, k: int, acc: ir.Value) -> ir.Value:
+        if k == len(e.vars):
+            return self.combine(e.row, acc, self.expr(e.body), e.dtype)
+        b = self.builder
+        var = e.vars[k]
+        stop = self.expr(e.stops[k])
+        pre = b.block
+        header = self.fn.append_basic_block(f"{var.name}.rheader")
+        body = self.fn.append_basic_block(f"{var.name}.rbody")
+        exit_ = self.fn.append_basic_block(f"{var.name}.rexit")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=var.name)
+        i.add_incoming(ir.Constant(I64, 0), pre)
+        phi = b.phi(acc.type, name=f"{var.name}.acc")
+        phi.add_incoming(acc, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), body, exit_)
+        b.position_at_end(body)
+        self.vars[var] = i
+        new = self.reduce_axes(e, k + 1, phi)
+        i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
+        phi.add_incoming(new, b.block)
+        b.branch(header)
+        b.position_at_end(exit_)
+        return phi
+
+    def visit_LaneReduce(self, e: E.LaneReduce) -> ir.Value:
+        """Halves combined until one lane is left (the order `ir_eval` follows)."""
+        b = self.builder
+        v = self.expr(e.value)
+        lanes = e.value.dtype.lanes
+        undef = ir.Constant(v.type, ir.Undefined)
+        while lanes > 2:
+            half = lanes // 2
+            mask = ir.VectorType(I32, half)
+            lo = b.shuffle_vector(v, undef, ir.Constant(mask, list(range(half))))
+            hi = b.shuffle_vector(v, undef, ir.Constant(mask, list(range(half, lanes))))
+            v = self.combine(e.row, lo, hi, e.value.dtype.with_lanes(half))
+            lanes = half
+            undef = ir.Constant(v.type, ir.Undefined)
+        lo, hi = (b.extract_element(v, ir.Constant(I32, k)) for k in (0, 1))
+        return self.combine(e.row, lo, hi, e.dtype)
+
     def visit_Cmp(self, e: E.Cmp) -> ir.Value:
         a, dtype = self.to_compute(self.expr(e.a), e.a.dtype)
         bv, _ = self.to_compute(self.expr(e.b), e.b.dtype)
@@ -416,6 +472,10 @@ def compile_stmt(
     `release_gil=False` makes calls cheaper (tens of ns) for kernels that finish
     quickly; `streaming` outputs (fresh, 64-byte aligned) get non-temporal stores.
     """
+    # An output the kernel reads back (a temporary kept in it, `reuse_outputs`) must stay
+    # in the caches: no streaming stores for it.
+    read = {n.buf.root for n in walk(stmt) if isinstance(n, E.Load)}
+    streaming = frozenset(b for b in streaming if b.root not in read)
     cg = LLVMCodeGen(stmt, params, name, streaming)
     text = cg.ir_text()
     _log.debug("LLVM module before optimizations\n", text)

@@ -35,6 +35,8 @@ def _captured(s: S.For) -> tuple[list[E.Var], list[Buf]]:
     for node in walk(s):
         if isinstance(node, (S.For, S.Let)):
             bound.add(node.var)
+        elif isinstance(node, E.Reduce):
+            bound.update(node.vars)
         elif isinstance(node, E.Var):
             used[node] = None
         buf = getattr(node, "buf", None)

@@ -4,7 +4,16 @@ Importing the package registers every family; `registry` holds the table and
 what the families share (operands, promotion, `pointwise`).
 """
 
-from . import activation, arithmetic, bitwise, casts, compare, shapes, unary  # noqa: F401
+from . import (  # noqa: F401
+    activation,
+    arithmetic,
+    bitwise,
+    casts,
+    compare,
+    reductions,
+    shapes,
+    unary,
+)
 from .casts import aliases  # noqa: F401 - for the fuser
 from .registry import (  # noqa: F401 - names used outside the package
     VIEWS,

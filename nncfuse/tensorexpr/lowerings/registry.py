@@ -26,8 +26,10 @@ from typing import Any
 import torch
 
 from .. import expr as E
+from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import BOOL, FLOAT32, FLOAT64, INT64, Dtype, from_torch
+from ..loopnest import compute
 
 __all__ = ["Promotion", "register", "pointwise", "lowering_for", "LoweringError", "VIEWS"]
 
@@ -180,7 +182,8 @@ class Ctx:
     """What a lowering sees: the node, its operands, and the output element being computed.
 
     `inputs` are the kernel's input buffers and parameters (for run-time checks),
-    `checks` collects the checks the kernel runs before its code.
+    `checks` collects the checks the kernel runs before its code, `nests` the
+    nests of the node's intermediates (`intermediate`), run before its own.
     """
 
     node: Any
@@ -190,6 +193,18 @@ class Ctx:
     indices: tuple[E.Expr, ...] = field(default=())
     inputs: frozenset[Buf | E.Var] = field(default=frozenset())
     checks: list[RuntimeCheck] = field(default_factory=list)
+    nests: list[S.Stmt] = field(default_factory=list)
+
+    def intermediate(
+        self, name: str, dtype: Dtype, dims: Sequence[int], fn: Callable[..., E.Expr]
+    ) -> TensorArg:
+        """A temporary over `dims`, `fn(*indices)` at each element, computed by its own nest
+        (appended to `nests`, which the kernel runs before this node's): for values every
+        element of the output reuses, such as the max of a softmax row."""
+        op = str(self.node.kind()).split("::")[-1]
+        buf, nest = compute(f"{op}_{name}", dtype, dims, fn)
+        self.nests.append(nest)
+        return TensorArg(buf, tuple(dims))
 
     def arg(self, k: int) -> Arg | None:
         """Operand `k`, or None when the node has fewer operands."""

@@ -10,7 +10,8 @@ In every straight-line loop body (Lets and Stores only), a load of an element
 stored earlier in the same body becomes the stored value, and then, largest
 first, every subexpression that occurs twice or more is bound by a `Let`
 before its first use. Index arithmetic is left alone: the vectorizer must
-see it, and LLVM shares it anyway.
+see it, and LLVM shares it anyway. The body of a `Reduce` is not searched
+(its values depend on the reduction's variables; LLVM shares those).
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ def _candidate(e: E.Expr) -> bool:
     if isinstance(e, (E.Var, E.Imm, E.Ramp)) or e.dtype.scalar == INDEX:
         return False
     return not (isinstance(e, E.Broadcast) and isinstance(e.value, (E.Var, E.Imm)))
+
+
+def _outside_reductions(e: E.Expr) -> Any:
+    """The nodes of `e`, parents first, but not those inside a `Reduce`'s body: they may
+    use its variables, which a `Let` before the statement cannot see."""
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, E.Reduce):
+            stack.extend(reversed((n.init, *n.stops)))
+        else:
+            stack.extend(reversed(list(children(n))))
 
 
 def _size(e: E.Expr) -> int:
@@ -86,7 +100,7 @@ def _bind_repeated(stmts: list[S.Stmt], names: _Namer) -> list[S.Stmt]:
         first: dict[E.Expr, int] = {}
         for k, s in enumerate(stmts):
             for root in _exprs(s):
-                for n in walk(root):
+                for n in _outside_reductions(root):
                     if isinstance(n, E.Expr) and _candidate(n):
                         counts[n] += 1
                         first.setdefault(n, k)

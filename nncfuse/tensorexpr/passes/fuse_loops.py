@@ -7,6 +7,15 @@
 Two top-level nests fuse when their loops have the same bounds and every
 element the second reads from a buffer the first writes is the element the
 first wrote in the same iteration (so no iteration reads ahead of a write).
+Where a nest reduces (a row statistic, or what it reads or feeds), nests
+also fuse over their common outer loops when each outer iteration (a row)
+reads only what the other wrote in that row: a softmax's max, sum and
+output then run row by row while the row is in cache:
+
+    for i: m[i] = reduce_max(x[i, r] for r);       for i: {
+    for i: for j: y[i, j] = exp(x[i, j] - m[i]);  ->   m[i] = reduce_max(x[i, r] for r);
+                                                       for j: y[i, j] = exp(x[i, j] - m[i]);
+                                                     }
 A nest moves down past nests that do not read what it writes, to reach a
 nest it fuses with. The loads of `y` after the store are then removed by
 `eliminate_common_subexpressions`.
@@ -14,8 +23,9 @@ nest it fuses with. The loads of `y` after the store are then removed by
 
 from __future__ import annotations
 
+from .. import expr as E
 from .. import stmt as S
-from ..ir_visitor import substitute
+from ..ir_visitor import substitute, walk
 from ..loopnest import Nest, as_block, loads, stores
 
 
@@ -42,12 +52,47 @@ def _independent(first: Nest, second: S.Stmt) -> bool:
 
 def _fuse(a: S.Stmt, b: S.Stmt) -> S.Stmt | None:
     na, nb = Nest.of(a), Nest.of(b)
-    if not na.loops or not _same_space(na, nb):
+    if not na.loops:
         return None
-    body_b = substitute(nb.body, dict(zip(nb.vars, na.vars)))
-    if not _independent(na, body_b):
+    if _same_space(na, nb):
+        body_b = substitute(nb.body, dict(zip(nb.vars, na.vars)))
+        if _independent(na, body_b):
+            return na.build(S.Block.make(*as_block(na.body).stmts, *as_block(body_b).stmts))
+    if _reduces(a) or _reduces(b):
+        return _fuse_rows(na, nb)
+    return None
+
+
+def _reduces(stmt: S.Stmt) -> bool:
+    return any(isinstance(n, E.Reduce) for n in walk(stmt))
+
+
+def _fuse_rows(na: Nest, nb: Nest) -> S.Stmt | None:
+    """Both nests in one sweep of their common outer loops, each doing a whole row in turn.
+
+    Sound when, in every row, the second reads of the first's buffers only elements
+    the first wrote in that row: at each index where the first stores an outer loop's
+    variable, the second loads the same variable.
+    """
+    k = min(len(na.loops), len(nb.loops))
+    if k == 0 or not _same_space(Nest(na.loops[:k], na.body), Nest(nb.loops[:k], nb.body)):
         return None
-    return na.build(S.Block.make(*as_block(na.body).stmts, *as_block(body_b).stmts))
+    outer = na.vars[:k]
+    inner_a = Nest(na.loops[k:], na.body).build()
+    inner_b = substitute(Nest(nb.loops[k:], nb.body).build(), dict(zip(nb.vars[:k], outer)))
+    rows: dict = {}
+    for st in stores(inner_a):
+        at = tuple((p, i) for p, i in enumerate(st.indices) if any(i is v for v in outer))
+        rows.setdefault(st.buf.root, set()).add(at)
+    for ld in loads(inner_b):
+        for at in rows.get(ld.buf.root, ()):
+            if any(ld.indices[p] is not v for p, v in at):
+                return None
+    read_by_a = {ld.buf.root for ld in loads(inner_a)}
+    if any(st.buf.root in read_by_a for st in stores(inner_b)):
+        return None
+    body = S.Block.make(*as_block(inner_a).stmts, *as_block(inner_b).stmts)
+    return Nest(na.loops[:k], body).build()
 
 
 def _fuse_one(nests: list[S.Stmt]) -> bool:

@@ -11,9 +11,10 @@ nested) would grow exponentially. `fuse_loops` then puts it in the same loop
 as its readers, `eliminate_common_subexpressions` turns its loads into a
 `Let`, and `eliminate_dead_stores` drops its stores.
 
-One exception: an expensive definition (a transcendental call) read by a
-nest that runs more often than the temporary has elements (a broadcast)
-would be recomputed for every reuse, so that temporary stays a buffer.
+One exception: an expensive definition (a transcendental call, a `Reduce`)
+read by a nest that runs more often than the temporary has elements (a
+broadcast, such as a row sum read by every element of its row) would be
+recomputed for every reuse, so that temporary stays a buffer.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from ..loopnest import as_block, buffers_loaded, definition, extent, loads
 
 
 def _expensive(value: E.Expr) -> bool:
-    """Whether `value` calls a function that is not `cheap` (its `ops` row)."""
-    return any(isinstance(n, E.Call) and not n.row.cheap for n in walk(value))
+    """Whether `value` calls a function that is not `cheap` (its `ops` row), or reduces."""
+    return any(
+        isinstance(n, E.Reduce) or (isinstance(n, E.Call) and not n.row.cheap) for n in walk(value)
+    )
 
 
 class _Inline(Mutator):

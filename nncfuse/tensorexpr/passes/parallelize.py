@@ -6,7 +6,8 @@ Each top-level nest (and each loop of a top-level Block, as the vectorizer's
 main loop and tail) whose estimated work reaches `grain` gets its outermost
 loop marked parallel; codegen splits it into one contiguous chunk per
 thread. Work is the number of elements the nest stores times a per-element
-cost: 1 per operation, `CALL_COST` per transcendental call. Forking threads
+cost: 1 per operation, `CALL_COST` per transcendental call, a `Reduce`'s
+body once per point it reduces over. Forking threads
 costs a few microseconds, so small nests stay serial.
 """
 
@@ -16,7 +17,7 @@ import dataclasses
 
 from .. import expr as E
 from .. import stmt as S
-from ..ir_visitor import walk
+from ..ir_visitor import children
 from ..loopnest import Nest, as_block
 
 #: Relative cost of an intrinsic call (a SLEEF routine) against a simple operation.
@@ -34,13 +35,33 @@ def work(stmt: S.Stmt) -> int | None:
         if not (isinstance(loop.start, E.Imm) and isinstance(loop.stop, E.Imm)):
             return None
         iterations *= max(0, loop.stop.value - loop.start.value)  # type: ignore[operator]
-    per_iteration = 0
-    for node in walk(nest.body):
-        if isinstance(node, E.Call):
-            per_iteration += CALL_COST * node.dtype.lanes
-        elif isinstance(node, E.Expr) and not isinstance(node, (E.Var, E.Imm)):
-            per_iteration += node.dtype.lanes
+    per_iteration = _cost(nest.body)
+    if per_iteration is None:
+        return None
     return iterations * max(per_iteration, 1)
+
+
+def _cost(node: E.Expr | S.Stmt) -> int | None:
+    """Operations in one evaluation of `node`; a `Reduce` counts its body once per point."""
+    if isinstance(node, E.Reduce):
+        points = 1
+        for stop in node.stops:
+            if not isinstance(stop, E.Imm):
+                return None
+            points *= max(0, stop.value)  # type: ignore[operator]
+        inner = _cost(node.body)
+        return None if inner is None else points * (inner + node.dtype.lanes)
+    total = 0
+    if isinstance(node, E.Call):
+        total += CALL_COST * node.dtype.lanes
+    elif isinstance(node, E.Expr) and not isinstance(node, (E.Var, E.Imm)):
+        total += node.dtype.lanes
+    for child in children(node):
+        part = _cost(child)
+        if part is None:
+            return None
+        total += part
+    return total
 
 
 def _parallel(stmt: S.Stmt, grain: int) -> S.Stmt:

@@ -237,6 +237,27 @@ class Simplifier(Mutator):
             return s
         return S.For(s.var, start, stop, body, s.parallel)
 
+    def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
+        """Ranges of its variables known in the body; unit axes substituted; an empty box
+        is the init."""
+        init = self.mutate(e.init)
+        stops = tuple(self.mutate(s) for s in e.stops)
+        if any(E.is_const(s) and s.value <= 0 for s in stops):  # type: ignore[attr-defined]
+            return init
+        unit = {v: E.imm(0) for v, s in zip(e.vars, stops) if E.is_const(s, 1)}
+        axes = [(v, s) for v, s in zip(e.vars, stops) if v not in unit]
+        for v, s in axes:
+            if isinstance(s, E.Imm):
+                self.ranges[v] = (0, s.value - 1)  # type: ignore[assignment,operator]
+        body = self.mutate(substitute(e.body, unit) if unit else e.body)
+        for v, _ in axes:
+            self.ranges.pop(v, None)
+        if not axes:
+            return self.rewrite(E.combine(e.op, init, body))
+        if init is e.init and body is e.body and stops == e.stops and not unit:
+            return e
+        return E.Reduce(e.op, init, body, tuple(v for v, _ in axes), tuple(s for _, s in axes))
+
     def mutate_Block(self, s: S.Block) -> S.Stmt:
         stmts = [self.mutate(c) for c in s.stmts]
         if all(n is o for n, o in zip(stmts, s.stmts)):

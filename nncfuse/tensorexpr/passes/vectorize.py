@@ -8,7 +8,8 @@
 The loop variable becomes `Ramp(start + lanes * i, 1, lanes)` and every
 expression that depends on it is widened: index arithmetic stays a Ramp where
 it is affine, loop-invariant values stay scalar until combined with a vector
-(`Broadcast`), `Let`s bind vectors. A body that cannot be widened (nested
+(`Broadcast`), `Let`s bind vectors, a `Reduce` accumulates a vector (one
+result per lane: a column sum). A body that cannot be widened (nested
 loops, a store whose address does not vary with the loop) is left scalar.
 The lane count comes from the widest value type in the body: a register's
 width (512 bits with AVX-512) divided by that type's bits.
@@ -17,6 +18,7 @@ Run on flat indices (after `flatten_indices`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .. import expr as E
@@ -76,6 +78,14 @@ class _Widen:
         if isinstance(e, (E.Cast, E.Bitcast)):
             v = self.expr(e.value)
             return type(e)(e.dtype.with_lanes(_lanes_of(v)), v)
+        if isinstance(e, E.Reduce):
+            # Each lane reduces on its own (a reduction over an outer dim, vectorized
+            # across the kept inner one); its variables stay scalar.
+            init, body = self.expr(e.init), self.expr(e.body)
+            if _lanes_of(init) == _lanes_of(body) == 1:
+                same = init is e.init and body is e.body
+                return e if same else replace(e, init=init, body=body)
+            return E.Reduce(e.op, self.wide(init), self.wide(body), e.vars, e.stops)
         if isinstance(e, E.Call):
             args = [self.expr(a) for a in e.args]
             if all(_lanes_of(a) == 1 for a in args):

@@ -1,0 +1,620 @@
+"""Reductions: sum, mean, prod, amax, amin, any, all, argmax, argmin, var, std, logsumexp,
+linalg_vector_norm, softmax, log_softmax, layer_norm, group_norm, instance_norm; batch_norm
+in inference.
+
+An output element of a reduction is a `Reduce` over the reduced dims of its
+input. Ops that reduce and then broadcast the result back over the reduced
+dims (softmax, log_softmax, layer_norm) give each row statistic its own
+intermediate nest over the kept dims (`Ctx.intermediate`), which the output
+nest loads: the statistic is computed once per row, not once per element,
+and `fuse_loops` then runs the statistics and the output of a row in one
+sweep while the row is in cache.
+
+Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `SoftMaxKernel.cpp`,
+`layer_norm_kernel.cpp`):
+
+- float16 and bfloat16 accumulate in float32 and round once at the end;
+  mean is the float32 sum divided by the count, then rounded;
+- sums are vectorized into several accumulators and combined pairwise
+  (`vectorize_reductions`), as close to eager's cascade as a serial sum is not;
+- max and min propagate NaN (the `Max`/`Min` rows); amax/amin of an empty
+  dim raise in eager, so such nodes stay unfused;
+- variance is two-pass (the mean, then the mean squared deviation), never
+  E[x^2] - E[x]^2; layer_norm computes `(x * rstd - mean * rstd) * w + b`
+  with `rstd = 1 / sqrt(var + eps)`, ATen's order;
+- softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`
+  (over the last dim of float16/bfloat16 with the sum and its log rounded to
+  that type, as ATen keeps them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from .. import expr as E
+from ..dtype import BOOL, INT64, Dtype
+from .registry import Ctx, LoweringError, TensorArg, compute_type, register, schema_overload
+
+Index = tuple[E.Expr, ...]
+
+
+def _tensor(ctx: Ctx, k: int = 0) -> TensorArg:
+    arg = ctx.arg(k)
+    if not isinstance(arg, TensorArg):
+        raise LoweringError("reductions take a tensor")
+    return arg
+
+
+def _normalize(dims: Sequence[int], ndim: int) -> tuple[int, ...]:
+    """Dims in [0, ndim), sorted, as eager wraps them (a 0-dim tensor takes 0 and -1)."""
+    rank = max(ndim, 1)
+    out = set()
+    for d in dims:
+        if not -rank <= d < rank:
+            raise LoweringError(f"dim {d} out of range")
+        out.add(d % rank)
+    if len(out) != len(list(dims)):
+        raise LoweringError("a dim appears twice: eager raises")
+    return tuple(sorted(d for d in out if d < ndim))
+
+
+def _dims(ctx: Ctx, k: int, ndim: int) -> tuple[int, ...]:
+    """The reduced dims given by operand `k` (an int, a list, None or [] for all)."""
+    value = ctx.const(k)
+    if value is None:
+        return tuple(range(ndim))
+    if isinstance(value, int):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(d, int) for d in value):
+        raise LoweringError(f"reduced dims must be constant ints, got {value!r}")
+    if not value:
+        return tuple(range(ndim))
+    return _normalize(value, ndim)
+
+
+class _Box:
+    """How the output of a reduction over `dims` of `x` indexes `x`."""
+
+    def __init__(self, x: TensorArg, dims: tuple[int, ...], keepdim: bool):
+        self.x, self.dims, self.keepdim = x, dims, keepdim
+        self.kept = tuple(d for d in range(len(x.shape)) if d not in dims)
+        self.sizes = tuple(x.shape[d] for d in dims)
+        self.count = math.prod(self.sizes)
+
+    def kept_indices(self, out: Index) -> Index:
+        """The output index without the reduced dims (which keepdim leaves at 0)."""
+        if self.keepdim:
+            return tuple(out[d] for d in self.kept)
+        return tuple(out)
+
+    def load(self, kept: Index, reduced: Index, dtype: Dtype | None = None) -> E.Expr:
+        """x at kept-dims index `kept` and reduced-dims index `reduced`."""
+        idx: list[E.Expr] = [E.imm(0)] * len(self.x.shape)
+        for d, i in zip(self.kept, kept):
+            idx[d] = i
+        for d, i in zip(self.dims, reduced):
+            idx[d] = i
+        value: E.Expr = E.Load(self.x.buf, tuple(idx))
+        return value if dtype is None else E.cast(dtype, value)
+
+    def reduce(
+        self, op: str, kept: Index, body: Callable[[Index], E.Expr], init: E.Expr
+    ) -> E.Expr:
+        """`init` combined with `body(reduced index)` over the reduced dims."""
+        names = "rstuvw"
+        rvars = tuple(E.Var(names[k] if k < len(names) else f"r{k}") for k in range(len(self.dims)))
+        value = body(rvars)
+        if not rvars:
+            return E.combine(op, init, value)
+        return E.Reduce(op, init, value, rvars, tuple(E.imm(s) for s in self.sizes))
+
+
+def _box(ctx: Ctx, dims_at: int | None, keepdim_at: int | None) -> _Box:
+    x = _tensor(ctx)
+    ndim = len(x.shape)
+    dims = tuple(range(ndim)) if dims_at is None else _dims(ctx, dims_at, ndim)
+    keepdim = bool(ctx.const(keepdim_at)) if keepdim_at is not None else False
+    return _Box(x, dims, keepdim)
+
+
+def _input(box: _Box, ctx: Ctx, kept: Index, compute: Dtype) -> Callable[[Index], E.Expr]:
+    """The input element converted as eager converts it: to the result type (the `dtype=`
+    argument), then to the type it accumulates in."""
+    return lambda r: E.cast(compute, E.cast(ctx.out_dtype, box.load(kept, r)))
+
+
+def _zero(dtype: Dtype) -> E.Expr:
+    return E.imm(False if dtype.is_bool else 0.0 if dtype.is_float else 0, dtype)
+
+
+# -- sum, mean, prod ----------------------------------------------------------------------------
+
+#: op -> (position of dims, of keepdim) per schema overload; None: all dims, no keepdim.
+_SUM_ARGS = {"": (None, None), "dim_IntList": (1, 2), "dim": (1, 2), "dim_int": (1, 2)}
+
+
+@register(("aten::sum", "aten::mean"), overloads=("", "dim_IntList", "dim"))
+def sum_mean(ctx: Ctx) -> E.Expr:
+    """Accumulated in the result type (float32 for float16/bfloat16); mean then divides."""
+    dims_at, keepdim_at = _SUM_ARGS[schema_overload(ctx.node) or ""]
+    box = _box(ctx, dims_at, keepdim_at)
+    out = ctx.out_dtype
+    if out.is_bool:
+        raise LoweringError("a bool sum")
+    compute = compute_type(out)
+    kept = box.kept_indices(ctx.indices)
+    total = box.reduce("Add", kept, _input(box, ctx, kept, compute), _zero(compute))
+    if ctx.node.kind() == "aten::mean":
+        if not compute.is_float:
+            raise LoweringError("mean of integers: eager raises")
+        total = total / E.imm(float(box.count), compute)
+    return E.cast(out, total)
+
+
+@register("aten::prod", overloads=("", "dim_int"))
+def prod(ctx: Ctx) -> E.Expr:
+    dims_at, keepdim_at = _SUM_ARGS[schema_overload(ctx.node) or ""]
+    box = _box(ctx, dims_at, keepdim_at)
+    out = ctx.out_dtype
+    if out.is_bool:
+        raise LoweringError("a bool product")
+    compute = compute_type(out)
+    kept = box.kept_indices(ctx.indices)
+    one = E.imm(1.0 if compute.is_float else 1, compute)
+    return E.cast(out, box.reduce("Mul", kept, _input(box, ctx, kept, compute), one))
+
+
+# -- amax, amin, any, all -----------------------------------------------------------------------
+
+
+@register(("aten::amax", "aten::amin"), overloads=("",))
+def amax_amin(ctx: Ctx) -> E.Expr:
+    """NaN propagates; an empty reduced dim raises in eager, so it is not fused."""
+    box = _box(ctx, 1, 2)
+    if box.count == 0:
+        raise LoweringError("amax/amin over an empty dim: eager raises")
+    op = "Max" if ctx.node.kind() == "aten::amax" else "Min"
+    dtype = box.x.dtype
+    if dtype != ctx.out_dtype:
+        raise LoweringError("amax/amin keep the input's type")
+    compute = compute_type(dtype)
+    kept = box.kept_indices(ctx.indices)
+    value = box.reduce(op, kept, lambda r: box.load(kept, r, compute), E.identity(op, compute))
+    return E.cast(ctx.out_dtype, value)
+
+
+_ANY_ARGS = {"": (None, None), "dim": (1, 2), "dims": (1, 2)}
+
+
+@register(("aten::any", "aten::all"), overloads=("", "dim", "dims"))
+def any_all(ctx: Ctx) -> E.Expr:
+    """`x != 0` or-ed (any) or and-ed (all); uint8 inputs give uint8 results, as eager's."""
+    dims_at, keepdim_at = _ANY_ARGS[schema_overload(ctx.node) or ""]
+    box = _box(ctx, dims_at, keepdim_at)
+    is_any = ctx.node.kind() == "aten::any"
+    kept = box.kept_indices(ctx.indices)
+    op = "Or" if is_any else "And"
+    value = box.reduce(
+        op, kept, lambda r: E.cast(BOOL, box.load(kept, r)), E.imm(not is_any, BOOL)
+    )
+    return E.cast(ctx.out_dtype, value)
+
+
+# -- var, std -----------------------------------------------------------------------------------
+
+
+def _var_args(ctx: Ctx) -> tuple[int | None, int | None, float]:
+    """(dims position, keepdim position, correction) of var/std's overloads."""
+    overload = schema_overload(ctx.node) or ""
+    if overload == "":
+        return None, None, 1.0 if ctx.const(1) in (None, True) else 0.0
+    if overload == "dim":
+        return 1, 3, 1.0 if ctx.const(2) in (None, True) else 0.0
+    correction = ctx.const(2)
+    return 1, 3, 1.0 if correction is None else float(correction)
+
+
+@register(("aten::var", "aten::std"), overloads=("", "dim", "correction"))
+def var_std(ctx: Ctx) -> E.Expr:
+    """Two-pass: the mean (an intermediate over the kept dims), then the squared deviations
+    over `max(0, N - correction)`."""
+    dims_at, keepdim_at, correction = _var_args(ctx)
+    box = _box(ctx, dims_at, keepdim_at)
+    out = ctx.out_dtype
+    if not out.is_float or box.x.dtype != out:
+        raise LoweringError("var/std of a non-float tensor")
+    compute = compute_type(out)
+    mean = _mean_of(ctx, box, compute)
+    kept = box.kept_indices(ctx.indices)
+    m = E.Load(mean.buf, kept)
+
+    def deviation(r: Index) -> E.Expr:
+        d = box.load(kept, r, compute) - m
+        return d * d
+
+    squares = box.reduce("Add", kept, deviation, _zero(compute))
+    value = squares / E.imm(max(0.0, box.count - correction), compute)
+    if ctx.node.kind() == "aten::std":
+        value = E.call("sqrt", value)
+    return E.cast(out, value)
+
+
+def _mean_of(ctx: Ctx, box: _Box, compute: Dtype) -> TensorArg:
+    """An intermediate: the mean of `box` at each kept index."""
+
+    def mean(*kept: E.Expr) -> E.Expr:
+        total = box.reduce("Add", kept, lambda r: box.load(kept, r, compute), _zero(compute))
+        return total / E.imm(float(box.count), compute)
+
+    return ctx.intermediate("mean", compute, [box.x.shape[d] for d in box.kept], mean)
+
+
+# -- softmax, log_softmax, logsumexp ------------------------------------------------------------
+
+
+def _row_box(ctx: Ctx, dims: tuple[int, ...]) -> _Box:
+    return _Box(_tensor(ctx), dims, keepdim=True)
+
+
+def _row_max(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],
+             compute: Dtype, op: str = "Max") -> TensorArg:
+    def row_max(*kept: E.Expr) -> E.Expr:
+        return box.reduce(op, kept, lambda r: value(kept, r), E.identity(op, compute))
+
+    return ctx.intermediate(op.lower(), compute, [box.x.shape[d] for d in box.kept], row_max)
+
+
+def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: TensorArg,
+             compute: Dtype, finish: Callable[[E.Expr], E.Expr], name: str) -> TensorArg:
+    """An intermediate: `finish(sum of exp(x - max))` at each kept index."""
+
+    def exp_sum(*kept: E.Expr) -> E.Expr:
+        m = E.Load(top.buf, kept)
+        body = lambda r: E.call("exp", value(kept, r) - m)  # noqa: E731
+        return finish(box.reduce("Add", kept, body, _zero(compute)))
+
+    return ctx.intermediate(name, compute, [box.x.shape[d] for d in box.kept], exp_sum)
+
+
+@register(("aten::softmax", "aten::log_softmax"), overloads=("int",))
+def softmax(ctx: Ctx) -> E.Expr:
+    """max, then the sum of exp(x - max), per row; then every element of the row."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float:
+        raise LoweringError("softmax of a non-float type")
+    compute = compute_type(out)
+    dim = ctx.const(1)
+    if not isinstance(dim, int):
+        raise LoweringError("softmax dim must be a constant int")
+    box = _row_box(ctx, _normalize([dim], len(x.shape)))
+    log = ctx.node.kind() == "aten::log_softmax"
+
+    def value(kept: Index, r: Index) -> E.Expr:
+        return E.cast(compute, E.cast(out, box.load(kept, r)))
+
+    if box.count == 0 or not box.dims:  # an empty row, or a 0-dim tensor: elementwise
+        one = value(box.kept_indices(ctx.indices), tuple(ctx.indices[d] for d in box.dims))
+        return E.cast(out, one - one if log else one / one)
+    top = _row_max(ctx, box, value, compute)
+    if not log and out == compute:
+        return _softmax_in_place(ctx, box, value, top, compute)
+    if log:
+        scale = _exp_sum(ctx, box, value, top, compute, _log_sum(ctx, box, out), "logsum")
+    else:
+        one = E.imm(1.0, compute)
+        scale = _exp_sum(ctx, box, value, top, compute, lambda s: one / s, "rsum")
+    kept = box.kept_indices(ctx.indices)
+    here = tuple(ctx.indices[d] for d in box.dims)
+    m, s = E.Load(top.buf, kept), E.Load(scale.buf, kept)
+    shifted = value(kept, here) - m
+    return E.cast(out, shifted - s if log else E.call("exp", shifted) * s)
+
+
+def _softmax_in_place(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],
+                      top: TensorArg, compute: Dtype) -> E.Expr:
+    """`exp(x - max)` as an intermediate, its sum, then the intermediate scaled: ATen's
+    order, one exponential per element; `reuse_outputs` keeps the exponentials in the
+    output's memory."""
+    shape = list(box.x.shape)
+
+    def exp(*idx: E.Expr) -> E.Expr:
+        kept = tuple(idx[d] for d in box.kept)
+        here = tuple(idx[d] for d in box.dims)
+        return E.call("exp", value(kept, here) - E.Load(top.buf, kept))
+
+    exps = ctx.intermediate("exp", compute, shape, exp)
+
+    def reciprocal(*kept: E.Expr) -> E.Expr:
+        def body(r: Index) -> E.Expr:
+            idx: list[E.Expr] = [E.imm(0)] * len(shape)
+            for d, i in zip(box.kept, kept):
+                idx[d] = i
+            for d, i in zip(box.dims, r):
+                idx[d] = i
+            return E.Load(exps.buf, tuple(idx))
+
+        return E.imm(1.0, compute) / box.reduce("Add", kept, body, _zero(compute))
+
+    scale = ctx.intermediate("rsum", compute, [shape[d] for d in box.kept], reciprocal)
+    kept = box.kept_indices(ctx.indices)
+    return E.Load(exps.buf, tuple(ctx.indices)) * E.Load(scale.buf, kept)
+
+
+def _log_sum(ctx: Ctx, box: _Box, out: Dtype) -> Callable[[E.Expr], E.Expr]:
+    """log of a row's sum; ATen's last-dim kernel keeps the sum and its log in the tensor's
+    type, so for float16/bfloat16 both round to it."""
+    if not (out.is_reduced_float and box.dims == (len(box.x.shape) - 1,)):
+        return lambda s: E.call("log", s)
+    narrow = lambda e: E.cast(e.dtype, E.cast(out, e))  # noqa: E731
+    return lambda s: narrow(E.call("log", narrow(s)))
+
+
+@register("aten::logsumexp", overloads=("",))
+def logsumexp(ctx: Ctx) -> E.Expr:
+    """`max + log(sum(exp(x - max)))`, with the max of a row of infinities taken as 0."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float or (x.dtype.is_float and x.dtype != out):
+        raise LoweringError("logsumexp gives the input's float type (integers: the default)")
+    box = _box(ctx, 1, 2)
+    compute = compute_type(out)
+    rows = _Box(x, box.dims, True)
+
+    def value(kept: Index, r: Index) -> E.Expr:
+        return rows.load(kept, r, compute)
+
+    top = _row_max(ctx, rows, value, compute)
+    kept = box.kept_indices(ctx.indices)
+    m = E.Load(top.buf, kept)
+    finite = E.select(E.cmp("==", E.call("abs", m), E.imm(math.inf, compute)),
+                      E.imm(0.0, compute), m)
+    body = lambda r: E.call("exp", value(kept, r) - finite)  # noqa: E731
+    total = box.reduce("Add", kept, body, _zero(compute))
+    return E.cast(out, E.call("log", total) + finite)
+
+
+# -- layer_norm ---------------------------------------------------------------------------------
+
+
+@register("aten::layer_norm", overloads=("",))
+def layer_norm(ctx: Ctx) -> E.Expr:
+    """Mean and 1/sqrt(var + eps) per row (two-pass, in float32 for reduced floats), then
+    `(x * rstd + (-mean * rstd)) * weight + bias` as ATen's kernel."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float or x.dtype != out:
+        raise LoweringError("layer_norm of a non-float tensor")
+    shape = ctx.const(1)
+    if not isinstance(shape, (list, tuple)) or tuple(shape) != tuple(x.shape[-len(shape):]):
+        raise LoweringError("normalized_shape must be a constant matching the input")
+    if not shape:
+        raise LoweringError("an empty normalized_shape")
+    ndim = len(x.shape)
+    box = _row_box(ctx, tuple(range(ndim - len(shape), ndim)))
+    if box.count == 0:
+        raise LoweringError("layer_norm of empty rows")
+    compute = compute_type(out)
+    eps = ctx.const(4)
+    eps = 1e-5 if eps is None else float(eps)
+    mean = _mean_of(ctx, box, compute)
+    rows = [x.shape[d] for d in box.kept]
+
+    def rstd(*kept: E.Expr) -> E.Expr:
+        m = E.Load(mean.buf, kept)
+
+        def deviation(r: Index) -> E.Expr:
+            d = box.load(kept, r, compute) - m
+            return d * d
+
+        var = box.reduce("Add", kept, deviation, _zero(compute)) / E.imm(float(box.count), compute)
+        return E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
+
+    scale = ctx.intermediate("rstd", compute, rows, rstd)
+    kept = box.kept_indices(ctx.indices)
+    here = tuple(ctx.indices[d] for d in box.dims)
+    s, m = E.Load(scale.buf, kept), E.Load(mean.buf, kept)
+    y = box.load(kept, here, compute) * s + (-(m * s))
+    for k, combine in ((2, E.Mul), (3, E.Add)):
+        if not ctx.is_none(k):
+            arg = ctx.args[k]
+            if not isinstance(arg, TensorArg) or tuple(arg.shape) != tuple(shape):
+                raise LoweringError("layer_norm weight and bias have the normalized shape")
+            y = combine(y, ctx.load(arg, compute))
+    return E.cast(out, y)
+
+
+
+# -- argmax, argmin ------------------------------------------------------------------------------
+
+
+@register(("aten::argmax", "aten::argmin"), overloads=("",))
+def argmax_argmin(ctx: Ctx) -> E.Expr:
+    """Two passes: the max (min), then the first index that holds it, or the first NaN (which
+    is then the max), as eager; over all dims (dim=None) the index is row-major."""
+    x = _tensor(ctx)
+    ndim = len(x.shape)
+    dims = tuple(range(ndim)) if ctx.const(1) is None else _normalize([ctx.const(1)], ndim)
+    keepdim = bool(ctx.const(2))
+    box = _Box(x, dims, keepdim and ctx.const(1) is not None)
+    if box.count == 0:
+        raise LoweringError("argmax/argmin over an empty dim: eager raises")
+    if x.dtype.is_bool or ctx.out_dtype != INT64:
+        raise LoweringError("argmax/argmin of bool")
+    op = "Max" if ctx.node.kind() == "aten::argmax" else "Min"
+    compute = compute_type(x.dtype)
+    rows = _Box(x, dims, True)
+    best = _row_max(ctx, rows, lambda kept, r: rows.load(kept, r, compute), compute, op)
+    kept = box.kept_indices(ctx.indices) if ctx.const(1) is not None or not keepdim else ()
+    m = E.Load(best.buf, kept)
+
+    def first(r: Index) -> E.Expr:
+        v = box.load(kept, r, compute)
+        hit = E.cmp("==", v, m)
+        if compute.is_float:
+            hit = E.Or(hit, E.cmp("!=", v, v))
+        flat: E.Expr = E.imm(0)
+        for i, size in zip(r, box.sizes):
+            flat = flat * size + i
+        return E.select(hit, flat, E.imm(box.count))
+
+    return box.reduce("Min", kept, first, E.imm(box.count))
+
+
+# -- linalg_vector_norm ----------------------------------------------------------------------------
+
+
+@register("aten::linalg_vector_norm", overloads=("",))
+def vector_norm(ctx: Ctx) -> E.Expr:
+    """`ord` 2: sqrt of the sum of squares; 1: sum of |x|; inf, -inf: max, min of |x|; 0: the
+    count of nonzeros; other p: (sum |x|^p)^(1/p). In float32 for reduced floats."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float or not x.dtype.is_float:
+        raise LoweringError("vector_norm of a non-float tensor")
+    p = ctx.const(1)
+    p = 2.0 if p is None else float(p)
+    box = _box(ctx, 2, 3)
+    compute = compute_type(out)
+    kept = box.kept_indices(ctx.indices)
+    magnitude = lambda r: E.call("abs", E.cast(compute, E.cast(out, box.load(kept, r))))  # noqa
+    if math.isinf(p):
+        if box.count == 0:
+            raise LoweringError("an infinity norm over an empty dim: eager raises")
+        op = "Max" if p > 0 else "Min"
+        return E.cast(out, box.reduce(op, kept, magnitude, E.identity(op, compute)))
+    zero = _zero(compute)
+    if p == 0:
+        ones = lambda r: E.cast(compute, E.cmp("!=", magnitude(r), zero))  # noqa: E731
+        return E.cast(out, box.reduce("Add", kept, ones, zero))
+    if p == 1:
+        return E.cast(out, box.reduce("Add", kept, magnitude, zero))
+    if p == 2:
+        squares = lambda r: magnitude(r) * magnitude(r)  # noqa: E731
+        return E.cast(out, E.call("sqrt", box.reduce("Add", kept, squares, zero)))
+    power = E.imm(p, compute)
+    powers = lambda r: E.call("pow", magnitude(r), power)  # noqa: E731
+    total = box.reduce("Add", kept, powers, zero)
+    return E.cast(out, E.call("pow", total, E.imm(1.0 / p, compute)))
+
+
+# -- batch_norm (inference), group_norm -------------------------------------------------------
+
+
+@register("aten::batch_norm", overloads=("",))
+def batch_norm(ctx: Ctx) -> E.Expr:
+    """Inference only (`training` False, running statistics given): per channel (dim 1)
+    `alpha = weight / sqrt(var + eps)`, `beta = bias - mean * alpha`, then `x * alpha + beta`,
+    ATen's `batch_norm_cpu_transform_input`."""
+    x = _tensor(ctx)
+    if ctx.const(5) or ctx.is_none(3) or ctx.is_none(4):
+        raise LoweringError("batch_norm in training, or without running statistics")
+    return _normalize_channels(ctx, x, 1, 2, 3, 4, float(ctx.const(7)))
+
+
+def _normalize_channels(ctx: Ctx, x: TensorArg, weight_at: int, bias_at: int, mean_at: int,
+                        var_at: int, eps: float) -> E.Expr:
+    """`x * alpha[c] + beta[c]` from per-channel weight, bias, mean and variance."""
+    out = ctx.out_dtype
+    if not out.is_float or x.dtype != out or len(x.shape) < 2:
+        raise LoweringError("batch_norm of a non-float tensor, or one without channels")
+    compute = compute_type(out)
+    channels = x.shape[1]
+    params = {}
+    roles = {"weight": weight_at, "bias": bias_at, "mean": mean_at, "var": var_at}
+    for k in roles.values():
+        arg = ctx.arg(k)
+        if not ctx.is_none(k):
+            if not isinstance(arg, TensorArg) or tuple(arg.shape) != (channels,):
+                raise LoweringError("batch_norm parameters have one value per channel")
+            params[k] = arg
+
+    def param(role: str, c: E.Expr, default: float) -> E.Expr:
+        k = roles[role]
+        if k not in params:
+            return E.imm(default, compute)
+        return E.cast(compute, E.Load(params[k].buf, (c,)))
+
+    def alpha_of(c: E.Expr) -> E.Expr:
+        var = param("var", c, 1.0)
+        invstd = E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
+        return param("weight", c, 1.0) * invstd
+
+    alpha = ctx.intermediate("alpha", compute, [channels], alpha_of)
+    beta = ctx.intermediate(
+        "beta", compute, [channels],
+        lambda c: param("bias", c, 0.0) - param("mean", c, 0.0) * E.Load(alpha.buf, (c,)),
+    )
+    c = ctx.indices[1]
+    value = ctx.load(x, compute) * E.Load(alpha.buf, (c,)) + E.Load(beta.buf, (c,))
+    return E.cast(out, value)
+
+
+@register("aten::group_norm", overloads=("",))
+def group_norm(ctx: Ctx) -> E.Expr:
+    """Mean and 1/sqrt(var + eps) per (sample, group) over the group's channels and all
+    spatial dims (two-pass), then `(x * rstd - mean * rstd) * weight[c] + bias[c]`."""
+    return _group_norm(ctx, ctx.const(1), 2, 3, float(ctx.const(4)))
+
+
+@register("aten::instance_norm", overloads=("",))
+def instance_norm(ctx: Ctx) -> E.Expr:
+    """With the input's statistics and no running ones to update: group_norm with a group
+    per channel; with running statistics only (`use_input_stats` False): batch_norm's."""
+    x = _tensor(ctx)
+    if not ctx.const(5):
+        if ctx.is_none(3) or ctx.is_none(4):
+            raise LoweringError("instance_norm without statistics")
+        return _normalize_channels(ctx, x, 1, 2, 3, 4, float(ctx.const(7)))
+    if not (ctx.is_none(3) and ctx.is_none(4)):
+        raise LoweringError("instance_norm updating running statistics (a mutation)")
+    if len(x.shape) < 2:
+        raise LoweringError("instance_norm without channels")
+    return _group_norm(ctx, x.shape[1], 1, 2, float(ctx.const(7)))
+
+
+def _group_norm(ctx: Ctx, groups: object, weight_at: int, bias_at: int, eps: float) -> E.Expr:
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    if not out.is_float or x.dtype != out or len(x.shape) < 2 or not isinstance(groups, int):
+        raise LoweringError("group_norm of a non-float tensor, or without channels")
+    n, channels, *spatial = x.shape
+    if groups <= 0 or channels % groups:
+        raise LoweringError("channels must divide into the groups")
+    per_group = channels // groups
+    count = per_group * math.prod(spatial)
+    if count == 0 or n == 0:
+        raise LoweringError("group_norm of an empty group")
+    compute = compute_type(out)
+    sizes = (per_group, *spatial)
+    names = "rstuvw"
+
+    def over_group(b: E.Expr, g: E.Expr, body: Callable[[E.Expr], E.Expr]) -> E.Expr:
+        rvars = tuple(E.Var(names[k]) for k in range(len(sizes)))
+        element = E.Load(x.buf, (b, g * per_group + rvars[0], *rvars[1:]))
+        return E.Reduce("Add", _zero(compute), body(E.cast(compute, element)), rvars,
+                        tuple(E.imm(s) for s in sizes))
+
+    mean = ctx.intermediate(
+        "mean", compute, [n, groups],
+        lambda b, g: over_group(b, g, lambda v: v) / E.imm(float(count), compute),
+    )
+
+    def rstd(b: E.Expr, g: E.Expr) -> E.Expr:
+        m = E.Load(mean.buf, (b, g))
+        var = over_group(b, g, lambda v: (v - m) * (v - m)) / E.imm(float(count), compute)
+        return E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
+
+    scale = ctx.intermediate("rstd", compute, [n, groups], rstd)
+    b, c = ctx.indices[0], ctx.indices[1]
+    g = c / E.imm(per_group)
+    s, m = E.Load(scale.buf, (b, g)), E.Load(mean.buf, (b, g))
+    y = ctx.load(x, compute) * s + (-(m * s))
+    for k, combine in ((weight_at, E.Mul), (bias_at, E.Add)):
+        if not ctx.is_none(k):
+            arg = ctx.args[k]
+            if not isinstance(arg, TensorArg) or tuple(arg.shape) != (channels,):
+                raise LoweringError("group_norm weight and bias have one value per channel")
+            y = combine(y, E.cast(compute, E.Load(arg.buf, (c,))))
+    return E.cast(out, y)

@@ -1,0 +1,177 @@
+"""vectorize_reductions: reduce along a contiguous axis with vector accumulators.
+
+    out[i] = reduce_add(0.f, x[100 * i + r] for r < 100);
+->  out[i] = reduce_add(0.f + lanes_add(reduce_add(Broadcast(-0.f, 32),
+                 x[Ramp(100 * i + 32 * r, 1, 32)] for r < 3)),
+                 x[100 * i + r_1 + 96] for r_1 < 4);
+A scalar `Reduce` whose innermost variable addresses its loads with unit
+stride runs `lanes` elements at a time: `ACCUMULATORS` registers' worth of
+lanes, each an independent partial result (the adds of one lane do not wait
+for the others'), combined pairwise at the end (`LaneReduce`), then the
+scalar tail. Sums (and products) of more than `BLOCK` vectors per lane are
+also blocked: each block starts from zero and the blocks' results are summed,
+a two-level cascade, so a float32 sum of millions of elements stays within
+eager's (cascade) error instead of drifting as one serial accumulator does.
+
+Axes over dense memory are merged first (`r0 * 64 + r1` -> one axis of
+`64 * n`), so that a full reduction is one long contiguous axis. Reductions
+over strided (outer) dims are only blocked (a long sum as a sum of
+`BLOCK`-point sums) and left to `vectorize_inner_loops`, which vectorizes
+across the kept inner dim instead; here, an innermost loop of such
+reductions is widened to `ACCUMULATORS` registers of columns first (a tail
+of fewer columns is left to `vectorize_inner_loops`). Run on flat indices, before
+`vectorize_inner_loops`.
+"""
+
+from __future__ import annotations
+
+from .. import expr as E
+from .. import stmt as S
+from ..dtype import INDEX
+from ..ir_visitor import Mutator, substitute, walk
+from .simplify import Simplifier, simplify
+from .vectorize import _Unvectorizable, _Widen, lanes_for, vectorize_inner_loops
+
+#: Vector registers per reduction: independent accumulators, to hide the add's latency.
+ACCUMULATORS = 4
+#: Vectors each lane sums before a block's partial result joins the total (the cascade).
+BLOCK = 64
+
+
+def _merge_axes(e: E.Reduce) -> E.Reduce:
+    """Adjacent axes whose body is dense across both become one axis (innermost first)."""
+    while len(e.vars) >= 2:
+        (outer, inner), (n_outer, n_inner) = e.vars[-2:], e.stops[-2:]
+        if not (isinstance(n_outer, E.Imm) and isinstance(n_inner, E.Imm)):
+            return e
+        fused = E.Var(outer.name)
+        body = substitute(e.body, {outer: fused / n_inner, inner: fused % n_inner})
+        candidate = E.Reduce(e.op, e.init, body, (*e.vars[:-2], fused),
+                             (*e.stops[:-2], E.imm(n_outer.value * n_inner.value)))
+        candidate = simplify(candidate)
+        if not isinstance(candidate, E.Reduce) or any(
+            isinstance(n, (E.Div, E.Mod)) and n.dtype == INDEX and any(m is fused for m in walk(n))
+            for n in walk(candidate.body)
+        ):
+            return e
+        e = candidate
+    return e
+
+
+def _contiguous(body: E.Expr, var: E.Var) -> bool:
+    """Every load that depends on `var` steps one element per increment of it."""
+    linear = Simplifier().linear
+    depends = False
+    for n in walk(body):
+        if isinstance(n, E.Load) and any(m is var for i in n.indices for m in walk(i)):
+            depends = True
+            if len(n.indices) != 1 or linear(n.indices[0]).terms.get(var) != 1:
+                return False
+    return depends
+
+
+def _blocked(e: E.Reduce) -> E.Reduce:
+    """A long sum over one strided axis as a sum of sums of `BLOCK` points (the cascade),
+    for a column sum, which `vectorize_inner_loops` then widens across the columns."""
+    if len(e.vars) != 1:
+        return e
+    (var,), (stop,) = e.vars, e.stops
+    if e.op != "Add" or not isinstance(stop, E.Imm) or stop.value < 2 * BLOCK:  # type: ignore
+        return e
+    blocks, rest = divmod(stop.value, BLOCK)  # type: ignore[operator]
+    block, within = E.Var(var.name), E.Var(var.name)
+    zero = E.identity(e.op, e.dtype)
+    inner = E.Reduce(e.op, zero, substitute(e.body, {var: block * BLOCK + within}),
+                     (within,), (E.imm(BLOCK),))
+    total = E.Reduce(e.op, e.init, inner, (block,), (E.imm(blocks),))
+    if not rest:
+        return total
+    tail = E.Var(var.name)
+    body = substitute(e.body, {var: tail + blocks * BLOCK})
+    return E.Reduce(e.op, total, body, (tail,), (E.imm(rest),))
+
+
+class _VectorizeReductions(Mutator):
+    def __init__(self, vector_bits: int):
+        self.vector_bits = vector_bits
+
+    def mutate_For(self, s: S.For) -> S.Stmt:
+        """An innermost loop over the kept columns of column reductions: `ACCUMULATORS`
+        registers' worth of columns at a time, each row's slice loaded in one go."""
+        body = self.mutate(s.body)
+        new = s if body is s.body else S.For(s.var, s.start, s.stop, body, s.parallel)
+        columns = [n for n in walk(body) if isinstance(n, E.Reduce)]
+        if not columns or any(isinstance(n, (S.For, E.Ramp)) for n in walk(body)):
+            return new
+        return vectorize_inner_loops(new, self.vector_bits * ACCUMULATORS)
+
+    def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
+        e = self.generic_mutate(e)
+        if e.dtype.lanes != 1 or any(isinstance(n, E.Ramp) for n in walk(e.body)):
+            return e
+        e = _merge_axes(e)
+        var, stop = e.vars[-1], e.stops[-1]
+        if not isinstance(stop, E.Imm):
+            return e
+        if not _contiguous(e.body, var):
+            return _blocked(e)
+        native = lanes_for(e.body, self.vector_bits)
+        count = stop.value
+        if native < 2 or count < native:  # type: ignore[operator]
+            return e
+        wide = native
+        while wide * 2 <= native * ACCUMULATORS and wide * 2 <= count:  # type: ignore
+            wide *= 2
+        try:
+            parts = [self.vector_reduce(e, wide, count // wide, 0)]  # type: ignore[operator]
+            done = count // wide * wide  # type: ignore[operator]
+            if count - done >= native:  # type: ignore[operator]
+                n = (count - done) // native  # type: ignore[operator]
+                parts.append(self.vector_reduce(e, native, n, done))
+                done += n * native
+        except _Unvectorizable:
+            return e
+        total = e.init
+        for part in parts:
+            total = E.combine(e.op, total, E.LaneReduce(e.op, part))
+        if done == count:
+            return total
+        # The scalar tail, from the vectors' total.
+        fresh = {v: E.Var(v.name) for v in e.vars}
+        tail = substitute(e.body, {**fresh, var: fresh[var] + E.imm(done)})
+        return E.Reduce(e.op, total, tail, tuple(fresh[v] for v in e.vars),
+                        (*e.stops[:-1], E.imm(count - done)))  # type: ignore[operator]
+
+    def vector_reduce(self, e: E.Reduce, lanes: int, vectors: int, offset: int) -> E.Expr:
+        """Partial results of points `offset` to `offset + vectors * lanes` of the innermost
+        axis (every point of the outer ones), `lanes` lanes wide."""
+        var = e.vars[-1]
+        outer = {v: E.Var(v.name) for v in e.vars[:-1]}
+        source = substitute(e.body, outer)
+        outer_vars, outer_stops = tuple(outer.values()), e.stops[:-1]
+        zero = E.identity(e.op, e.dtype.with_lanes(lanes))
+
+        def widened(first: E.Expr) -> E.Expr:
+            return _Widen(var, E.Ramp(first + E.imm(offset), E.imm(1), lanes)).expr(source)
+
+        blocked = e.op in ("Add", "Mul") and not outer and vectors >= 2 * BLOCK
+        if not blocked:
+            step = E.Var(var.name)
+            return E.Reduce(e.op, zero, widened(step * lanes), (*outer_vars, step),
+                            (*outer_stops, E.imm(vectors)))
+        blocks = vectors // BLOCK
+        block, within = E.Var(var.name), E.Var(var.name)
+        body = widened((block * BLOCK + within) * lanes)
+        inner = E.Reduce(e.op, zero, body, (within,), (E.imm(BLOCK),))
+        acc = E.Reduce(e.op, zero, inner, (block,), (E.imm(blocks),))
+        rest = vectors - blocks * BLOCK
+        if rest:
+            step = E.Var(var.name)
+            body = widened((step + blocks * BLOCK) * lanes)
+            acc = E.combine(e.op, acc, E.Reduce(e.op, zero, body, (step,), (E.imm(rest),)))
+        return acc
+
+
+def vectorize_reductions(stmt: S.Stmt, vector_bits: int = 512) -> S.Stmt:
+    """Vectorize reductions along contiguous axes; see the module docstring."""
+    return simplify(_VectorizeReductions(vector_bits).mutate(stmt))

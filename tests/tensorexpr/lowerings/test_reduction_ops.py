@@ -1,0 +1,366 @@
+"""Reductions fused, against eager, on both backends: values, dtypes, extremes, fusion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nncfuse
+from nncfuse.tensorexpr import stmt as S
+from tests.fused import BACKENDS, check, run_fused
+
+REDUCED = [torch.float16, torch.bfloat16]
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=torch.float64).to(dtype)
+
+
+def close(fn, *args, use_llvm=True, **tol):
+    """Fused vs eager within `tol` (float sums round differently from eager's cascade)."""
+    got = run_fused(fn, *args, use_llvm=use_llvm)
+    want = fn(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
+    return got
+
+
+def kernel_stmt(fn, *args):
+    """The final loop nest of the one fusion group `fn` forms."""
+    f = nncfuse.jit(torch.jit.trace(fn, args), min_group_size=1)
+    f(*args)
+    (group,) = nncfuse.fusion_groups(f.graph_for(*args))
+    return nncfuse.TensorExprKernel(group.g("Subgraph")).stmt
+
+
+def loops(stmt):
+    return [s for s in stmt.stmts if isinstance(s, S.For)]
+
+
+# -- sum, mean, prod -------------------------------------------------------------------------------
+
+SUMS = {
+    "rows": lambda x: x.sum(-1),
+    "cols": lambda x: x.sum(0),
+    "all": lambda x: x.sum(),
+    "dims": lambda x: x.sum((0, 2)),
+    "keepdim": lambda x: x.sum(1, keepdim=True),
+    "negative": lambda x: x.sum((-1, -3)),
+    "mean": lambda x: x.mean(-1),
+    "mean_all": lambda x: x.mean(),
+    "mean_keepdim": lambda x: x - x.mean((1, 2), keepdim=True),
+}
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("name", list(SUMS))
+def test_sum_mean(name, use_llvm):
+    close(SUMS[name], randn(4, 5, 37), use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", REDUCED)
+def test_reduced_floats_accumulate_in_float32(dtype, use_llvm):
+    x = (torch.rand(8, 300) * 4 + 100).to(dtype)  # a narrow accumulator would drift
+    got = close(lambda x: x.sum(-1), x, use_llvm=use_llvm)
+    assert got.dtype == dtype
+    close(lambda x: x.mean(0), x, use_llvm=use_llvm)
+    close(lambda x: x.sum(-1, dtype=torch.float32), x, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_integer_sums_are_exact(dtype, use_llvm):
+    x = torch.randint(0, 2 if dtype == torch.bool else 100, (6, 40)).to(dtype)
+    got = check(lambda x: x.sum(-1), x, use_llvm=use_llvm)
+    assert got.dtype == torch.int64
+    check(lambda x: x.sum(), x, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_dtype_argument(use_llvm):
+    x = randn(6, 33)
+    close(lambda x: x.sum(-1, dtype=torch.float64), x, use_llvm=use_llvm)
+    close(lambda x: x.mean(0, dtype=torch.float64), x, use_llvm=use_llvm)
+    check(lambda x: (x * 10).to(torch.int32).sum(1, dtype=torch.int32), x, use_llvm=use_llvm)
+
+
+def test_long_float32_sum_stays_within_eager_tolerance():
+    """A serial float32 accumulator drifts here; blocks of vector accumulators do not."""
+    torch.manual_seed(0)
+    x = torch.rand(1 << 20) + 1e4
+    close(lambda x: x.sum(), x)
+    close(lambda x: x.mean(), x)
+    rows = torch.rand(16, 1 << 16) + 1e4
+    close(lambda x: x.sum(-1), rows)
+    cols = torch.rand(1 << 15, 32) + 1e4
+    close(lambda x: x.sum(0), cols)
+    close(lambda x: x[3:].sum() * 2, x)  # chunks and a tail
+    stmt = kernel_stmt(lambda x: x.sum(), x)
+    assert any(s.parallel for s in loops(stmt)), "a long full reduction runs in chunks"
+    exact = x.double().sum()
+    got = run_fused(lambda x: x.sum(), x)
+    assert abs(got.double() - exact) <= abs(x.sum().double() - exact) + 2 * 1024
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_empty_and_zero_dim(use_llvm):
+    empty = torch.randn(3, 0)
+    check(lambda x: x.sum(-1), empty, use_llvm=use_llvm)
+    check(lambda x: x.mean(-1), empty, use_llvm=use_llvm)  # NaN, as eager
+    check(lambda x: x.sum(0) + 1, empty, use_llvm=use_llvm)  # an empty output
+    scalar = torch.tensor(2.5)
+    check(lambda x: x.sum() * 2, scalar, use_llvm=use_llvm)
+    check(lambda x: x.mean(-1), scalar, use_llvm=use_llvm)
+    check(lambda x: x.amax(), scalar, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_layouts(use_llvm):
+    x = randn(37, 20)
+    close(lambda x: x.t().sum(-1), x, use_llvm=use_llvm)  # a transposed input
+    close(lambda x: x[:, ::3].sum(0), x, use_llvm=use_llvm)  # strided
+    b = randn(20).expand(37, 20)
+    close(lambda b: b.sum(0), b, use_llvm=use_llvm)  # broadcast (stride 0)
+    close(lambda x: torch.softmax(x.t(), -1), x, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_prod(use_llvm):
+    x = torch.rand(5, 20) + 0.5
+    close(lambda x: x.prod(1), x, use_llvm=use_llvm)
+    close(lambda x: x.prod(), x[:3, :6], use_llvm=use_llvm)
+
+
+# -- amax, amin, any, all ------------------------------------------------------------------------
+
+
+def extremes(dtype=torch.float32):
+    x = randn(6, 37, dtype=dtype)
+    x[0, 3] = float("nan")
+    x[1, 0] = float("inf")
+    x[2, 5] = -float("inf")
+    x[3] = -float("inf")
+    x[4, :] = -0.0
+    x[5, 36] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, *REDUCED])
+def test_amax_amin_propagate_nan(dtype, use_llvm):
+    x = extremes(dtype)
+    for fn in (lambda x: x.amax(-1), lambda x: x.amin(1), lambda x: x.amax(0),
+               lambda x: x.amin((0, 1)), lambda x: x.amax(1, keepdim=True)):
+        check(fn, x, use_llvm=use_llvm, exact=False)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64, torch.uint8])
+def test_amax_amin_integers(dtype, use_llvm):
+    x = torch.randint(-100 if dtype != torch.uint8 else 0, 100, (7, 45)).to(dtype)
+    check(lambda x: x.amax(-1), x, use_llvm=use_llvm)
+    check(lambda x: x.amin(0), x, use_llvm=use_llvm)
+
+
+def test_amax_of_empty_raises_as_eager():
+    x = torch.randn(0, 3)
+    with pytest.raises(IndexError):
+        x.amax(0)
+    f = nncfuse.jit(torch.jit.trace(lambda x: x.amax(0) * 2, torch.randn(2, 3)), min_group_size=1)
+    for _ in range(3):
+        with pytest.raises((IndexError, RuntimeError), match="non-zero size"):
+            f(x)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_any_all(use_llvm):
+    x = torch.rand(6, 40)
+    x[0] = 1
+    x[1] = 0
+    check(lambda x: (x > 0.5).any(-1), x, use_llvm=use_llvm)
+    check(lambda x: (x > 0.01).all(1), x, use_llvm=use_llvm)
+    check(lambda x: x.any(0), x, use_llvm=use_llvm)
+
+
+# -- var, std, logsumexp --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("correction", [0, 1, 2])
+def test_var_std(correction, use_llvm):
+    x = randn(5, 6, 33) * 3 + 1e3  # E[x^2] - E[x]^2 would cancel catastrophically here
+    close(lambda x: x.var(-1, correction=correction), x, use_llvm=use_llvm)
+    close(lambda x: x.std((0, 2), correction=correction, keepdim=True), x, use_llvm=use_llvm)
+    close(lambda x: x.var(1, unbiased=False), x, use_llvm=use_llvm)
+    close(lambda x: x.std(), x, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_logsumexp(use_llvm):
+    x = extremes()
+    x[0, 3] = 1.0
+    x[5, 36] = 2.0
+    close(lambda x: torch.logsumexp(x, 1), x, use_llvm=use_llvm)
+    close(lambda x: torch.logsumexp(x, (0, 1), keepdim=True), x, use_llvm=use_llvm)
+
+
+# -- softmax, log_softmax -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax(dim, log, use_llvm):
+    op = torch.log_softmax if log else torch.softmax
+    close(lambda x: op(x, dim), randn(3, 17, 40) * 5, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_extremes_and_dtypes(log, use_llvm):
+    op = torch.log_softmax if log else torch.softmax
+    x = extremes()
+    close(lambda x: op(x, -1), x, use_llvm=use_llvm)
+    for dtype in REDUCED:
+        close(lambda x: op(x, -1), x.to(dtype), use_llvm=use_llvm)
+        got = close(lambda x: op(x, -1, dtype=torch.float32), x.to(dtype), use_llvm=use_llvm)
+        assert got.dtype == torch.float32
+    close(lambda x: op(x, 0, dtype=torch.float64), x, use_llvm=use_llvm)
+    close(lambda x: op(x, 0), torch.tensor(3.0), use_llvm=use_llvm)
+
+
+def test_softmax_is_one_sweep_over_rows():
+    """max, sum and output of a row in one loop: the row is read from memory once, and
+    each exponential is computed once, into the output (`reuse_outputs`)."""
+    stmt = kernel_stmt(lambda x: torch.softmax(x, -1), torch.randn(64, 1000))
+    assert len(loops(stmt)) == 1
+    assert "softmax_exp" not in str(stmt)
+    assert str(stmt).count("exp(") == 2  # the vector loop and its tail
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_softmax_exponentials_live_in_whatever_follows(use_llvm):
+    x = randn(8, 50)
+    close(lambda x: torch.softmax(x, -1) * 2, x, use_llvm=use_llvm)
+    close(lambda x: torch.softmax(x, 0) + torch.softmax(x, -1), x, use_llvm=use_llvm)
+    close(lambda x: torch.softmax(x, -1).sum(-1), x, use_llvm=use_llvm)
+    close(lambda x: torch.softmax(x.t(), -1), x, use_llvm=use_llvm)
+    close(lambda x: torch.softmax(x[::2, 3:], -1), x, use_llvm=use_llvm)
+
+
+# -- layer_norm, RMSNorm --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm(affine, use_llvm):
+    x = randn(4, 6, 40) * 2 + 50
+    w, b = (randn(40), randn(40)) if affine else (None, None)
+    close(lambda x: F.layer_norm(x, (40,), w, b, 1e-5), x, use_llvm=use_llvm)
+    w2 = randn(6, 40) if affine else None
+    close(lambda x: F.layer_norm(x, (6, 40), w2, None, 1e-3), x, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", REDUCED)
+def test_layer_norm_reduced_floats(dtype, use_llvm):
+    x, w, b = randn(8, 64, dtype=dtype), randn(64, dtype=dtype), randn(64, dtype=dtype)
+    close(lambda x, w, b: F.layer_norm(x, (64,), w, b), x, w, b, use_llvm=use_llvm)
+
+
+def test_residual_layer_norm_is_one_sweep():
+    x, r, w, b = randn(64, 768), randn(64, 768), randn(768), randn(768)
+    fn = lambda x, r, w, b: F.layer_norm(x + r, (768,), w, b)  # noqa: E731
+    close(fn, x, r, w, b)
+    stmt = kernel_stmt(fn, x, r, w, b)
+    assert len(loops(stmt)) == 1
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_rms_norm_pattern(use_llvm):
+    x, w = randn(16, 96), randn(96)
+    fn = lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w  # noqa: E731
+    close(fn, x, w, use_llvm=use_llvm)
+    stmt = kernel_stmt(fn, x, w)
+    assert len(loops(stmt)) == 1
+
+
+def test_producers_inline_into_the_reduction():
+    """(x + b).sum(-1) reads x once: no temporary for x + b."""
+    stmt = kernel_stmt(lambda x, b: (x + b).sum(-1), randn(64, 100), randn(100))
+    assert not [s for s in stmt.stmts if isinstance(s, S.Allocate)]
+    close(lambda x, b: (x + b).sum(-1), randn(64, 100), randn(100))
+
+
+def test_column_sum_vectorizes_across_columns():
+    stmt = kernel_stmt(lambda x: x.sum(0), randn(300, 64))
+    assert "Ramp(" in str(stmt)
+    close(lambda x: x.sum(0), randn(300, 64))
+
+
+def test_row_statistics_fuse_with_consumers_that_broadcast_them():
+    fn = lambda x: (x - x.mean(-1, keepdim=True)) / x.amax(-1, keepdim=True)  # noqa: E731
+    close(fn, randn(32, 50))
+    assert len(loops(kernel_stmt(fn, randn(32, 50)))) == 1
+
+
+# -- argmax, argmin, norms, batch_norm, group_norm ------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_argmax_argmin_first_index_and_nan(use_llvm):
+    x = extremes()
+    x[2, 7] = x[2, 9] = 50.0  # a tie: the first index wins
+    for fn in (lambda x: x.argmax(-1), lambda x: x.argmin(1), lambda x: x.argmax(0),
+               lambda x: x.argmax(), lambda x: x.argmin(1, keepdim=True),
+               lambda x: x.argmax(None, keepdim=True)):
+        check(fn, x, use_llvm=use_llvm)
+    ints = torch.randint(0, 5, (6, 40), dtype=torch.int32)
+    check(lambda x: x.argmax(-1), ints, use_llvm=use_llvm)
+    check(lambda x: x.argmin(), ints, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("ord", [2, 1, float("inf"), -float("inf"), 0, 3])
+def test_vector_norm(ord, use_llvm):
+    x = randn(5, 40)
+    x[1, :7] = 0.0
+    close(lambda x: torch.linalg.vector_norm(x, ord, -1), x, use_llvm=use_llvm)
+    close(lambda x: torch.linalg.vector_norm(x, ord), x, use_llvm=use_llvm)
+    close(lambda x: torch.norm(x, 2, 0, keepdim=True), x, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("affine", [False, True])
+def test_batch_norm_inference(affine, use_llvm):
+    x = randn(4, 6, 5, 7)
+    mean, var = randn(6), torch.rand(6) + 0.5
+    w, b = (randn(6), randn(6)) if affine else (None, None)
+    close(lambda x: F.batch_norm(x, mean, var, w, b, False, 0.1, 1e-5), x, use_llvm=use_llvm)
+    close(lambda x: torch.relu(F.batch_norm(x, mean, var, w, b)) + 1, x[:, :, 0],
+          use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("groups", [1, 3, 6])
+def test_group_norm(groups, use_llvm):
+    x = randn(2, 6, 5, 7) * 3 + 10
+    w, b = randn(6), randn(6)
+    close(lambda x: F.group_norm(x, groups, w, b, 1e-5), x, use_llvm=use_llvm)
+    close(lambda x: F.group_norm(x, groups), x[:, :, 0], use_llvm=use_llvm)
+    for dtype in REDUCED:
+        close(lambda x: F.group_norm(x, groups, w.to(dtype), b.to(dtype)), x.to(dtype),
+              use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_instance_norm(use_llvm):
+    x = randn(2, 6, 5, 7) * 3 + 10
+    w, b = randn(6), randn(6)
+    close(lambda x: F.instance_norm(x, weight=w, bias=b), x, use_llvm=use_llvm)
+    close(lambda x: F.instance_norm(x), x[:, :, 0], use_llvm=use_llvm)
+    mean, var = randn(6), torch.rand(6) + 0.5
+    close(lambda x: F.instance_norm(x, mean, var, w, b, use_input_stats=False), x,
+          use_llvm=use_llvm)
