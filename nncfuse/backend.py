@@ -49,6 +49,7 @@ from __future__ import annotations
 import collections
 import copy
 import itertools
+import operator
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -100,11 +101,13 @@ class CompiledGraph:
         self.options = options
         self.policy = Policy(options)
         self.reason: str | None = None  # why the FX graph runs instead, if it does
+        #: whether running the graph twice is harmless (AOTAutograd's graphs are functional)
+        self.functional = kind != "dynamo" or _functional(gm)
         self.program: Program | None = None
         try:
             self.program = _convert(gm, example_inputs)
         except Exception as e:  # noqa: BLE001 - whatever fails, the FX graph runs
-            self.reason = f"not converted to TorchScript: {type(e).__name__}: {_first_line(e)}"
+            self.reason = f"not converted to TorchScript: {_brief(e)}"
         if self.program is None:
             _log.dump(f"Graph {self.id} ({kind}) runs as the FX graph: ", self.reason)
         else:
@@ -126,14 +129,36 @@ class CompiledGraph:
         if self.program is None or self.options.disable:
             return self.gm(*args)
         key = signature(args)
-        plan = self.policy.plans.get(key)
-        if plan is not None:
-            return plan.run(args)
-        result = self.policy.call(self.program, key, args)
+        try:
+            plan = self.policy.plans.get(key)
+            if plan is not None:
+                return plan.run(args)
+            result = self.policy.call(self.program, key, args)
+        except Exception as e:  # noqa: BLE001 - the FX graph decides whether this is an error
+            return self._after_failure(e, args)
         made = self.policy.plans.get(key)
         if made is not None and _log.enabled(log.UPDATE):
-            _log.update(f"Graph {self.id} ({self.kind}), a new signature: ",
-                        report_for(made.graph, self.options, self.policy.compile_failures))
+            self._log_report(made.graph)
+        return result
+
+    def _log_report(self, graph: torch._C.Graph | None) -> None:
+        """Log what fused in `graph`, a new signature's optimized graph (nncfuse.explain)."""
+        try:
+            report: Any = report_for(graph, self.options, self.policy.compile_failures)
+        except Exception as e:  # noqa: BLE001 - a log line never fails a call
+            report = f"(no report: {_brief(e)})"
+        _log.update(f"Graph {self.id} ({self.kind}), a new signature: ", report)
+
+    def _after_failure(self, error: Exception, args: tuple[Any, ...]) -> Any:
+        """The FX graph's result for `args`, whose TorchScript run raised `error`; from now on
+        the FX graph runs every call. Where the FX graph raises too, that is the program's
+        own error; where it may have written to its inputs, it cannot be run again."""
+        if not self.functional:
+            raise error
+        result = self.gm(*args)  # raises what eager raises
+        self.reason = f"the TorchScript program failed: {_brief(error)}"
+        self.program = None
+        _log.dump(f"Graph {self.id} ({self.kind}) runs as the FX graph from now on: ", self.reason)
         return result
 
 
@@ -148,9 +173,36 @@ def clear_compiled_graphs() -> None:
         _recent.clear()
 
 
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""
+_IN_PLACE_OPERATORS = {operator.setitem, operator.delitem, *(
+    getattr(operator, name) for name in dir(operator) if name.startswith("__i") and name.endswith(
+        "__") and name not in ("__index__", "__inv__", "__invert__", "__is__", "__is_not__"))}
+
+
+def _functional(gm: torch.fx.GraphModule) -> bool:
+    """Whether `gm` visibly writes to nothing (no in-place op, method or operator)."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_module":
+            return False
+        if node.op == "call_method" and _in_place_name(target):
+            return False
+        if node.op == "call_function":
+            if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+                return False
+            if target in _IN_PLACE_OPERATORS or _in_place_name(getattr(target, "__name__", "")):
+                return False
+    return True
+
+
+def _in_place_name(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _brief(e: Exception) -> str:
+    """`e` in a line: its type, its message's first line and, if longer, its last."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = " ... ".join(lines[:1] + lines[-1:]) if len(lines) > 1 else "".join(lines)
+    return f"{type(e).__name__}: {text}"
 
 
 # -- FX -> TorchScript ---------------------------------------------------------------------------
