@@ -63,6 +63,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.compile_utils import strip_overloads
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import log
 from .config import Options
@@ -105,7 +106,10 @@ class CompiledGraph:
         self.functional = kind != "dynamo" or _functional(gm)
         self.program: Program | None = None
         try:
-            self.program = _convert(gm, example_inputs)
+            # Dynamo and AOTAutograd compile under a fake-tensor mode; constant propagation
+            # must make real tensors.
+            with _disable_current_modes():
+                self.program = _convert(gm, example_inputs)
         except Exception as e:  # noqa: BLE001 - whatever fails, the FX graph runs
             self.reason = f"not converted to TorchScript: {_brief(e)}"
         if self.program is None:

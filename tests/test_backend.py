@@ -154,13 +154,30 @@ def test_a_graph_torchscript_cannot_take_runs_as_the_fx_graph(backend):
     assert compiled.program is None and compiled.reason.startswith("not converted to TorchScript")
 
 
-def test_a_graph_whose_torchscript_run_fails_runs_as_the_fx_graph(backend):
-    def attend(q):  # AOTAutograd's decomposition of attention, with a causal mask
+def test_constants_folded_at_compile_time_are_real_tensors(backend):
+    # Backends compile under Dynamo's fake-tensor mode; the causal mask of AOTAutograd's
+    # attention folds into a constant, which must not be a fake tensor.
+    def attend(q):
         return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 
     _run(attend, torch.randn(1, 4, 3), calls=3)
     (compiled,) = backend.compiled_graphs()
-    assert compiled.reason is None or compiled.reason.startswith("the TorchScript program failed")
+    assert compiled.reason is None and compiled.program is not None
+
+
+def test_a_torchscript_run_that_fails_falls_back_to_the_fx_graph(backend):
+    gm = torch.fx.symbolic_trace(lambda x: torch.sigmoid(x) * 2.0)
+    compiled = backend.nncfuse_ts(gm, [torch.randn(3)])
+
+    def fails(*args):
+        raise RuntimeError("a TorchScript failure\nin detail")
+
+    compiled.policy.call = fails
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 2.0)
+    assert compiled.program is None
+    assert compiled.reason == ("the TorchScript program failed: RuntimeError: "
+                               "a TorchScript failure ... in detail")
 
 
 def test_tensor_constants_read_from_the_graph_module(backend):
