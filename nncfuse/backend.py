@@ -218,7 +218,7 @@ def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program
     with warnings.catch_warnings():
         # TorchScript's deprecation, and its note on GraphModule's untyped attributes
         warnings.simplefilter("ignore")
-        script = torch.jit.script(_scriptable(gm))
+        script = torch.jit.script(_scriptable(gm, example_inputs))
     graph = script.graph.copy()
     receiver = script._c
     if not list(next(graph.inputs()).uses()):
@@ -229,11 +229,21 @@ def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program
     return program(graph, unfused, receiver)
 
 
-def _scriptable(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+_NUMBER_TYPES = ((torch.SymBool, bool), (bool, bool), (torch.SymInt, int), (int, int),
+                 (torch.SymFloat, float), (float, float))
+
+
+def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
     """A plain GraphModule copy of `gm` that `torch.jit.script` takes (the original stays as
-    it is, for the fallback): ops by packet rather than overload, devices by type name,
-    `_to_copy(x, dtype=...)` as `to`. A copy is never a lazy graph module."""
+    it is, for the fallback): inputs annotated by their examples (AOTAutograd's graphs take
+    sizes unannotated, which TorchScript would read as tensors), ops by packet rather than
+    overload, devices by type name, `_to_copy(x, dtype=...)` as `to`. A copy is never a lazy
+    graph module."""
     graph = copy.deepcopy(gm.graph)
+    for node, example in zip(graph.find_nodes(op="placeholder"), example_inputs):
+        if node.type is None:
+            node.type = next((t for kind, t in _NUMBER_TYPES if isinstance(example, kind)),
+                             torch.Tensor if isinstance(example, torch.Tensor) else None)
     for node in graph.find_nodes(op="call_function", target=aten._to_copy.default):
         if len(node.args) == 1 and list(node.kwargs) == ["dtype"]:
             node.target = aten.to.dtype

@@ -239,3 +239,44 @@ def test_gradcheck_through_the_backend(backend):
     kinds = _groups(backend.compiled_graphs())
     assert [k for k, _ in kinds] == ["forward", "backward"]
     assert all(groups and min(groups) >= 1 for _, groups in kinds)
+
+
+def test_training_through_ops_without_lowerings_matches_eager(backend):
+    # native_layer_norm and its backward have no lowering; relu's and sigmoid's backward
+    # decompose into ops that fuse.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 8), torch.nn.Sigmoid())
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        for m in (model, compiled_model):
+            m.zero_grad()
+        expected, got = model(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        (expected * 3.0).sum().backward()
+        (got * 3.0).sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    (forward, backward) = backend.compiled_graphs()
+    assert backward.reason is None and nncfuse.fusion_groups(backward.graphs()[0])
+
+
+def test_training_with_dynamic_sizes_converts_the_size_inputs(backend):
+    # AOTAutograd's graphs take symbolic sizes as unannotated inputs: they are ints.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse", dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 8)
+        for m in (model, compiled_model):
+            m.zero_grad()
+        expected, got = model(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        expected.sum().backward()
+        got.sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    graphs = backend.compiled_graphs()
+    assert [(g.kind, g.reason) for g in graphs] == [("forward", None), ("backward", None)]
+    assert any(isinstance(v.type(), torch._C.IntType) for v in graphs[0].graph.inputs())
