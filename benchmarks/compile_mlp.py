@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="per-call time: wall (default) or the process's CPU time, steadier on a "
+                        "loaded machine at 1 thread")
     p.add_argument("--inductor-cache", choices=["cold", "warm"], default="cold")
     args = p.parse_args(argv)
     if args.inductor_cache == "cold":
@@ -131,10 +134,12 @@ def main(argv: list[str] | None = None) -> None:
                                         else _step(model, fn, x))
     print(f"MLP {args.width} -> {args.hidden} (GELU) -> {args.width}, batch {args.batch}, "
           f"{args.threads} thread(s), torch {torch.__version__}, Inductor cache "
-          f"{args.inductor_cache}; 1-minute load average {os.getloadavg()[0]:.2f}\n")
+          f"{args.inductor_cache}, per call: median {args.clock} time; 1-minute load average "
+          f"{os.getloadavg()[0]:.2f}\n")
     print(f"{'workload':<15}{'backend':<10}{'first step':>12}{'per call':>12}{'vs eager':>10}")
     for workload, contenders in calls.items():
-        timings = measure(contenders, rounds=args.rounds, target_s=0.05, warmup=3)
+        timings = measure(contenders, rounds=args.rounds, target_s=0.05, warmup=3,
+                          clock=args.clock)
         eager = timings["eager"].median
         for backend in BACKENDS:
             t = timings[backend].median
