@@ -280,3 +280,10 @@ def test_training_with_dynamic_sizes_converts_the_size_inputs(backend):
     graphs = backend.compiled_graphs()
     assert [(g.kind, g.reason) for g in graphs] == [("forward", None), ("backward", None)]
     assert any(isinstance(v.type(), torch._C.IntType) for v in graphs[0].graph.inputs())
+
+
+def test_nncfuse_disable_runs_the_fx_graphs(backend, monkeypatch):
+    monkeypatch.setenv("NNCFUSE_DISABLE", "1")
+    _run(chain, torch.randn(8), torch.randn(8))
+    (compiled,) = backend.compiled_graphs()
+    assert compiled.graphs() == []  # no signature was optimized
