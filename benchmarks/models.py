@@ -15,7 +15,9 @@ in one process, interleaved rounds (`harness.measure`), medians:
 - eager:         the model itself;
 - TorchScript:   the traced module run plainly (not frozen; the profiling executor);
 - torch.compile: `torch.compile(model)` (Inductor, default mode);
-- nncfuse:       `nncfuse.jit(traced)`.
+- nncfuse:       `nncfuse.jit(traced)`;
+- nncfuse-backend: `torch.compile(model, backend="nncfuse")` (Dynamo's graphs, AOTAutograd's
+                 inference graphs, through nncfuse: `nncfuse/backend.py`).
 
 Each contender's outputs are checked against eager's (`assert_close`, rtol 1e-3,
 atol 1e-4) before timing; one that fails is reported and not timed. Per model
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import math
 import os
 import sys
@@ -50,7 +53,7 @@ from report import LABELS, draw_speedups, machine_info
 import nncfuse
 from nncfuse.explain import EXTERNAL_KINDS
 
-CONTENDERS = ("eager", "script", "compile", "nncfuse")
+CONTENDERS = ("eager", "script", "compile", "nncfuse", "nncfuse-backend")
 WARM_CACHE = Path(__file__).resolve().parent / "results" / "inductor-cache"
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -197,6 +200,9 @@ def _build(contender: str, model: torch.nn.Module, traced: Any) -> Callable[...,
         return traced
     if contender == "compile":
         return torch.compile(model)
+    if contender == "nncfuse-backend":
+        importlib.import_module("nncfuse.backend")  # registers "nncfuse" (as the entry point does)
+        return torch.compile(model, backend="nncfuse")
     return nncfuse.jit(traced)
 
 

@@ -11,6 +11,8 @@
     nncfuse.fusion_groups(g)    # the fusion-group nodes of a graph
     print(nncfuse.explain(f, x, y))  # what fused, what stayed outside and why
 
+    torch.compile(model, backend="nncfuse")  # an entry point registers it (nncfuse/backend.py)
+
 Set NNCFUSE_LOG_LEVEL (e.g. "tensorexpr_fuser:>>kernel:>>llvm_codegen") to
 watch every stage, NNCFUSE_DONT_USE_LLVM=1 to run kernels in the IR
 interpreter, NNCFUSE_DISABLE=1 to run everything unfused, NNCFUSE_VERIFY=1

@@ -328,7 +328,7 @@ def report_for(graph: torch._C.Graph | None, options: Options,
             category = "below min_group_size"
             reason = f"its group would have fewer than {options.min_group_size} nodes"
         report.unfused.append(Unfused(node.kind(), category, reason, _short(node),
-                                      _shape(node.output()) if node.outputsSize() else None))
+                                      _shape(node.outputsAt(0)) if node.outputsSize() else None))
 
     def visit(block: Any) -> None:
         for node in block.nodes():

@@ -1,0 +1,289 @@
+"""torch.compile(backend="nncfuse"): Dynamo's FX graphs (and AOTAutograd's forward and backward)
+through nncfuse. torch.compile is slow to start: graphs stay small, Dynamo is reset per test."""
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import nncfuse
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ["nncfuse", "nncfuse_ts"]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    """nncfuse.backend, imported (Dynamo with it) and registered, once for the module."""
+    import nncfuse.backend
+
+    return nncfuse.backend
+
+
+@pytest.fixture(autouse=True)
+def _fresh(backend):
+    torch._dynamo.reset()
+    backend.clear_compiled_graphs()
+    yield
+    torch._dynamo.reset()
+
+
+def _groups(graphs):
+    """(kind, fusion groups per optimized signature) of each compiled graph."""
+    return [(g.kind, [len(nncfuse.fusion_groups(opt)) for opt in g.graphs()]) for g in graphs]
+
+
+def _run(fn, *args, backend_name="nncfuse", calls=2, **compile_options):
+    compiled = torch.compile(fn, backend=backend_name, **compile_options)
+    with torch.no_grad():
+        results = [compiled(*args) for _ in range(calls)]
+        expected = fn(*args)
+    for got in results:
+        torch.testing.assert_close(got, expected)
+
+
+def chain(a, b):
+    return torch.sigmoid(a * b) + torch.tanh(b) * 2.0
+
+
+# -- registration ------------------------------------------------------------------------------
+def test_the_entry_points_name_the_backends(backend):
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert table["torch_dynamo_backends"] == {
+        "nncfuse": "nncfuse.backend:nncfuse", "nncfuse_ts": "nncfuse.backend:nncfuse_ts"}
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("nncfuse") is backend.nncfuse
+    assert lookup_backend("nncfuse_ts") is backend.nncfuse_ts
+
+
+def test_dynamo_loads_the_entry_point_and_import_nncfuse_does_not_import_dynamo():
+    # A fresh process: Dynamo finds the names as entry points (as after `pip install`) and
+    # imports nncfuse.backend itself, which then must not register them a second time.
+    code = textwrap.dedent("""
+        import sys
+        import torch
+        import nncfuse
+        assert "torch._dynamo" not in sys.modules, "import nncfuse imported torch._dynamo"
+        assert "nncfuse.backend" not in sys.modules
+        from importlib.metadata import EntryPoint
+        from torch._dynamo.backends import registry
+        registry._lazy_import()
+        for name in ("nncfuse", "nncfuse_ts"):
+            registry._BACKENDS[name] = EntryPoint(
+                name, f"nncfuse.backend:{name}", "torch_dynamo_backends")
+        f = torch.compile(lambda x: torch.sigmoid(x) * 2.0 + 1.0, backend="nncfuse")
+        x = torch.randn(8)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), torch.sigmoid(x) * 2.0 + 1.0)
+        import nncfuse.backend
+        assert registry.lookup_backend("nncfuse") is nncfuse.backend.nncfuse
+        assert registry.lookup_backend("nncfuse_ts") is nncfuse.backend.nncfuse_ts
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+# -- inference ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", BACKENDS)
+def test_an_elementwise_chain_runs_one_kernel(backend, name, monkeypatch, capsys):
+    monkeypatch.setenv("NNCFUSE_LOG_LEVEL", ">backend")
+    _run(chain, torch.randn(16, 16), torch.randn(16, 16), backend_name=name)
+    kind = "inference" if name == "nncfuse" else "dynamo"
+    assert _groups(backend.compiled_graphs()) == [(kind, [1])]
+    (compiled,) = backend.compiled_graphs()
+    assert compiled.reason is None and compiled.policy.compile_failures == []
+    log = capsys.readouterr().err
+    assert "converted to TorchScript" in log and "1 group(s); 5 of 5 compute nodes fused" in log
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_graph_break_gives_two_graphs_both_fused(backend, name):
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            y = torch.sigmoid(x) * 2.0
+            torch._dynamo.graph_break()
+            return torch.tanh(y) + x
+
+    _run(Net(), torch.randn(4, 8), backend_name=name)
+    assert [groups for _, groups in _groups(backend.compiled_graphs())] == [[1], [1]]
+
+
+def test_ops_without_a_lowering_run_unfused(backend, monkeypatch, capsys):
+    monkeypatch.setenv("NNCFUSE_LOG_LEVEL", ">backend")
+
+    def f(x):
+        y = torch.cumsum(torch.sigmoid(x) * x, 0)
+        return torch.nn.functional.layer_norm(y, (8,)) * 2.0 + 1.0
+
+    _run(f, torch.randn(4, 8))
+    assert _groups(backend.compiled_graphs()) == [("inference", [2])]
+    log = capsys.readouterr().err
+    assert "no lowering: aten::cumsum" in log and "native_layer_norm" in log
+
+
+def test_mm_and_elementwise(backend):
+    def f(a, b):
+        return torch.relu(torch.mm(a, b) + 1.0) * torch.sigmoid(a)
+
+    _run(f, torch.randn(8, 8), torch.randn(8, 8))
+    assert _groups(backend.compiled_graphs()) == [("inference", [1])]
+
+
+def _varargs(x, *rest):  # TorchScript compiles no varargs
+    return x + len(rest)
+
+
+def test_a_graph_torchscript_cannot_take_runs_as_the_fx_graph(backend):
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(torch.sigmoid, (graph.call_function(_varargs, (x,)),))
+    graph.output(graph.call_function(torch.mul, (y, 2.0)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    x = torch.randn(5)
+    compiled = backend.nncfuse_ts(gm, [x])
+    torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 2.0)
+    assert compiled.program is None and compiled.reason.startswith("not converted to TorchScript")
+
+
+def test_constants_folded_at_compile_time_are_real_tensors(backend):
+    # Backends compile under Dynamo's fake-tensor mode; the causal mask of AOTAutograd's
+    # attention folds into a constant, which must not be a fake tensor.
+    def attend(q):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    _run(attend, torch.randn(1, 4, 3), calls=3)
+    (compiled,) = backend.compiled_graphs()
+    assert compiled.reason is None and compiled.program is not None
+
+
+def test_a_torchscript_run_that_fails_falls_back_to_the_fx_graph(backend):
+    gm = torch.fx.symbolic_trace(lambda x: torch.sigmoid(x) * 2.0)
+    compiled = backend.nncfuse_ts(gm, [torch.randn(3)])
+
+    def fails(*args):
+        raise RuntimeError("a TorchScript failure\nin detail")
+
+    compiled.policy.call = fails
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), torch.sigmoid(x) * 2.0)
+    assert compiled.program is None
+    assert compiled.reason == ("the TorchScript program failed: RuntimeError: "
+                               "a TorchScript failure ... in detail")
+
+
+def test_tensor_constants_read_from_the_graph_module(backend):
+    _run(lambda a: a * torch.tensor([1.0, 2.0, 3.0]) + 1.0, torch.randn(4, 3))
+    (compiled,) = backend.compiled_graphs()
+    assert compiled.program.receiver is not None  # a get_attr: the graph keeps `self`
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_dynamic_shapes_from_dynamo(backend, name):
+    f = torch.compile(lambda a: torch.sigmoid(a) * a + 1.0, backend=name, dynamic=True)
+    for n in (3, 5, 9):
+        a = torch.randn(n, 4)
+        with torch.no_grad():
+            for _ in range(2):
+                torch.testing.assert_close(f(a), torch.sigmoid(a) * a + 1.0)
+    # One graph, sizes as inputs; nncfuse specializes each signature (statically, as nncfuse.jit)
+    (compiled,) = backend.compiled_graphs()
+    assert [len(nncfuse.fusion_groups(g)) for g in compiled.graphs()] == [1, 1, 1]
+
+
+# -- training ----------------------------------------------------------------------------------
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)) * 1.5 + 0.5)
+
+
+def test_training_an_mlp_matches_eager(backend):
+    model = MLP()
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    x = torch.randn(4, 16)
+    for _ in range(2):  # profiling, then the kernels
+        for m in (model, compiled_model):
+            m.zero_grad()
+        expected, got = model(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        expected.square().sum().backward()
+        got.square().sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    kinds = _groups(backend.compiled_graphs())
+    assert [k for k, _ in kinds] == ["forward", "backward"]
+    assert all(groups and min(groups) >= 1 for _, groups in kinds)
+
+
+def test_gradcheck_through_the_backend(backend):
+    def f(a, b):
+        return torch.sigmoid(a * b) * torch.tanh(b) + a
+
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(torch.compile(f, backend="nncfuse"), (a, b))
+    kinds = _groups(backend.compiled_graphs())
+    assert [k for k, _ in kinds] == ["forward", "backward"]
+    assert all(groups and min(groups) >= 1 for _, groups in kinds)
+
+
+def test_training_through_ops_without_lowerings_matches_eager(backend):
+    # native_layer_norm and its backward have no lowering; relu's and sigmoid's backward
+    # decompose into ops that fuse.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 8), torch.nn.Sigmoid())
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        for m in (model, compiled_model):
+            m.zero_grad()
+        expected, got = model(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        (expected * 3.0).sum().backward()
+        (got * 3.0).sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    (forward, backward) = backend.compiled_graphs()
+    assert backward.reason is None and nncfuse.fusion_groups(backward.graphs()[0])
+
+
+def test_training_with_dynamic_sizes_converts_the_size_inputs(backend):
+    # AOTAutograd's graphs take symbolic sizes as unannotated inputs: they are ints.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse", dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 8)
+        for m in (model, compiled_model):
+            m.zero_grad()
+        expected, got = model(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        expected.sum().backward()
+        got.sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    graphs = backend.compiled_graphs()
+    assert [(g.kind, g.reason) for g in graphs] == [("forward", None), ("backward", None)]
+    assert any(isinstance(v.type(), torch._C.IntType) for v in graphs[0].graph.inputs())
+
+
+def test_nncfuse_disable_runs_the_fx_graphs(backend, monkeypatch):
+    monkeypatch.setenv("NNCFUSE_DISABLE", "1")
+    _run(chain, torch.randn(8), torch.randn(8))
+    (compiled,) = backend.compiled_graphs()
+    assert compiled.graphs() == []  # no signature was optimized
