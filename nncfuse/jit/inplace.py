@@ -1,0 +1,298 @@
+"""inplace: in-place writes to graph inputs as functional ops and one explicit write-back.
+
+TorchScript's `_jit_pass_remove_mutation` removes the mutation of values the
+graph creates; writes to its inputs remain, and the AliasDb keeps every later
+reader of such an input out of groups. This pass, on the profiled graph,
+rewrites the writes to an input `x` that it can prove exact:
+
+    %r = aten::add_(%x, %y, %1)               %v = aten::add(%x, %y, %1)
+    %z = aten::mul(%x, %2)           ==>      %z = aten::mul(%v, %2)
+    return (%x)                               %w = aten::copy_(%x, %v, %false)   # write-back
+                                              return (%x)
+
+Every in-place op on `x` becomes its functional op (when eager's functional
+result has `x`'s dtype and sizes, as the in-place one must), later readers
+read the new value, and one `aten::copy_` just before the return writes the
+last value into `x`'s storage. A slice assignment (`x[:, :n] = e`: a chain of
+views of `x` and a `copy_` into it) is a write-back of its own, kept where it
+is, when nothing reads `x` after it. The fuser fuses write-backs (`is
+write_back`), the kernel stores them into the input's buffer after every
+other loop nest (so every read of the old values comes first), and the guard
+checks at run time that the written input overlaps no other input.
+
+What is left alone (and stays unfused, as before): inputs used inside `if` or
+loop bodies, inputs with views other than a slice assignment's, inputs some
+other op writes (or that escape into a list), in-place ops whose result would
+change dtype or shape (eager raises or casts), writes mixed with a view write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import log
+from ..tensorexpr.lowerings import aliases, lowering_for
+from ..tensorexpr.meta import TensorMeta, is_tensor
+
+_log = log.get_logger(__file__)
+
+#: Kinds whose node marks the write-back of a functionalized input.
+WRITE_BACK = "aten::copy_"
+
+
+def _schema(node: Any) -> Any | None:
+    try:
+        return torch._C.parse_schema(node.schema())
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _writes(node: Any, offset: int) -> bool:
+    """Whether `node` may write its input `offset` (unknown schemas: yes)."""
+    schema = _schema(node)
+    if schema is None:
+        return node.kind() not in ("prim::TupleConstruct", "prim::ListConstruct", "prim::Return")
+    if offset >= len(schema.arguments):
+        return True
+    info = schema.arguments[offset].alias_info
+    return info is not None and info.is_write
+
+
+def _returns_alias(node: Any) -> bool:
+    schema = _schema(node)
+    if schema is None:
+        return node.kind() not in ("prim::TupleConstruct", "prim::Return", "prim::ListConstruct")
+    return aliases(node) or any(r.alias_info is not None for r in schema.returns)
+
+
+def _example(value: Any) -> Any:
+    meta = TensorMeta.from_type(value.type()) if is_tensor(value) else None
+    if meta is not None:
+        return meta.empty("meta")
+    if value.node().kind() == "prim::Constant":
+        return value.toIValue()
+    return {"FloatType": 1.0, "IntType": 1, "BoolType": True}.get(value.type().kind(), _NO)
+
+
+_NO = object()
+
+
+def _functional(node: Any) -> Any | None:
+    """The functional kind of in-place `node` if it has a lowering and eager's functional
+    result has the dtype and sizes of the written input; else None."""
+    kind = node.kind()
+    if kind == WRITE_BACK or not kind.endswith("_") or kind.endswith("__"):
+        return None
+    functional = kind[:-1]
+    schema = _schema(node)
+    target = TensorMeta.from_type(node.inputsAt(0).type())
+    if schema is None or target is None:
+        return None
+    args, kwargs = [], {}
+    for arg, value in zip(schema.arguments, node.inputs()):
+        example = _example(value)
+        if example is _NO:
+            return None
+        if arg.kwarg_only:
+            kwargs[arg.name] = example
+        else:
+            args.append(example)
+    try:
+        result = getattr(torch.ops.aten, functional.split("::")[1])(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - no such op, or eager rejects these operands
+        return None
+    if not isinstance(result, torch.Tensor) or result.dtype != target.dtype:
+        return None
+    if tuple(result.shape) != tuple(target.sizes):
+        return None
+    return functional
+
+
+def _chain_root(value: Any) -> tuple[Any, list[Any]]:
+    """The value at the root of `value`'s chain of view nodes, and the chain's nodes."""
+    chain = []
+    while value.node().kind() != "prim::Param" and aliases(value.node()):
+        chain.append(value.node())
+        value = value.node().inputsAt(0)
+    return value, chain
+
+
+def _escapes_to_return(node: Any) -> bool:
+    return node.kind() == "prim::Return" or (
+        node.kind() == "prim::TupleConstruct"
+        and all(u.user.kind() == "prim::Return" for u in node.output().uses())
+    )
+
+
+class _Plan:
+    """What to do with one input: functionalize `ops`, or keep one view write `view_write`."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[Any, str]] = []  # in-place nodes and their functional kinds
+        self.view_write: Any | None = None
+
+
+def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
+    """How to rewrite the writes to input `x`, or None to leave them (and `x`) alone."""
+    top = graph.block()
+    versions = {x.unique()}  # x and the results of in-place ops on it
+    plan = _Plan()
+    ty = TensorMeta.from_type(x.type())
+    if ty is None or ty.requires_grad:
+        return None
+    for node in graph.nodes():
+        used = [k for k, v in enumerate(node.inputs()) if v.unique() in versions]
+        if not used:
+            continue
+        if node.owningBlock() != top or list(node.blocks()):
+            return None
+        if plan.view_write is not None and _escapes_to_return(node):
+            continue
+        if plan.view_write is not None:
+            return None  # read after a view write
+        if node.kind() == WRITE_BACK and used == [1]:
+            continue  # a copy of x into something else: a read
+        if _writes(node, 0) and used == [0] and node.kind() == WRITE_BACK:
+            plan.ops.append((node, "copy"))
+            versions.add(node.output().unique())
+            continue
+        if _writes(node, 0) and used == [0]:
+            functional = _functional(node)
+            if functional is None:
+                return None
+            plan.ops.append((node, functional))
+            versions.add(node.output().unique())
+            continue
+        if any(_writes(node, k) for k in used):
+            return None
+        if _returns_alias(node):
+            if plan.ops or not _view_write(node, versions):
+                return None
+            plan.view_write = _view_write(node, versions)
+            continue
+        if node.kind() == "prim::ListConstruct":
+            readers = [u.user.kind() for u in node.output().uses()]
+            if readers != ["aten::cat"] and readers != ["aten::stack"]:
+                return None
+    for node in list(graph.nodes()) + [graph.return_node()]:
+        for v in node.outputs() if node.kind() != "prim::Return" else ():
+            if v.unique() in versions and any(u.user.owningBlock() != top for u in v.uses()):
+                return None
+    if any(u.user.owningBlock() != top for u in x.uses()):
+        return None
+    for k, (node, functional) in enumerate(plan.ops):
+        if functional == "copy" and not _copy_is_exact(node, last=k == len(plan.ops) - 1):
+            return None
+    if not plan.ops and plan.view_write is None:
+        return None
+    return plan
+
+
+def _copy_is_exact(node: Any, last: bool) -> bool:
+    """A whole `x.copy_(y)`: exact as a write-back when it is the last write, or when `y` has
+    `x`'s dtype and sizes (later readers read `y`)."""
+    dst = TensorMeta.from_type(node.inputsAt(0).type())
+    src = TensorMeta.from_type(node.inputsAt(1).type()) if is_tensor(node.inputsAt(1)) else None
+    if dst is None or src is None:
+        return False
+    return last or (src.dtype == dst.dtype and src.sizes == dst.sizes)
+
+
+def _view_write(view: Any, versions: set[int]) -> Any | None:
+    """The `copy_` of a slice assignment that the view node `view` starts, if its chain of
+    views is used by nothing else and `x` is not read after it; else None."""
+    if lowering_for(view)[0] is None:
+        return None
+    value = view.output()
+    while True:
+        uses = list(value.uses())
+        if len(uses) != 1:
+            return None
+        user, offset = uses[0].user, uses[0].offset
+        if user.kind() == WRITE_BACK and offset == 0:
+            if any(u.user.kind() != "prim::Return" for u in user.output().uses()):
+                return None
+            return user if is_tensor(user.inputsAt(1)) else None
+        if offset != 0 or not aliases(user) or lowering_for(user)[0] is None:
+            return None
+        value = user.output()
+
+
+def functionalize_input_writes(graph: torch._C.Graph) -> set[Any]:
+    """Rewrite the writes to graph inputs that are exact to rewrite (module docstring), in
+    place; return the write-back nodes and the values only they write (for the fuser)."""
+    exempt: set[Any] = set()
+    for x in list(graph.inputs()):
+        if not is_tensor(x):
+            continue
+        plan = _plan(graph, x)
+        if plan is None:
+            continue
+        if plan.view_write is not None:
+            copy = plan.view_write
+            root, chain = _chain_root(copy.inputsAt(0))
+            exempt.update({copy, x, copy.output(), *(n.output() for n in chain)})
+            _log.update("Slice assignment into input %", x.debugName(), " is a write-back")
+            continue
+        _functionalize(graph, x, plan, exempt)
+    return exempt
+
+
+def _functionalize(graph: torch._C.Graph, x: Any, plan: _Plan, exempt: set[Any]) -> None:
+    cur = x
+    rewritten = {n for n, _ in plan.ops}
+    versions = {x.unique()}
+    for node in list(graph.nodes()):
+        if node in rewritten:
+            functional = dict((n, f) for n, f in plan.ops)[node]
+            versions.add(node.output().unique())
+            if functional == "copy":
+                cur = node.inputsAt(1)
+            else:
+                with graph.insert_point_guard(node):
+                    inputs = [cur, *list(node.inputs())[1:]]
+                    new = graph.insertNode(graph.create(functional, inputs, 1))
+                    new.output().setType(node.output().type())
+                    new.copyMetadata(node)
+                cur = new.output()
+            node.output().replaceAllUsesWith(x)
+            node.destroy()
+            continue
+        if cur is x:
+            continue
+        for k, v in enumerate(list(node.inputs())):
+            if v.unique() in versions and v is not cur and not _escapes_to_return(node):
+                node.replaceInput(k, cur)
+    for k, v in enumerate(list(graph.return_node().inputs())):
+        if v.unique() in versions:
+            graph.return_node().replaceInput(k, x)
+    if cur is x:
+        return
+    with graph.insert_point_guard(graph.return_node()):
+        flag = graph.insertConstant(False)
+        copy = graph.insertNode(graph.create(WRITE_BACK, [x, cur, flag], 1))
+        copy.output().setType(x.type())
+    _log.update("Writes to input %", x.debugName(), " are functional, with one write-back")
+    exempt.update({copy, x, copy.output()})
+
+
+def is_write_back(node: Any, exempt: set[Any]) -> bool:
+    return node.kind() == WRITE_BACK and node in exempt
+
+
+def only_write_backs(block: Any, exempt: set[Any]) -> bool:
+    """Whether the write-backs in `exempt` are the only nodes of `block` (and its nested
+    blocks) that write to a tensor."""
+    for node in block.nodes():
+        if any(not only_write_backs(b, exempt) for b in node.blocks()):
+            return False
+        if node in exempt:
+            continue
+        schema = _schema(node)
+        if schema is not None and any(
+            a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
+        ):
+            return False
+    return True
