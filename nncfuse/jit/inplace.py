@@ -278,11 +278,11 @@ def _functionalize(graph: torch._C.Graph, x: Any, plan: _Plan, exempt: set[Any])
     exempt.update({copy, x, copy.output()})
 
 
-def is_write_back(node: Any, exempt: set[Any]) -> bool:
+def is_write_back(node: Any, exempt: frozenset[Any]) -> bool:
     return node.kind() == WRITE_BACK and node in exempt
 
 
-def only_write_backs(block: Any, exempt: set[Any]) -> bool:
+def only_write_backs(block: Any, exempt: frozenset[Any]) -> bool:
     """Whether the write-backs in `exempt` are the only nodes of `block` (and its nested
     blocks) that write to a tensor."""
     for node in block.nodes():
@@ -296,3 +296,23 @@ def only_write_backs(block: Any, exempt: set[Any]) -> bool:
         ):
             return False
     return True
+
+
+def written_inputs(graph: torch._C.Graph, skip: int = 0) -> tuple[int, ...]:
+    """Positions (less `skip`, for a module's `self`) of the graph inputs that a `copy_` in
+    `graph` (nested blocks included: guards' fallbacks) writes, directly or through views.
+    The fused ops' write-backs write the same inputs as their fallbacks."""
+    position = {v.unique(): k for k, v in enumerate(graph.inputs())}
+    found: set[int] = set()
+
+    def visit(block: Any) -> None:
+        for node in block.nodes():
+            for sub in node.blocks():
+                visit(sub)
+            if node.kind() == WRITE_BACK:
+                root, _ = _chain_root(node.inputsAt(0))
+                if root.unique() in position and position[root.unique()] >= skip:
+                    found.add(position[root.unique()] - skip)
+
+    visit(graph.block())
+    return tuple(sorted(found))

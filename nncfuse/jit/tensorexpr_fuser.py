@@ -42,7 +42,9 @@ def _body_size(group: Any) -> int:
 
 
 class _Fuser:
-    def __init__(self, graph: torch._C.Graph, options: Options, write_backs: set[Any] = frozenset()):
+    def __init__(
+        self, graph: torch._C.Graph, options: Options, write_backs: frozenset[Any] = frozenset()
+    ):
         self.graph = graph
         self.options = options
         aliases = graph.alias_db()
@@ -281,7 +283,7 @@ def fuse_tensor_exprs(graph: torch._C.Graph, options: Options) -> list[guard.Com
     failed to compile (they run unfused)."""
     _log.dump("Before TExprFuser:\n", graph)
     _chunks_to_slices(graph, graph.block())
-    write_backs = functionalize_input_writes(graph)
+    write_backs = frozenset(functionalize_input_writes(graph))
     _Fuser(graph, options, write_backs).run(graph.block())
     _log.dump("After creating fusion groups:\n", graph)
     groups = [n for n in fusion_groups(graph) if is_group(n)]
