@@ -273,7 +273,10 @@ def _functionalize(graph: torch._C.Graph, x: Any, plan: _Plan, exempt: set[Any])
     with graph.insert_point_guard(graph.return_node()):
         flag = graph.insertConstant(False)
         copy = graph.insertNode(graph.create(WRITE_BACK, [x, cur, flag], 1))
-        copy.output().setType(x.type())
+    # The constant first: between `cur` and the write-back it would keep them apart (the
+    # fuser moves nodes only past values their consumer does not take).
+    copy.output().setType(x.type())
+    flag.node().moveBefore(next(iter(graph.nodes())))
     _log.update("Writes to input %", x.debugName(), " are functional, with one write-back")
     exempt.update({copy, x, copy.output()})
 
