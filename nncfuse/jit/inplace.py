@@ -119,6 +119,11 @@ def _chain_root(value: Any) -> tuple[Any, list[Any]]:
     return value, chain
 
 
+def chain_root(value: Any) -> Any:
+    """The value `value` is a view of, through any number of view nodes (or itself)."""
+    return _chain_root(value)[0]
+
+
 def _escapes_to_return(node: Any) -> bool:
     return node.kind() == "prim::Return" or (
         node.kind() == "prim::TupleConstruct"
@@ -182,22 +187,22 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
                 return None
     if any(u.user.owningBlock() != top for u in x.uses()):
         return None
-    for k, (node, functional) in enumerate(plan.ops):
-        if functional == "copy" and not _copy_is_exact(node, last=k == len(plan.ops) - 1):
+    for node, functional in plan.ops:
+        if functional == "copy" and not _copy_is_exact(node):
             return None
     if not plan.ops and plan.view_write is None:
         return None
     return plan
 
 
-def _copy_is_exact(node: Any, last: bool) -> bool:
-    """A whole `x.copy_(y)`: exact as a write-back when it is the last write, or when `y` has
-    `x`'s dtype and sizes (later readers read `y`)."""
+def _copy_is_exact(node: Any) -> bool:
+    """A whole `x.copy_(y)`: exact when `y` has `x`'s dtype and sizes (later readers of `x`
+    read `y`)."""
     dst = TensorMeta.from_type(node.inputsAt(0).type())
     src = TensorMeta.from_type(node.inputsAt(1).type()) if is_tensor(node.inputsAt(1)) else None
     if dst is None or src is None:
         return False
-    return last or (src.dtype == dst.dtype and src.sizes == dst.sizes)
+    return src.dtype == dst.dtype and src.sizes == dst.sizes
 
 
 def _view_write(view: Any, versions: set[int]) -> Any | None:

@@ -32,7 +32,7 @@ from ..config import Options
 from ..tensorexpr.lowerings import aliases
 from ..tensorexpr.meta import is_tensor
 from . import guard
-from .inplace import functionalize_input_writes, is_write_back, only_write_backs
+from .inplace import chain_root, functionalize_input_writes, is_write_back, only_write_backs
 from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
 from .supported import why_not_fusible, why_not_write_back
 
@@ -152,7 +152,7 @@ class _Fuser:
 def _written_inputs(node: Any) -> set[int]:
     """The values that write-backs in `node` (a write-back, or a group) store into."""
     if not is_group(node):
-        return {node.inputsAt(0).unique()} if node.kind() == "aten::copy_" else set()
+        return {chain_root(node.inputsAt(0)).unique()} if node.kind() == "aten::copy_" else set()
     subgraph = node.g("Subgraph")
     outer = {v.unique(): o for v, o in zip(subgraph.inputs(), node.inputs())}
     found = set()
@@ -167,13 +167,16 @@ def _written_inputs(node: Any) -> set[int]:
 
 def _crosses_write_back(producer: Any, consumer: Any) -> bool:
     """Whether joining `producer` and `consumer` could move a node that reads an input across
-    the write-back (in either) that stores into it."""
+    a write-back that stores into it: a write-back in either and a reader between them, or
+    a write-back between them and a reader among the two (which one moves past the nodes
+    between is `_move_together`'s choice)."""
     written = _written_inputs(producer) | _written_inputs(consumer)
-    if not written:
-        return False
+    read = {v.unique() for v in (*producer.inputs(), *consumer.inputs())}
     node = consumer.prev()
     while node != producer and node.kind() != "prim::Param":
         if any(v.unique() in written for v in node.inputs()):
+            return True
+        if _written_inputs(node) & read:
             return True
         node = node.prev()
     return False

@@ -333,3 +333,23 @@ def test_scale_and_causal_mask_written_into_the_scores(use_llvm):
     f = check(mask_scores, s, mask, use_llvm=use_llvm)
     (ops,) = _ops(f, s, mask)
     assert {"aten::masked_fill", "aten::copy_", "aten::slice"} <= set(ops)
+
+
+def test_a_read_of_the_old_value_does_not_move_past_the_write_back():
+    def f(x0, x1):  # from fuzz seed 700017: hardsigmoid(x0) must read x0 before neg_
+        v0 = torch.nn.functional.hardsigmoid(x0)
+        x0.neg_()
+        v3 = x0.sum(-1, keepdim=True)  # not fusible: splits the groups
+        v5 = torch.log(v0 + 0.5)
+        return torch.lerp(x0, v5, x1) + v3
+
+    check(f, torch.rand(4, dtype=torch.float64), torch.rand((), dtype=torch.float64), groups=2)
+
+
+def test_a_copy_of_another_dtype_and_shape_is_read_as_the_input():
+    def f(x0, x1):  # from fuzz seed 700081: later readers must see x0's dtype and shape
+        x0.copy_(x1)
+        return torch.rsqrt(x0) * 2
+
+    check(f, torch.rand(1, 3, dtype=torch.bfloat16), torch.randint(1, 5, (3,), dtype=torch.int32),
+          groups=None)
