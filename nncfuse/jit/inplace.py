@@ -28,6 +28,7 @@ change dtype or shape (eager raises or casts), writes mixed with a view write.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -137,6 +138,7 @@ class _Plan:
     def __init__(self) -> None:
         self.ops: list[tuple[Any, str]] = []  # in-place nodes and their functional kinds
         self.view_write: Any | None = None
+        self.readers_after: list[Any] = []  # nodes reading x after the view write
 
 
 def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
@@ -155,8 +157,13 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
             return None
         if plan.view_write is not None and _escapes_to_return(node):
             continue
-        if plan.view_write is not None:
-            return None  # read after a view write
+        if plan.view_write is not None:  # a read of the new value: of its rebuilt value
+            if any(_writes(node, k) for k in used) or _returns_alias(node):
+                return None
+            if node.kind() == "prim::ListConstruct" and not _into_cat(node):
+                return None
+            plan.readers_after.append(node)
+            continue
         if node.kind() == WRITE_BACK and used == [1]:
             continue  # a copy of x into something else: a read
         if _writes(node, 0) and used == [0] and node.kind() == WRITE_BACK:
@@ -177,10 +184,8 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
                 return None
             plan.view_write = _view_write(node, versions)
             continue
-        if node.kind() == "prim::ListConstruct":
-            readers = [u.user.kind() for u in node.output().uses()]
-            if readers != ["aten::cat"] and readers != ["aten::stack"]:
-                return None
+        if node.kind() == "prim::ListConstruct" and not _into_cat(node):
+            return None
     for node in list(graph.nodes()) + [graph.return_node()]:
         for v in node.outputs() if node.kind() != "prim::Return" else ():
             if v.unique() in versions and any(u.user.owningBlock() != top for u in v.uses()):
@@ -192,7 +197,84 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
             return None
     if not plan.ops and plan.view_write is None:
         return None
+    if plan.readers_after and _slices(plan.view_write) is None:
+        return None
     return plan
+
+
+def _into_cat(node: Any) -> bool:
+    readers = [u.user.kind() for u in node.output().uses()]
+    return readers in (["aten::cat"], ["aten::stack"])
+
+
+def _slices(copy: Any) -> list[tuple[Any, int, int, int]] | None:
+    """The view chain of slice assignment `copy` as (base, dim, start, end), from the one
+    nearest the written value out, when every view is a constant slice with step 1 and the
+    assigned value has the view's dtype and sizes; else None."""
+    dst, src = copy.inputsAt(0), copy.inputsAt(1)
+    view, value = TensorMeta.from_type(dst.type()), TensorMeta.from_type(src.type())
+    if view is None or value is None or (view.dtype, view.sizes) != (value.dtype, value.sizes):
+        return None
+    found = []
+    for node in _chain_root(dst)[1]:
+        base = TensorMeta.from_type(node.inputsAt(0).type())
+        if node.kind() != "aten::slice" or base is None or base.sizes == ():
+            return None
+        operands = [v.toIValue() if v.node().kind() == "prim::Constant" else "?"
+                    for v in list(node.inputs())[1:]]
+        if "?" in operands or operands[3] != 1:
+            return None
+        dim = operands[0] % len(base.sizes)
+        start, end, _ = slice(operands[1], operands[2]).indices(base.sizes[dim])
+        found.append((node.inputsAt(0), dim, start, max(start, end)))
+    return found
+
+
+def _typed(node: Any, example: torch.Tensor) -> Any:
+    node.output().setType(replace(TensorMeta.of(example), device=torch.device("cpu")).to_type())
+    return node.output()
+
+
+def _rebuild(graph: torch._C.Graph, copy: Any) -> Any:
+    """The new value of the input a slice assignment `copy` writes: the assigned value between
+    the input's slices before and after it, dimension by dimension (`cat`):
+
+        x[:, 2:5] = e   ->   cat([x[:, 0:2], e, x[:, 5:]], 1)
+    """
+    top = next(iter(graph.nodes()))
+    prev, new = copy, copy.inputsAt(1)
+    example = TensorMeta.from_type(new.type()).empty("meta")
+
+    def const(value: Any) -> Any:
+        with graph.insert_point_guard(top):
+            return graph.insertConstant(value)
+
+    def add(node: Any) -> Any:
+        nonlocal prev
+        node.insertAfter(prev)
+        prev = node
+        return node
+
+    for base, dim, start, end in _slices(copy) or ():
+        whole = TensorMeta.from_type(base.type()).empty("meta")
+        parts, examples = [], []
+        for lo, hi, inner in ((0, start, None), (start, end, new), (end, whole.shape[dim], None)):
+            if inner is not None:
+                parts.append(inner)
+                examples.append(example)
+            elif hi > lo:
+                part = add(graph.create("aten::slice", [base, const(dim), const(lo), const(hi),
+                                                         const(1)], 1))
+                examples.append(whole.narrow(dim, lo, hi - lo))
+                parts.append(_typed(part, examples[-1]))
+        if len(parts) > 1:
+            items = add(graph.create("prim::ListConstruct", parts, 1))
+            items.output().setType(torch._C.ListType.ofTensors())
+            example = torch.cat(examples, dim)
+            new = _typed(add(graph.create("aten::cat", [items.output(), const(dim)], 1)), example)
+        else:
+            example = example.expand(whole.shape) if example.shape != whole.shape else example
+    return new
 
 
 def _copy_is_exact(node: Any) -> bool:
@@ -239,6 +321,12 @@ def functionalize_input_writes(graph: torch._C.Graph) -> set[Any]:
             copy = plan.view_write
             root, chain = _chain_root(copy.inputsAt(0))
             exempt.update({copy, x, copy.output(), *(n.output() for n in chain)})
+            if plan.readers_after:
+                new = _rebuild(graph, copy)
+                for node in plan.readers_after:
+                    for k, v in enumerate(list(node.inputs())):
+                        if v == x:
+                            node.replaceInput(k, new)
             _log.update("Slice assignment into input %", x.debugName(), " is a write-back")
             continue
         _functionalize(graph, x, plan, exempt)

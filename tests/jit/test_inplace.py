@@ -353,3 +353,28 @@ def test_a_copy_of_another_dtype_and_shape_is_read_as_the_input():
 
     check(f, torch.rand(1, 3, dtype=torch.bfloat16), torch.randint(1, 5, (3,), dtype=torch.int32),
           groups=None)
+
+
+def slice_then_read(x, y):
+    x[..., 2:5] = torch.tanh(y)
+    return x * 2
+
+
+def box_then_read(x, y):
+    x[1:3, :4] = y * y
+    return torch.sigmoid(x) + x[0:1]  # a view of x after the write: left unfused
+
+
+def rows_then_read(x, y):
+    x[2:4] = y + 1
+    return x.relu()
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_readers_after_a_slice_assignment_read_the_new_value(use_llvm):
+    f = check(slice_then_read, torch.randn(3, 4, 7), torch.randn(3, 4, 3), use_llvm=use_llvm)
+    (ops,) = _ops(f, torch.randn(3, 4, 7), torch.randn(3, 4, 3))
+    assert {"aten::cat", "aten::copy_", "aten::tanh", "aten::mul"} <= set(ops)
+    check(rows_then_read, torch.randn(6, 5), torch.randn(2, 5), use_llvm=use_llvm)
+    check(rows_then_read, torch.randn(5, 6).t(), torch.randn(2, 5), use_llvm=use_llvm)
+    check(box_then_read, torch.randn(5, 6), torch.randn(2, 4), use_llvm=use_llvm, groups=None)
