@@ -147,8 +147,8 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
     versions = {x.unique()}  # x and the results of in-place ops on it
     plan = _Plan()
     ty = TensorMeta.from_type(x.type())
-    if ty is None or ty.requires_grad:
-        return None
+    if ty is None or ty.requires_grad or not _distinct_elements(ty):
+        return None  # (eager refuses to write into a tensor whose elements share memory)
     for node in graph.nodes():
         used = [k for k, v in enumerate(node.inputs()) if v.unique() in versions]
         if not used:
@@ -200,6 +200,17 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
     if plan.readers_after and _slices(plan.view_write) is None:
         return None
     return plan
+
+
+def _distinct_elements(meta: TensorMeta) -> bool:
+    """Whether no two elements of a tensor laid out as `meta` share memory."""
+    reach = 0  # the largest offset the dimensions so far reach
+    for size, stride in sorted(((n, abs(st)) for n, st in zip(meta.sizes, meta.strides)
+                                if n > 1), key=lambda d: d[1]):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
 
 
 def _into_cat(node: Any) -> bool:
@@ -301,6 +312,9 @@ def _view_write(view: Any, versions: set[int]) -> Any | None:
         if user.kind() == WRITE_BACK and offset == 0:
             if any(u.user.kind() != "prim::Return" for u in user.output().uses()):
                 return None
+            dst = TensorMeta.from_type(value.type())
+            if dst is None or not _distinct_elements(dst):
+                return None  # a broadcast view: eager refuses the write
             return user if is_tensor(user.inputsAt(1)) else None
         if offset != 0 or not aliases(user) or lowering_for(user)[0] is None:
             return None

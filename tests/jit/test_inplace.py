@@ -8,6 +8,7 @@ from torch import nn
 import nncfuse
 from nncfuse.jit import inplace
 from nncfuse.tensorexpr.codegen.entry import overlaps
+from nncfuse.tensorexpr.meta import TensorMeta
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
 
@@ -378,3 +379,24 @@ def test_readers_after_a_slice_assignment_read_the_new_value(use_llvm):
     check(rows_then_read, torch.randn(6, 5), torch.randn(2, 5), use_llvm=use_llvm)
     check(rows_then_read, torch.randn(5, 6).t(), torch.randn(2, 5), use_llvm=use_llvm)
     check(box_then_read, torch.randn(5, 6), torch.randn(2, 4), use_llvm=use_llvm, groups=None)
+
+
+def test_writes_into_elements_that_share_memory_raise_as_eager():
+    def through_expand(x, y):
+        x.unsqueeze(0).expand(3, 4)[0:3].copy_(y)
+        return x * 2
+
+    def into_expanded(x, y):
+        x.add_(y)
+        return x * 2
+
+    for fn, x, y in [(through_expand, torch.randn(4), torch.randn(3, 4)),
+                     (into_expanded, torch.randn(3, 1).expand(3, 4), torch.randn(3, 4))]:
+        with pytest.raises(RuntimeError, match="single memory location"):
+            fn(x.clone() if fn is through_expand else x, y)
+        f = nncfuse.jit(fn)
+        with pytest.raises(RuntimeError, match="single memory location"):
+            f(x.clone() if fn is through_expand else x, y)
+    assert not inplace._distinct_elements(TensorMeta.of(torch.randn(3, 1).expand(3, 4)))
+    assert not inplace._distinct_elements(TensorMeta.of(torch.randn(9).as_strided((3, 3), (1, 1))))
+    assert inplace._distinct_elements(TensorMeta.of(torch.randn(4, 6)[:, ::2].t()))
