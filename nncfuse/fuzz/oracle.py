@@ -210,7 +210,11 @@ class _Spread:
         return inside | (got.isnan() & self.nan)
 
 
-def _is_noise(case: Case, k: int, got: Any, want: Any) -> bool:
+def _storages(args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+    return tuple(storage_of(a) for a in args if isinstance(a, torch.Tensor))
+
+
+def _is_noise(case: Case, k: int, got: Any, want: Any, with_inputs: bool = False) -> bool:
     """Whether eager, its approximate ops nudged (`Nudger`), reaches each value nncfuse gave.
 
     Nudged runs come in rounds, until nncfuse's values are all reached or
@@ -228,7 +232,10 @@ def _is_noise(case: Case, k: int, got: Any, want: Any) -> bool:
     nudged = case.program.eager(Nudger(k))
     for _ in range(NUDGE_ROUNDS):
         for _ in range(NUDGE_TRIALS):
-            out = _quiet_call(nudged, case.inputs[k])
+            written: list[Any] = []
+            out = _quiet_call(nudged, case.inputs[k], written)
+            if with_inputs and not isinstance(out, _Raised):  # and the inputs' storage
+                out = (*out, *_storages(written))
             if not isinstance(out, _Raised):
                 for spread, o in zip(spreads, out):
                     spread.add(o)
@@ -307,7 +314,9 @@ def _run_backend(case: Case, backend: str, script: Any, wants: list[Any], out: O
                  if isinstance(a, torch.Tensor) and a.data_ptr() != ptr]
         if (modified or moved) and not isinstance(wants[k], _Raised):
             message = f"inputs differ from eager's after the call: {modified + moved}; {message}"
-            kind = "mismatch"
+            noise = not moved and not isinstance(got, _Raised) and _is_noise(
+                case, k, (*got, *_storages(args)), (*wants[k], *_storages(after[k])), True)
+            kind = "unstable" if noise else "mismatch"
         if message:
             out.failures.append(Failure(backend, kind, call, message))
             return
