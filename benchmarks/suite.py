@@ -77,21 +77,28 @@ class Row:
     nncfuse_groups: int | None = None  # fusion groups in nncfuse's optimized graph
 
 
+def _fresh(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(t.clone() for t in inputs)
+
+
 def _first_calls(
-    contender: str, w: Workload, inputs: tuple[torch.Tensor, ...], expected: torch.Tensor
+    contender: str, w: Workload, inputs: tuple[torch.Tensor, ...], expected: torch.Tensor,
+    pristine: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[Callable[..., Any] | None, Outcome]:
-    """Build and call `contender` until steady, checking its results; None if it fails."""
+    """Build and call `contender` until steady, checking its results; None if it fails.
+    A workload that writes into its inputs is checked on copies of `pristine`."""
     outcome = Outcome()
+    checked = (lambda: _fresh(pristine)) if pristine is not None else (lambda: inputs)
     try:
         fn, build_s = timed_call(_build, contender, w.fn)
-        first, call_s = timed_call(fn, *inputs)
+        first, call_s = timed_call(fn, *checked())
         outcome.first_call_s = build_s + call_s
         _, outcome.second_call_s = timed_call(fn, *inputs)
         for _ in range(WARMUP_CALLS):
             fn(*inputs)
         # Check the first (profiling) call and a steady-state one: they take different paths.
         torch.testing.assert_close(first, expected)
-        torch.testing.assert_close(fn(*inputs), expected)
+        torch.testing.assert_close(fn(*checked()), expected)
     except Exception as e:  # noqa: BLE001 - any failure disqualifies, the suite goes on
         outcome.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
         print(f"  !! {contender} on {w.name}: {outcome.error}")
@@ -114,7 +121,8 @@ def run_workload(w: Workload, threads: int, args: argparse.Namespace) -> Row:
     """First calls, checks and interleaved timing of the selected contenders on `w`."""
     torch.manual_seed(0)
     inputs = w.inputs(args.quick)
-    expected = w.fn(*inputs)
+    pristine = _fresh(inputs) if w.mutates else None
+    expected = w.fn(*_fresh(inputs)) if w.mutates else w.fn(*inputs)
     # Dynamo caches compiled code per code object and does not guard on the thread count:
     # without a reset, a second size of the same function would get a dynamic-shape
     # recompile, and a second thread setting would reuse code built for the first.
@@ -123,7 +131,7 @@ def run_workload(w: Workload, threads: int, args: argparse.Namespace) -> Row:
     row = Row(w.name, threads, shape, w.numel(args.quick), os.getloadavg()[0])
     ready: dict[str, Callable[[], Any]] = {}
     for contender in args.contenders:
-        fn, row.outcomes[contender] = _first_calls(contender, w, inputs, expected)
+        fn, row.outcomes[contender] = _first_calls(contender, w, inputs, expected, pristine)
         if fn is None:
             continue
         ready[contender] = lambda fn=fn, xs=inputs: fn(*xs)

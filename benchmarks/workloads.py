@@ -138,6 +138,39 @@ def rms_norm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
+# -- fusion patterns of issue 11: gates, rotary embeddings, chunks, pads, in-place writes -------
+
+def lstm_cell_elementwise(gx, gh, b, c):
+    # An LSTM cell after its two GEMMs (gx = x @ W_ih.t(), gh = h @ W_hh.t()).
+    i, f, g, o = (gx + gh + b).chunk(4, 1)
+    c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c2), c2
+
+
+def rotary_embedding(q, cos, sin):
+    # Llama's apply_rotary_pos_emb on a (batch, heads, seq, dim) view of (batch, seq, hidden).
+    b, s, _ = q.shape
+    q = q.view(b, s, 16, 64).transpose(1, 2)
+    rotated = torch.cat((-q[..., 32:], q[..., :32]), dim=-1)
+    return q * cos + rotated * sin
+
+
+def chunk_mul(x):
+    a, g = x.chunk(2, -1)  # a gated linear unit's halves
+    return a * torch.sigmoid(g)
+
+
+def pad_activation(x):
+    return torch.nn.functional.pad(x, (1, 1, 1, 1)).relu() * 2.0
+
+
+def inplace_residual_add(x, b, r):
+    # r is updated in place, as `r += relu(x + b)` in a block; the scale keeps repeated calls
+    # bounded.
+    r.mul_(0.5).add_(torch.relu(x + b))
+    return r
+
+
 # -- input builders: each takes the main tensor's shape --------------------------------------------
 
 def _randn(shape: tuple[int, ...]) -> Inputs:
@@ -182,6 +215,16 @@ def _transposed_pair(shape: tuple[int, ...]) -> Inputs:
     return torch.randn(shape), torch.randn(shape[::-1])
 
 
+def _gates(shape: tuple[int, ...]) -> Inputs:
+    n, h4 = shape
+    return torch.randn(shape), torch.randn(shape), torch.randn(h4), torch.randn(n, h4 // 4)
+
+
+def _rotary(shape: tuple[int, ...]) -> Inputs:
+    _, s, _ = shape
+    return torch.randn(shape), torch.randn(s, 64), torch.randn(s, 64)
+
+
 @dataclass(frozen=True)
 class Workload:
     """One benchmark: `fn(*build(shape))`; `quick_shape` replaces `shape` in --quick runs."""
@@ -191,6 +234,7 @@ class Workload:
     build: Callable[[tuple[int, ...]], Inputs]
     shape: tuple[int, ...]
     quick_shape: tuple[int, ...]
+    mutates: bool = False  # writes into its inputs: the suite checks on fresh copies
 
     def numel(self, quick: bool = False) -> int:
         """Elements of the output (the main input's shape: broadcasts never grow it)."""
@@ -240,6 +284,12 @@ WORKLOADS: list[Workload] = [
     Workload("sum_rows", sum_rows, _randn, (4096, 1024), _Q2),
     Workload("sum_cols", sum_cols, _randn, (4096, 1024), _Q2),
     Workload("rms_norm", rms_norm, _bias, (4096, 768), _Q2),
+    Workload("lstm_cell_elementwise", lstm_cell_elementwise, _gates, (256, 4096), (8, 256)),
+    Workload("rotary_embedding", rotary_embedding, _rotary, (4, 512, 1024), (1, 8, 1024)),
+    Workload("chunk_mul", chunk_mul, _randn, (2048, 2048), _Q2),
+    Workload("pad_activation", pad_activation, _randn, (2046, 2046), _Q2),
+    Workload("inplace_residual_add", inplace_residual_add, _bias_residual, (2048, 2048), _Q2,
+             mutates=True),
 ]
 
 

@@ -233,3 +233,16 @@ def tensor_source(value: torch.Tensor) -> str:
         f"torch.tensor({data!r}, dtype={value.dtype}).as_strided("
         f"{tuple(value.shape)}, {value.stride()}, {value.storage_offset()})"
     )
+
+
+def clone_input(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with its whole storage (the elements a layout skips included), at the
+    same offset, sizes and strides: what a program may write into, afresh."""
+    storage = t.untyped_storage().clone()
+    return torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())
+
+
+def storage_of(t: torch.Tensor) -> torch.Tensor:
+    """All of `t`'s storage as a 1-d tensor of its dtype: to compare every element of it."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))

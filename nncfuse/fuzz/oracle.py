@@ -10,8 +10,10 @@ program as plain Python (eager PyTorch, the reference) and through
 `nncfuse.jit` with each backend, calling it on set A (profiling), set A
 again (the optimized graph) and set B (the optimized graph, other values),
 and checks each call: outputs as `torch.testing.assert_close(...,
-equal_nan=True)` with its default tolerances; inputs unchanged; where eager
-raises, nncfuse raises too.
+equal_nan=True)` with its default tolerances; each input's whole storage as
+eager leaves it (programs write into inputs and slices of them: every call
+gets fresh copies; what the program does not write must not change); where
+eager raises, nncfuse raises too.
 
 What counts:
 
@@ -49,7 +51,7 @@ import torch
 import nncfuse
 from nncfuse.tensorexpr.lowerings import LoweringError
 
-from .inputs import describe
+from .inputs import clone_input, describe, storage_of
 from .program import Case, generate
 
 BACKENDS = ("llvm", "interp")
@@ -104,7 +106,17 @@ def _as_tuple(out: Any) -> tuple[Any, ...]:
     return out if isinstance(out, tuple) else (out,)
 
 
-def _quiet_call(fn: Any, args: Sequence[Any]) -> Any:
+def _fresh(args: Sequence[Any]) -> list[Any]:
+    """Copies of the tensor inputs, storage and layout included: programs write into them."""
+    return [clone_input(a) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _quiet_call(fn: Any, args: Sequence[Any], written: list[Any] | None = None) -> Any:
+    """`fn` on copies of `args` (its outputs, or _Raised); the copies, as the call left
+    them, are appended to `written`."""
+    args = _fresh(args)
+    if written is not None:
+        written += args
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -198,7 +210,11 @@ class _Spread:
         return inside | (got.isnan() & self.nan)
 
 
-def _is_noise(case: Case, k: int, got: Any, want: Any) -> bool:
+def _storages(args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+    return tuple(storage_of(a) for a in args if isinstance(a, torch.Tensor))
+
+
+def _is_noise(case: Case, k: int, got: Any, want: Any, with_inputs: bool = False) -> bool:
     """Whether eager, its approximate ops nudged (`Nudger`), reaches each value nncfuse gave.
 
     Nudged runs come in rounds, until nncfuse's values are all reached or
@@ -216,7 +232,10 @@ def _is_noise(case: Case, k: int, got: Any, want: Any) -> bool:
     nudged = case.program.eager(Nudger(k))
     for _ in range(NUDGE_ROUNDS):
         for _ in range(NUDGE_TRIALS):
-            out = _quiet_call(nudged, case.inputs[k])
+            written: list[Any] = []
+            out = _quiet_call(nudged, case.inputs[k], written)
+            if with_inputs and not isinstance(out, _Raised):  # and the inputs' storage
+                out = (*out, *_storages(written))
             if not isinstance(out, _Raised):
                 for spread, o in zip(spreads, out):
                     spread.add(o)
@@ -240,14 +259,16 @@ def _kernel_errors(fused: Any) -> list[str]:
     return errors
 
 
-def _same_tensor(now: Any, before: Any) -> bool:
-    """Whether an input is as it was (NaNs equal); numbers cannot change."""
+def _same_storage(now: Any, want: Any) -> bool:
+    """Whether an input's whole storage (elements its layout skips included) is as eager left
+    it: the same where the program writes nothing, close (NaNs equal) where it writes."""
     if not isinstance(now, torch.Tensor):
         return True
-    same = now == before
-    if now.is_floating_point():
-        same |= now.isnan() & before.isnan()
-    return now.shape == before.shape and bool(same.all())
+    try:
+        torch.testing.assert_close(storage_of(now), storage_of(want), equal_nan=True)
+    except AssertionError:
+        return False
+    return True
 
 
 def _classify(case: Case, k: int, script: Any, got: Any, want: Any) -> str:
@@ -267,11 +288,12 @@ def _fused_kinds(graph: Any) -> set[str]:
             if n.kind() != "prim::Constant"}
 
 
-def _run_backend(case: Case, backend: str, script: Any, wants: list[Any], out: Outcome) -> None:
+def _run_backend(case: Case, backend: str, script: Any, wants: list[Any], out: Outcome,
+                 after: list[list[Any]]) -> None:
     fused = nncfuse.jit(script, use_llvm=backend == "llvm", min_group_size=case.min_group_size)
     for call, k in enumerate(CALLS):
-        args = case.inputs[k]
-        pristine = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        args = _fresh(case.inputs[k])
+        pointers = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -286,10 +308,15 @@ def _run_backend(case: Case, backend: str, script: Any, wants: list[Any], out: O
                 return
         message = compare(got, wants[k])
         kind = _classify(case, k, script, got, wants[k]) if message else ""
-        modified = [p.name for p, now, before in zip(case.program.params, args, pristine)
-                    if not _same_tensor(now, before)]
-        if modified:
-            message, kind = f"inputs modified: {modified}; {message}", "mismatch"
+        modified = [p.name for p, now, want in zip(case.program.params, args, after[k])
+                    if not _same_storage(now, want)]
+        moved = [p.name for p, a, ptr in zip(case.program.params, args, pointers)
+                 if isinstance(a, torch.Tensor) and a.data_ptr() != ptr]
+        if (modified or moved) and not isinstance(wants[k], _Raised):
+            message = f"inputs differ from eager's after the call: {modified + moved}; {message}"
+            noise = not moved and not isinstance(got, _Raised) and _is_noise(
+                case, k, (*got, *_storages(args)), (*wants[k], *_storages(after[k])), True)
+            kind = "unstable" if noise else "mismatch"
         if message:
             out.failures.append(Failure(backend, kind, call, message))
             return
@@ -304,7 +331,8 @@ def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
     """Run `case` eagerly and through nncfuse with each backend; see the module docstring."""
     out = Outcome()
     eager = case.program.eager()
-    wants = [_quiet_call(eager, inputs) for inputs in case.inputs]
+    after: list[list[Any]] = [[], []]  # the inputs as eager left them, per input set
+    wants = [_quiet_call(eager, inputs, after[k]) for k, inputs in enumerate(case.inputs)]
     if isinstance(wants[0], _Raised):
         out.status = "skipped"
         return out
@@ -316,7 +344,7 @@ def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
         out.failures.append(Failure("torchscript", "invalid", 0, f"{type(e).__name__}: {e}"))
         return out
     for backend in backends:
-        _run_backend(case, backend, script, wants, out)
+        _run_backend(case, backend, script, wants, out, after)
     out.fused = bool(out.fused_kinds)
     kinds = {f.kind for f in out.failures}
     out.status = "crash" if "crash" in kinds else "mismatch" if "mismatch" in kinds else "ok"

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .inputs import TensorSpec, base_shape, make_tensor, random_spec, tensor_source
+from .inputs import TensorSpec, base_shape, clone_input, make_tensor, random_spec, tensor_source
 from .op_specs import (
     DTYPE_CLASSES,
     FLOAT_LITERAL_WEIGHTS,
@@ -42,6 +42,14 @@ from .op_specs import (
 )
 
 _OP_WEIGHTS = [op.weight for op in OPS]
+#: In-place writes (`add_inplace`): `dest` is an input or a slice of one, `v` a tensor value.
+_INPLACE = (
+    "{dest}.add_({v})", "{dest}.mul_({v})", "{dest}.sub_({v}, alpha=2)", "{dest}.relu_()",
+    "{dest}.sigmoid_()", "{dest}.tanh_()", "{dest}.clamp_(-0.5, 0.5)", "{dest}.neg_()",
+    "{dest}.masked_fill_({v} > 0, 0.25)", "{dest}.copy_({v})", "{dest}.div_(2.0)",
+)
+FLOATS_AND_INTS = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+                   torch.int64)
 MAX_TENSOR_PARAMS = 6
 MAX_SCALAR_PARAMS = 2
 
@@ -300,6 +308,9 @@ class _Builder:
             if refuse is not None and refuse(k):
                 return None
             scope = {name: self.values[name].data[k] for name in call.uses}
+            if call.op.startswith("inplace"):  # write into copies: the inputs stay as drawn
+                scope = {n: clone_input(v) if isinstance(v, torch.Tensor) else v
+                         for n, v in scope.items()}
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -390,6 +401,33 @@ class _Builder:
         self.commit(Assign(self.fresh_name(), call), results)
         return True
 
+    def add_inplace(self, attempts: int = 10) -> bool:
+        """Append an in-place write into a tensor input or a view of one (`x.add_(v)`,
+        `x[..., :n].copy_(v)`, ...); False if no draw was well typed."""
+        targets = [v for v in self.values.values() if v.is_param and v.is_tensor
+                   and v.data[0].dtype.is_floating_point and 0 not in v.data[0].stride()]
+        if not targets:
+            return False
+        for _ in range(attempts):
+            x = self.rng.choice(targets)
+            ndim = x.data[0].dim()
+            size = x.data[0].shape[-1] if ndim else 1
+            dest = x.name
+            if ndim and size > 1 and self.rng.random() < 0.35:
+                lo = self.rng.randrange(size - 1)
+                dest = f"{x.name}[..., {lo}:{self.rng.randrange(lo + 1, size + 1)}]"
+            operand = self.tensor(FLOATS_AND_INTS, "any")
+            template = self.rng.choice(_INPLACE)
+            text = template.format(dest=dest, v=operand.name)
+            uses = tuple(dict.fromkeys((x.name, operand.name) if "{v}" in template
+                                       else (x.name,)))
+            call = OpCall("inplace_" + template.split("(")[0].split(".")[-1], text, uses)
+            results = self.evaluate(call)
+            if results is not None and _RAISED not in results:
+                self.commit(Assign(self.fresh_name(), call), results)
+                return True
+        return False
+
     def fresh_name(self) -> str:
         return f"v{len(self.stmts)}"
 
@@ -408,6 +446,8 @@ def generate(seed: int) -> Case:
         roll = rng.random()
         if roll < 0.05 and builder.stmts:
             builder.add_breaker()
+        elif roll < 0.15 and builder.add_inplace():
+            continue
         elif roll < 0.12 and builder.add_if():
             continue
         elif not builder.add_op():

@@ -26,6 +26,7 @@ from ..tensorexpr.codegen.entry import (
     Returns,
     ReturnTuple,
     Source,
+    overlaps,
 )
 from ..tensorexpr.kernel import TensorExprKernel
 from . import runtime
@@ -93,6 +94,26 @@ class UnfusedPlan:
 
     def run(self, args: tuple[Any, ...]) -> Any:
         return self.script(*args)
+
+
+class OverlapGuardPlan:
+    """Runs `plan` unless an argument the optimized graph writes into (`written`, by
+    position) overlaps another tensor argument in memory; then `unfused` runs the call.
+
+    The fuser rewrites writes to inputs as functional ops and write-backs (`inplace.py`),
+    which is exact only when the written input shares no memory with another: where eager
+    would see the write through the other argument, the functional graph would not.
+    """
+
+    def __init__(self, plan: Plan, written: tuple[int, ...], unfused: Plan):
+        self.plan, self.written, self.unfused = plan, written, unfused
+        self.graph = plan.graph
+
+    def run(self, args: tuple[Any, ...]) -> Any:
+        for k in self.written:
+            if overlaps(args[k], args[:k] + args[k + 1 :]):
+                return self.unfused.run(args)
+        return self.plan.run(args)
 
 
 def optimized_plan(graph: torch._C.Graph, receiver: Any) -> KernelPlan | GraphPlan:

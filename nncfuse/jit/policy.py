@@ -57,7 +57,8 @@ from ..tensorexpr.lowerings import lowering_for
 from ..tensorexpr.meta import infer_types
 from . import scripting
 from .guard import CompileFailure
-from .plans import Plan, UnfusedPlan, optimized_plan, run_as_built
+from .inplace import written_inputs
+from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
 from .tensorexpr_fuser import fuse_tensor_exprs
 
@@ -213,6 +214,9 @@ class Policy:
             failures = fuse_tensor_exprs(graph, self.options)
             self.compile_failures += failures
             plan = optimized_plan(graph, prog.receiver)
+            written = written_inputs(graph, skip=0 if prog.receiver is None else 1)
+            if written:
+                plan = OverlapGuardPlan(plan, written, UnfusedPlan(prog.unfused, graph))
             if self.options.strict and strict_check is not None:
                 plan = strict_check(plan, failures, self.options)
             return plan

@@ -48,14 +48,21 @@ def _register(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: int) -
     name = kernel.name
     while f"nncfuse::{name}" in _kernels:
         name = f"{kernel.name}_k{next(_serial)}"
-    args = ", ".join(f"{_SCHEMA_TYPES[v.type().kind()]} i{k}" for k, v in enumerate(inputs))
+    written = kernel.lowered.written  # inputs it stores into: mutable in the schema
+    args = ", ".join(
+        _SCHEMA_TYPES[v.type().kind()] + (f"(w{k}!)" if k in written else "") + f" i{k}"
+        for k, v in enumerate(inputs)
+    )
     rets = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
     _lib.define(f"{name}({args}) -> {rets}")
     entry = kernel.entry(
         [ArgSource(k) for k in range(len(inputs))],
         ReturnOne(0) if n_outputs == 1 else ReturnTuple(tuple(range(n_outputs))),
     )
-    _lib.impl(name, lambda *args: entry(args), "CompositeExplicitAutograd")
+    if n_outputs:
+        _lib.impl(name, lambda *args: entry(args), "CompositeExplicitAutograd")
+    else:  # a group that only writes into its inputs
+        _lib.impl(name, lambda *args: (entry(args), None)[1], "CompositeExplicitAutograd")
     kind = f"nncfuse::{name}"
     _kernels[kind] = kernel
     return kind

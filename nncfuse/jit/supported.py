@@ -101,3 +101,17 @@ def _fused_list(node: Any, value: Any) -> bool:
         and node.inputsAt(0) == value
     )
 
+
+
+def why_not_write_back(node: Any) -> str | None:
+    """None if the write-back `node` (`copy_(dst, src)`, dst an input or a view chain of one,
+    see `inplace.py`) can join a group: its tensors are ones a kernel takes."""
+    for value, what in ((node.inputsAt(0), "destination"), (node.inputsAt(1), "source")):
+        if not is_tensor(value):
+            return f"write-back {what} %{value.debugName()} is not a tensor"
+        problem = _tensor_problem(value, f"write-back {what}")
+        if problem:
+            return problem
+    if node.inputsAt(2).node().kind() != "prim::Constant":
+        return "copy_'s non_blocking is not a constant"
+    return None

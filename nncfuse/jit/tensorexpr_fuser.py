@@ -32,8 +32,9 @@ from ..config import Options
 from ..tensorexpr.lowerings import aliases
 from ..tensorexpr.meta import is_tensor
 from . import guard
+from .inplace import chain_root, functionalize_input_writes, is_write_back, only_write_backs
 from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
-from .supported import why_not_fusible
+from .supported import why_not_fusible, why_not_write_back
 
 _log = log.get_logger(__file__)
 def _body_size(group: Any) -> int:
@@ -41,13 +42,22 @@ def _body_size(group: Any) -> int:
 
 
 class _Fuser:
-    def __init__(self, graph: torch._C.Graph, options: Options):
+    def __init__(
+        self, graph: torch._C.Graph, options: Options, write_backs: frozenset[Any] = frozenset()
+    ):
         self.graph = graph
         self.options = options
         aliases = graph.alias_db()
         # Values some node writes to (or that alias such): their readers are never moved.
         self.written: set[int] = set()
         self._find_written(graph.block(), aliases)
+        # ... but for inputs only write-backs write (`inplace.py`): those fuse, and no
+        # reader of the input moves across its write-back (`_crosses_write_back`).
+        self.write_backs = write_backs
+        if write_backs and only_write_backs(graph.block(), write_backs):
+            # The AliasDb has every input that may alias a written one written too; the
+            # guard checks at run time that no input overlaps a written one.
+            self.written = set()
         self.reasons: dict[int, str | None] = {}
 
     def _find_written(self, block: Any, aliases: Any) -> None:
@@ -65,7 +75,10 @@ class _Fuser:
         key = node.output().unique() if node.outputsSize() == 1 else None
         if key is not None and key in self.reasons:
             return self.reasons[key]
-        reason = why_not_fusible(node)
+        if is_write_back(node, self.write_backs):
+            reason = why_not_write_back(node)
+        else:
+            reason = why_not_fusible(node)
         if reason is None and any(v.unique() in self.written for v in node.inputs()):
             reason = "an input is written to by another node"
         if reason is None and any(v.unique() in self.written for v in node.outputs()):
@@ -119,7 +132,9 @@ class _Fuser:
             and v.node().kind() not in ("prim::Param", "prim::Constant")
         ]
         for producer in sorted(set(producers), key=functools.cmp_to_key(_order), reverse=True):
-            if self.why_not(producer) is not None or not _move_together(producer, node):
+            if self.why_not(producer) is not None or _crosses_write_back(producer, node):
+                continue
+            if not _move_together(producer, node):
                 continue
             group = node if is_group(node) else make_group(self.graph, node)
             _log.update("Merging ", producer.kind(), " into ", group.kind())
@@ -132,6 +147,39 @@ class _Fuser:
         for first, second in zip(nodes, nodes[1:]):
             if is_group(first) and is_group(second):
                 merge_into(self.graph, second, first)
+
+
+def _written_inputs(node: Any) -> set[int]:
+    """The values that write-backs in `node` (a write-back, or a group) store into."""
+    if not is_group(node):
+        return {chain_root(node.inputsAt(0)).unique()} if node.kind() == "aten::copy_" else set()
+    subgraph = node.g("Subgraph")
+    outer = {v.unique(): o for v, o in zip(subgraph.inputs(), node.inputs())}
+    found = set()
+    for inner in subgraph.nodes():
+        if inner.kind() == "aten::copy_":
+            root = inner.inputsAt(0)
+            while root.unique() not in outer:
+                root = root.node().inputsAt(0)
+            found.add(outer[root.unique()].unique())
+    return found
+
+
+def _crosses_write_back(producer: Any, consumer: Any) -> bool:
+    """Whether joining `producer` and `consumer` could move a node that reads an input across
+    a write-back that stores into it: a write-back in either and a reader between them, or
+    a write-back between them and a reader among the two (which one moves past the nodes
+    between is `_move_together`'s choice)."""
+    written = _written_inputs(producer) | _written_inputs(consumer)
+    read = {v.unique() for v in (*producer.inputs(), *consumer.inputs())}
+    node = consumer.prev()
+    while node != producer and node.kind() != "prim::Param":
+        if any(v.unique() in written for v in node.inputs()):
+            return True
+        if _written_inputs(node) & read:
+            return True
+        node = node.prev()
+    return False
 
 
 def _order(a: Any, b: Any) -> int:
@@ -238,7 +286,8 @@ def fuse_tensor_exprs(graph: torch._C.Graph, options: Options) -> list[guard.Com
     failed to compile (they run unfused)."""
     _log.dump("Before TExprFuser:\n", graph)
     _chunks_to_slices(graph, graph.block())
-    _Fuser(graph, options).run(graph.block())
+    write_backs = frozenset(functionalize_input_writes(graph))
+    _Fuser(graph, options, write_backs).run(graph.block())
     _log.dump("After creating fusion groups:\n", graph)
     groups = [n for n in fusion_groups(graph) if is_group(n)]
     failures = guard.guard_fusion_groups(graph, groups, options)

@@ -61,8 +61,8 @@ from .codegen.llvm_jit import vector_bits
 from .dtype import BOOL, FLOAT64, INT64, from_torch
 from .ir_eval import IREvaluator
 from .ir_verifier import IRError, verify
-from .ir_visitor import walk
-from .loopnest import compute
+from .ir_visitor import substitute, walk
+from .loopnest import compute, definition
 from .lowerings import (
     Arg,
     ConstArg,
@@ -115,6 +115,8 @@ class Lowered:
     input_metas: tuple[TensorMeta | None, ...]  # per graph input (None: a number)
     name: str
     checks: tuple[RuntimeCheck, ...]  # run before the kernel
+    written: tuple[int, ...] = ()  # graph inputs the kernel stores into (write-backs)
+    write_sources: tuple[Buf, ...] = ()  # what write-backs store: kept buffers, not inlined
 
 
 def _sanitize(name: str) -> str:
@@ -186,6 +188,9 @@ class _GraphLowering:
         self.nests: list[S.Stmt] = []
         self.output_metas: dict[Buf, TensorMeta] = {}
         self.ops: list[str] = []
+        self.write_backs: list[S.Stmt] = []  # stores into inputs, after every other nest
+        self.written: dict[Buf, int] = {}  # input buffer -> its graph input position
+        self.write_sources: list[Buf] = []
 
     def unique(self, base: str) -> str:
         """`base`, or `base_<n>` if that name is taken."""
@@ -220,12 +225,14 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
             _lower_constant(state, node)
         elif node.kind() == "prim::ListConstruct":
             _lower_list(state, node)
+        elif node.kind() == "aten::copy_":
+            _lower_write_back(state, node, inputs)
         else:
             _lower_node(state, node, kernel_inputs, graph_outputs)
     outputs = _collect_outputs(state, graph)
     out_bufs = tuple(dict.fromkeys(o.buf for o in outputs if isinstance(o, ComputedOutput)))
     return Lowered(
-        stmt=S.Block(tuple(state.nests)),
+        stmt=S.Block((*state.nests, *state.write_backs)),
         params=(*inputs, *(b for b, _ in state.constants), *out_bufs),
         inputs=inputs,
         constants=tuple(state.constants),
@@ -235,7 +242,50 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
                           for v in graph.inputs()),
         name=_kernel_name(state.ops),
         checks=tuple(state.checks),
+        written=tuple(sorted(set(state.written.values()))),
+        write_sources=tuple(state.write_sources),
     )
+
+
+def _view_of_input(state: _GraphLowering, arg: TensorArg, indices: Sequence[E.Expr],
+                   inputs: Sequence[Buf | E.Var]) -> tuple[Buf, tuple[E.Expr, ...]]:
+    """The input buffer and indices that element `indices` of `arg` is, when `arg` is an
+    input or a chain of views of one (each nest a single load: index arithmetic)."""
+    buf, idx = arg.buf, tuple(indices)
+    while buf not in inputs:
+        found = next((d for n in state.nests if (d := definition(n)) and d[0] is buf), None)
+        if found is None or not isinstance(found[2], E.Load):
+            raise LoweringError("a write-back into something other than a view of an input")
+        _, vars_, load = found
+        idx = tuple(substitute(i, dict(zip(vars_, idx))) for i in load.indices)
+        buf = load.buf
+    return buf, idx
+
+
+def _lower_write_back(state: _GraphLowering, node: Any, inputs: Sequence[Buf | E.Var]) -> None:
+    """`copy_(dst, src)` with dst a graph input or a view of one (`jit/inplace.py`): a nest,
+    run after all others, storing src (broadcast, cast) into the input's buffer."""
+    dst, src = (state.env[node.inputsAt(k).unique()] for k in (0, 1))
+    if not isinstance(dst, TensorArg) or not isinstance(src, TensorArg):
+        raise LoweringError("copy_ of something other than tensors")
+    if len(src.shape) > len(dst.shape) or any(
+        s not in (1, d) for s, d in zip(reversed(src.shape), reversed(dst.shape))
+    ):
+        raise LoweringError("copy_ source does not broadcast to its destination")
+    names = "ijklmnopqrstuvwxyz"
+    idx = tuple(E.Var(names[k] if k < len(names) else f"i{k}") for k in range(len(dst.shape)))
+    base, where = _view_of_input(state, dst, idx, inputs)
+    offset = len(dst.shape) - len(src.shape)
+    value = E.cast(base.dtype, E.Load(src.buf, tuple(
+        E.imm(0) if size == 1 else idx[offset + k] for k, size in enumerate(src.shape))))
+    nest: S.Stmt = S.Store(base, where, value)
+    for k in reversed(range(len(dst.shape))):
+        nest = S.For(idx[k], E.imm(0), E.imm(dst.shape[k]), nest)
+    state.write_backs.append(nest)
+    state.written[base] = inputs.index(base)
+    if src.buf not in inputs:
+        state.write_sources.append(src.buf)
+    state.env[node.output().unique()] = dst
 
 
 def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.Var, ...]:
@@ -320,6 +370,11 @@ def _collect_outputs(
             outputs.append(InputOutput(input_index[value.unique()]))
             continue
         arg = state.env.get(value.unique())
+        if isinstance(arg, TensorArg) and arg.buf in state.written:  # a write-back's result
+            if not is_tensor(value) or value.node().inputsAt(0).node().kind() != "prim::Param":
+                raise LoweringError("a write-back into a view of an input is returned")
+            outputs.append(InputOutput(state.written[arg.buf]))
+            continue
         if not isinstance(arg, TensorArg) or arg.buf not in state.output_metas:
             raise LoweringError("graph outputs must be tensors computed by the graph")
         outputs.append(ComputedOutput(arg.buf))
@@ -339,8 +394,12 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
     """The ordered, named passes that turn the Original Stmt into the Final Stmt."""
     outputs = list(lowered.output_metas)
     bufs = [p for p in lowered.params if isinstance(p, Buf)]
+    # What write-backs store stays a buffer when it would be inlined: inlined, a read of the
+    # input at another element than the one stored would see the new value. `fuse_loops`
+    # then joins its nest with the write-back's where every such read is of the same element.
+    keep = [*outputs, *lowered.write_sources, *(lowered.inputs[k] for k in lowered.written)]
     return [
-        ("inline_intermediates", partial(inline_intermediates, outputs=outputs)),
+        ("inline_intermediates", partial(inline_intermediates, outputs=keep)),
         ("simplify", simplify),  # unit loops gone: loads of size-1 dims match their stores
         ("partition_loops", partition_loops),  # cat: one loop per part, no selects
         ("fuse_loops", fuse_loops),
@@ -435,7 +494,7 @@ class TensorExprKernel:
                 params=[p for p in lowered.params if isinstance(p, E.Var)],
                 inputs=[*(b for b in lowered.inputs if isinstance(b, Buf)),
                         *(b for b, _ in lowered.constants)],
-                outputs=list(lowered.output_metas),
+                outputs=[*lowered.output_metas, *(lowered.inputs[k] for k in lowered.written)],
                 allocated=allocated,
             )
         except IRError as e:
@@ -468,7 +527,15 @@ class TensorExprKernel:
             checks,
             cfunc=self.jit.cfunc if self.jit is not None else None,
             run=self.evaluator.run if self.evaluator is not None else None,
+            written=lowered.written,
+            fallback=self._fallback_list if lowered.written else None,
         )
+
+    def _fallback_list(self, inputs: Sequence[Any]) -> list[Any]:
+        """`fallback`'s outputs as a list: what the entry runs when a written input overlaps
+        another input (the kernel's loads and stores would not be independent)."""
+        outs = self.fallback(inputs)
+        return list(outs) if isinstance(outs, tuple) else [outs]
 
     @property
     def name(self) -> str:

@@ -67,7 +67,14 @@ def test_generation_is_reproducible():
 
 def test_known_seed_op_count():
     """Seeds are repros: a generator change that moves them shows up here."""
-    assert len(generate(2024).program.ops) == 13
+    assert len(generate(2024).program.ops) == 12
+
+
+def test_programs_write_into_inputs_and_slices_of_them():
+    ops = [op for seed in range(60) for op in generate(seed).program.ops]
+    assert len([op for op in ops if op.startswith("inplace_")]) > 10
+    texts = [s.call.text for seed in range(60) for s in generate(seed).program.stmts]
+    assert any("]." in t and "_(" in t for t in texts)  # a write into a slice
 
 
 def test_programs_mix_features():
@@ -130,6 +137,13 @@ def _modify_input(run, args):
     return run()
 
 
+def _write_past_the_view(run, args):
+    """A write into the input's storage outside its elements (a layout's skipped ones)."""
+    x = args[0]
+    torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())[-1:] += 1
+    return run()
+
+
 def _no_raise(run, args):
     try:
         return run()
@@ -155,7 +169,8 @@ def test_checker_passes_a_good_case():
 
 
 @pytest.mark.parametrize("spoil,expected", [
-    (_plus_one, "output 0"), (_modify_input, "inputs modified: ['x0']"),
+    (_plus_one, "output 0"), (_modify_input, "inputs differ from eager's after the call: ['x0']"),
+    (_write_past_the_view, "inputs differ from eager's after the call: ['x0']"),
 ])
 def test_checker_catches_wrong_results(monkeypatch, spoil, expected):
     monkeypatch.setattr(fuzz.nncfuse, "jit", _Wrong(spoil))

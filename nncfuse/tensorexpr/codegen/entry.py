@@ -174,6 +174,8 @@ class KernelInterface:
     params:  the kernel's parameters in order;
     outputs: per kernel output, where it is;
     checks:  what is checked on the inputs before the call;
+    written: the inputs the kernel stores into: when one of them overlaps another tensor
+             input in memory, the entry calls `fallback` (the unfused graph) instead;
     cfunc:   the machine code, called with pointers and numbers; or `run`, the
              interpreter, called with the list of tensors and numbers.
     """
@@ -183,6 +185,8 @@ class KernelInterface:
     checks: tuple[ArgCheck, ...] = ()
     cfunc: Callable[..., Any] | None = None
     run: Callable[[list[Any]], None] | None = None
+    written: tuple[int, ...] = ()  # kernel inputs the kernel stores into (`written`)
+    fallback: Callable[[list[Any]], list[Any]] | None = None  # when one overlaps an input
 
 
 class _Code:
@@ -208,9 +212,10 @@ def make_entry(
     code = _Code()
     _bind_inputs(code, sources)
     _argument_checks(code, kernel.checks)
+    _overlap_check(code, kernel, len(sources), returns)
     arguments = _arguments(code, kernel.params)
     _call(code, kernel, arguments)
-    _return(code, kernel.outputs, returns)
+    _return(code, _results(kernel.outputs), returns)
     source = "\n".join(code.lines) + "\n"
     exec(compile(source, "<nncfuse entry>", "exec"), code.env)  # noqa: S102 - generated above
     entry = code.env["entry"]
@@ -276,8 +281,8 @@ def _call(code: _Code, kernel: KernelInterface, arguments: Sequence[str]) -> Non
         code.line(f"{code.bind('run', kernel.run)}([{', '.join(arguments)}])")
 
 
-def _return(code: _Code, outputs: Sequence[KernelOutput], returns: Returns) -> None:
-    """Return the outputs as the caller wants them."""
+def _results(outputs: Sequence[KernelOutput]) -> list[str]:
+    """The name of each kernel output after the call."""
     results = []
     for output in outputs:
         match output:
@@ -285,10 +290,55 @@ def _return(code: _Code, outputs: Sequence[KernelOutput], returns: Returns) -> N
                 results.append(f"o{number}")
             case InputOutput(index):
                 results.append(f"a{index}")
+    return results
+
+
+def _return(code: _Code, results: Sequence[str], returns: Returns, indent: str = "") -> None:
+    """Return the outputs (`results`, expressions) as the caller wants them."""
     match returns:
         case ReturnList():
-            code.line(f"return [{', '.join(results)}]")
+            code.line(f"{indent}return [{', '.join(results)}]")
         case ReturnOne(index):
-            code.line(f"return {results[index]}")
+            code.line(f"{indent}return {results[index]}")
         case ReturnTuple(indices):
-            code.line(f"return ({''.join(results[k] + ', ' for k in indices)})")
+            code.line(f"{indent}return ({''.join(results[k] + ', ' for k in indices)})")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [start, end) that tensor `t`'s elements occupy (empty: (0, 0))."""
+    if t.numel() == 0:
+        return 0, 0
+    low = high = 0
+    for size, stride in zip(t.shape, t.stride()):
+        if stride < 0:
+            low += (size - 1) * stride
+        else:
+            high += (size - 1) * stride
+    start, item = t.data_ptr(), t.element_size()
+    return start + low * item, start + (high + 1) * item
+
+
+def overlaps(written: torch.Tensor, others: Sequence[Any]) -> bool:
+    """Whether `written`'s memory range meets that of any tensor among `others`."""
+    start, end = _span(written)
+    for other in others:
+        if isinstance(other, torch.Tensor):
+            low, high = _span(other)
+            if low < end and start < high:
+                return True
+    return False
+
+
+def _overlap_check(code: _Code, kernel: KernelInterface, n_inputs: int, returns: Returns) -> None:
+    """When an input the kernel writes overlaps another input, run the fallback instead (the
+    kernel's parameters are `noalias`, and its loads and stores meet element for element)."""
+    if not kernel.written:
+        return
+    code.bind("overlaps", overlaps)
+    code.bind("fallback", kernel.fallback)
+    names = [f"a{k}" for k in range(n_inputs)]
+    for k in kernel.written:
+        others = ", ".join(n for j, n in enumerate(names) if j != k)
+        code.line(f"if overlaps(a{k}, ({others}{',' if others else ''})):")
+        code.line(f"    r = fallback([{', '.join(names)}])")
+        _return(code, [f"r[{j}]" for j in range(len(kernel.outputs))], returns, "    ")

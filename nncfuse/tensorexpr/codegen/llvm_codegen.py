@@ -1,7 +1,9 @@
 """llvm_codegen: a scheduled statement as an LLVM function, compiled to machine code.
 
 The function takes one argument per kernel parameter: a pointer per buffer
-(`noalias`: outputs are fresh and inputs only read) and a `double` or `i64`
+(`noalias`: outputs are fresh, and an input the kernel writes into, a write-back,
+overlaps no other input: the entry and the plan check that on every call and run the
+fallback otherwise; other inputs are only read) and a `double` or `i64`
 per scalar (bools as i64). Statements map directly: `For` to a counted loop
 with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free, vector
 loads of a unit-stride `Ramp` to one wide load. Operators emit what their

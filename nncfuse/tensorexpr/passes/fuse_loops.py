@@ -6,7 +6,9 @@
                                                    }
 Two top-level nests fuse when their loops have the same bounds and every
 element the second reads from a buffer the first writes is the element the
-first wrote in the same iteration (so no iteration reads ahead of a write).
+first wrote in the same iteration (so no iteration reads ahead of a write),
+and every element the first reads from a buffer the second writes (an input
+a write-back stores into) is the one the second writes in that iteration.
 Where a nest reduces (a row statistic, or what it reads or feeds), nests
 also fuse over their common outer loops when each outer iteration (a row)
 reads only what the other wrote in that row: a softmax's max, sum and
@@ -44,8 +46,11 @@ def _independent(first: Nest, second: S.Stmt) -> bool:
     for ld in loads(second):
         if ld.buf.root in written and ld.indices not in written[ld.buf.root]:
             return False
-    for st in stores(second):
-        if st.buf.root in {ld.buf.root for ld in loads(first.body)}:
+    read: dict = {}
+    for ld in loads(first.body):
+        read.setdefault(ld.buf.root, set()).add(ld.indices)
+    for st in stores(second):  # a write-back into an input `first` reads: of the same element
+        if st.buf.root in read and read[st.buf.root] != {st.indices}:
             return False
     return True
 
