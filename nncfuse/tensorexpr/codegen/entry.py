@@ -167,6 +167,16 @@ class ArgCheck:
     message: str
 
 
+@dataclass(frozen=True, eq=False)
+class ExternalStep:
+    """Before the call: kernel input `position` is `fn(*args)`, a library routine (GEMM,
+    convolution) on earlier kernel inputs (`ArgSource`) and constants (`ConstSource`)."""
+
+    position: int
+    fn: Callable[..., Any]
+    args: tuple[Source, ...]
+
+
 @dataclass(frozen=True)
 class KernelInterface:
     """How a compiled kernel is called, whoever calls it.
@@ -174,6 +184,7 @@ class KernelInterface:
     params:  the kernel's parameters in order;
     outputs: per kernel output, where it is;
     checks:  what is checked on the inputs before the call;
+    externals: library calls made before the kernel's, whose results it reads;
     cfunc:   the machine code, called with pointers and numbers; or `run`, the
              interpreter, called with the list of tensors and numbers.
     """
@@ -183,6 +194,7 @@ class KernelInterface:
     checks: tuple[ArgCheck, ...] = ()
     cfunc: Callable[..., Any] | None = None
     run: Callable[[list[Any]], None] | None = None
+    externals: tuple[ExternalStep, ...] = ()
 
 
 class _Code:
@@ -208,6 +220,7 @@ def make_entry(
     code = _Code()
     _bind_inputs(code, sources)
     _argument_checks(code, kernel.checks)
+    _externals(code, kernel.externals)
     arguments = _arguments(code, kernel.params)
     _call(code, kernel, arguments)
     _return(code, kernel.outputs, returns)
@@ -235,6 +248,19 @@ def _argument_checks(code: _Code, checks: Sequence[ArgCheck]) -> None:
         code.bind(f"m{j}", check.message)
         code.line(f"if not h{j}(a{check.position}):")
         code.line(f"    raise RuntimeError(m{j})")
+
+
+def _externals(code: _Code, steps: Sequence[ExternalStep]) -> None:
+    """`a<position> = x<j>(...)`: each library call, on kernel inputs and constants."""
+    for j, step in enumerate(steps):
+        args = []
+        for i, arg in enumerate(step.args):
+            match arg:
+                case ArgSource(index):
+                    args.append(f"a{index}")
+                case ConstSource(value):
+                    args.append(code.bind(f"x{j}_{i}", value))
+        code.line(f"a{step.position} = {code.bind(f'x{j}', step.fn)}({', '.join(args)})")
 
 
 def _arguments(code: _Code, params: Sequence[Param]) -> list[str]:
@@ -272,7 +298,7 @@ def _call(code: _Code, kernel: KernelInterface, arguments: Sequence[str]) -> Non
             for param, name in zip(kernel.params, arguments)
         ]
         code.line(f"{code.bind('cfunc', kernel.cfunc)}({', '.join(pointers)})")
-    else:
+    elif kernel.run is not None:
         code.line(f"{code.bind('run', kernel.run)}([{', '.join(arguments)}])")
 
 

@@ -4,8 +4,9 @@ Importing the package registers every family; `registry` holds the table and
 what the families share (operands, promotion, `pointwise`).
 """
 
-from . import activation, arithmetic, bitwise, casts, compare, shapes, unary  # noqa: F401
+from . import activation, arithmetic, bitwise, casts, compare, external, shapes, unary  # noqa: F401
 from .casts import aliases  # noqa: F401 - for the fuser
+from .external import EXTERNAL_KINDS, external_problem, lower_external  # noqa: F401
 from .registry import (  # noqa: F401 - names used outside the package
     VIEWS,
     Arg,
