@@ -162,8 +162,9 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
                                (x, other(residual), w, b, "add"),
                                _reference(aten, user, residual=True),
                                user.output(), (user,)))
-    if kind == "aten::conv2d" and len(meta.sizes) == 4 and isinstance(operands[4], tuple):
-        x, w, b, stride, padding, dilation, groups = operands
+    conv = _conv2d_operands(kind, operands) if len(meta.sizes) == 4 else None
+    if conv is not None:
+        x, w, b, stride, padding, dilation, groups = conv
         geometry = (padding, stride, dilation, groups)
         if unary is not None:
             plans.append(_Plan("nnc_mkldnn_convolution_pointwise", (x, w, b, *geometry, *unary),
@@ -178,6 +179,16 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
                                (*binary, None, (), None),
                                _reference(aten, user, residual=True), user.output(), (user,)))
     return plans
+
+
+def _conv2d_operands(kind: str, operands: list[Any]) -> list[Any] | None:
+    """(x, w, b, stride, padding, dilation, groups) of a plain 2-d convolution, else None:
+    `conv2d` with explicit padding, or what tracing records, `_convolution`, not transposed."""
+    if kind == "aten::conv2d" and isinstance(operands[4], tuple):
+        return operands
+    if kind == "aten::_convolution" and operands[6] is False and not any(operands[7]):
+        return [*operands[:6], operands[8]]
+    return None
 
 
 def _reference(aten: Callable[..., torch.Tensor], *nodes: Any,
