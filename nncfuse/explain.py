@@ -10,11 +10,11 @@ compiling) and reads the optimized graph back:
         return torch.tanh(torch.mm(c, b)) + 1.0 - torch.relu(c)
 
     >>> print(nncfuse.explain(f, torch.randn(8, 8), torch.randn(8, 8)))
-    nncfuse.explain: 2 group(s); 6 of 7 compute nodes fused (85.7%); 1 external (aten::mm x1)
+    nncfuse.explain: 2 group(s); 7 of 8 compute nodes fused (87.5%); 0 external
     groups:
-      kernel                   ops                inputs -> outputs
-      fused_sigmoid_mul        sigmoid mul        [8, 8], [8, 8] -> [8, 8]
-      fused_tanh_add_relu_sub  tanh add relu sub  [8, 8], [8, 8] -> [8, 8]
+      kernel                  ops                   inputs -> outputs
+      fused_sigmoid_mul       sigmoid mul           [8, 8], [8, 8] -> [8, 8]
+      fused_mm_tanh_add_relu  mm tanh add relu sub  [8, 8], [8, 8] -> [8, 8]
     left outside (1):
       node                 category     reason
       %c.1 = aten::cumsum  no lowering  no lowering for aten::cumsum
