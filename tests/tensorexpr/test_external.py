@@ -184,3 +184,69 @@ def test_the_interpreter_runs_an_external_call():
     a, b, out = torch.randn(4, 8), torch.randn(3, 8), torch.empty(4, 3)
     IREvaluator(stmt, [x, w, o]).run([a, b, out])
     torch.testing.assert_close(out, F.linear(a, b))
+
+
+class ConvBnRelu(torch.nn.Module):
+    def __init__(self, affine=True):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8, affine=affine)
+        self.bn.running_mean.normal_()
+        self.bn.running_var.uniform_(0.5, 2.0)
+        if affine:
+            self.bn.weight.data.normal_()
+            self.bn.bias.data.normal_()
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("affine", [True, False])
+def test_conv_batch_norm_relu_is_one_group(affine, use_llvm):
+    model = ConvBnRelu(affine).eval()
+    x = torch.randn(2, 8, 10, 10)
+    with torch.no_grad():
+        fused = nncfuse.jit(torch.jit.trace(model, (x,)), use_llvm=use_llvm)
+        for _ in range(3):
+            got = fused(x)
+        torch.testing.assert_close(got, model(x))
+        (group,) = nncfuse.fusion_groups(fused.graph_for(x))
+        ops = [n.kind() for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
+        assert ops == ["aten::_convolution", "aten::batch_norm", "aten::relu"]
+        model.bn.running_var.mul_(3.0)  # statistics are read at call time too
+        torch.testing.assert_close(fused(x), model(x))
+
+
+def batch_norm_fn(x, mean, var, w, b):
+    return torch.relu(F.batch_norm(x, mean, var, w, b, False, 0.1, 1e-3)) + 1.0
+
+
+def batch_norm_training(x, mean, var, w, b):
+    return torch.relu(F.batch_norm(x, mean, var, w, b, True, 0.1, 1e-3)) + 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batch_norm_inference_matches_eager(dtype):
+    x = torch.randn(3, 5, 7, dtype=dtype)
+    mean, w, b = (torch.randn(5, dtype=dtype) for _ in range(3))
+    var = torch.rand(5, dtype=dtype) + 0.5
+    fused = nncfuse.jit(batch_norm_fn)
+    for _ in range(3):
+        got = fused(x, mean, var, w, b)
+    torch.testing.assert_close(got, batch_norm_fn(x, mean, var, w, b))
+    ops = [n.kind() for g in nncfuse.fusion_groups(fused.graph_for(x, mean, var, w, b))
+           for n in g.g("Subgraph").nodes()]
+    assert "aten::batch_norm" in ops
+
+
+def test_batch_norm_in_training_mode_does_not_fuse():
+    x, mean, w, b = torch.randn(4, 3, 5), torch.zeros(3), torch.ones(3), torch.zeros(3)
+    var = torch.ones(3)
+    fused = nncfuse.jit(batch_norm_training)
+    m2, v2 = mean.clone(), var.clone()
+    for _ in range(3):
+        got = fused(x, mean, var, w, b)
+        want = batch_norm_training(x, m2, v2, w, b)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(mean, m2)  # the running statistics were updated alike

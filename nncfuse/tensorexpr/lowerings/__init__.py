@@ -4,7 +4,17 @@ Importing the package registers every family; `registry` holds the table and
 what the families share (operands, promotion, `pointwise`).
 """
 
-from . import activation, arithmetic, bitwise, casts, compare, external, shapes, unary  # noqa: F401
+from . import (  # noqa: F401
+    activation,
+    arithmetic,
+    bitwise,
+    casts,
+    compare,
+    external,
+    normalization,
+    shapes,
+    unary,
+)
 from .casts import aliases  # noqa: F401 - for the fuser
 from .external import EXTERNAL_KINDS, external_problem, lower_external  # noqa: F401
 from .registry import (  # noqa: F401 - names used outside the package
