@@ -12,7 +12,10 @@ its result. Two families:
   `_convolution_pointwise(x, w, b, padding, stride, dilation, groups, attr,
   scalars, algorithm)` apply a unary post-op (`POST_OPS`) inside the routine,
   each output block while it is in cache; the `.binary` overloads add a
-  residual (`add`) and then, optionally, a unary post-op.
+  residual (`add`) and then, optionally, a unary post-op;
+- `nnc_mkldnn_convolution_bn_pointwise`: an inference batch norm folded into
+  the convolution's weights and bias (on every call: they may change), then
+  `_convolution_pointwise`.
 
 oneDNN takes float32 and bfloat16 (this torch: not float64; bfloat16 only where
 `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); `onednn_dtype_ok` says so.
@@ -39,10 +42,10 @@ ATEN_EXTERNALS: dict[str, int] = {
 }
 
 
-def aten_op(kind: str) -> Callable[..., torch.Tensor]:
-    """`torch.ops.aten.<kind>.default`, called with the node's operands in schema order
+def aten_op(kind: str, overload: str = "default") -> Callable[..., torch.Tensor]:
+    """`torch.ops.aten.<kind>.<overload>`, called with the node's operands in schema order
     (keyword-only ones passed by name, as TorchScript lists them all positionally)."""
-    op = getattr(torch.ops.aten, kind.split("::")[1]).default
+    op = getattr(getattr(torch.ops.aten, kind.split("::")[1]), overload)
     names = [a.name for a in op._schema.arguments]
     first = next((k for k, a in enumerate(op._schema.arguments) if a.kwarg_only), len(names))
     if first == len(names):
@@ -75,6 +78,22 @@ def _conv_binary(x, other, w, b, padding, stride, dilation, groups, binary_attr,
         unary_attr, list(unary_scalars), unary_algorithm)
 
 
+def _conv_bn_pointwise(x, w, b, gamma, beta, mean, var, eps, padding, stride, dilation,  # noqa: ANN001, ANN202, E501
+                       groups, attr, scalars, algorithm):
+    # An inference batch norm after the convolution, folded into its weights and bias on
+    # every call (parameters and statistics may change between calls), as eager computes it:
+    # alpha = gamma / sqrt(var + eps), beta' = beta - mean * alpha.
+    alpha = torch.rsqrt(var + eps)
+    if gamma is not None:
+        alpha = alpha * gamma
+    shift = -mean * alpha if b is None else (b - mean) * alpha
+    if beta is not None:
+        shift = shift + beta
+    folded = w * alpha.reshape(-1, *([1] * (w.dim() - 1)))
+    return _conv_pointwise(x, folded, shift, padding, stride, dilation, groups, attr, scalars,
+                           algorithm)
+
+
 #: routine name -> the callable; `ExternalCall.fn` names one of these
 ROUTINES: dict[str, Callable[..., torch.Tensor]] = {
     **{f"nnc_aten_{k.split('::')[1]}": aten_op(k) for k in ATEN_EXTERNALS},
@@ -82,6 +101,7 @@ ROUTINES: dict[str, Callable[..., torch.Tensor]] = {
     "nnc_mkldnn_linear_pointwise_binary": _linear_binary,
     "nnc_mkldnn_convolution_pointwise": _conv_pointwise,
     "nnc_mkldnn_convolution_pointwise_binary": _conv_binary,
+    "nnc_mkldnn_convolution_bn_pointwise": _conv_bn_pointwise,
 }
 
 

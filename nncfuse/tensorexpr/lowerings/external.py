@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ from ..external import (
     post_op,
 )
 from ..meta import TensorMeta
-from .registry import ConstArg, LoweringError, ScalarArg, TensorArg, register
+from .registry import ConstArg, LoweringError, ScalarArg, TensorArg, register, schema_overload
 
 __all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem"]
 
@@ -156,29 +157,63 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
         x, w, b = operands
         if unary is not None:
             plans.append(_Plan("nnc_mkldnn_linear_pointwise", (x, w, b, *unary),
-                               _reference(aten, user), user.output(), (user,)))
+                               _reference(aten, value, user), user.output(), (user,)))
         if residual is not None:
             plans.append(_Plan("nnc_mkldnn_linear_pointwise_binary",
                                (x, other(residual), w, b, "add"),
-                               _reference(aten, user, residual=True),
-                               user.output(), (user,)))
+                               _reference(aten, value, user), user.output(), (user,)))
     conv = _conv2d_operands(kind, operands) if len(meta.sizes) == 4 else None
     if conv is not None:
         x, w, b, stride, padding, dilation, groups = conv
         geometry = (padding, stride, dilation, groups)
         if unary is not None:
             plans.append(_Plan("nnc_mkldnn_convolution_pointwise", (x, w, b, *geometry, *unary),
-                               _reference(aten, user), user.output(), (user,)))
+                               _reference(aten, value, user), user.output(), (user,)))
         if residual is not None:
             binary = (x, other(residual), w, b, *geometry, "add", None)
             if then is not None:
                 plans.append(_Plan("nnc_mkldnn_convolution_pointwise_binary", (*binary, *then),
-                                   _reference(aten, user, after, residual=True),
-                                   after.output(), (user, after)))
+                                   _reference(aten, value, user, after), after.output(),
+                                   (user, after)))
             plans.append(_Plan("nnc_mkldnn_convolution_pointwise_binary",
                                (*binary, None, (), None),
-                               _reference(aten, user, residual=True), user.output(), (user,)))
+                               _reference(aten, value, user), user.output(), (user,)))
+        bn = _batch_norm(user, value, meta, other)
+        if bn is not None:
+            after = _single_user(user.output(), outputs)
+            then = _unary(after, user.output())
+            fn = "nnc_mkldnn_convolution_bn_pointwise"
+            if then is not None:
+                plans.append(_Plan(fn, (x, w, b, *bn, *geometry, *then),
+                                   _reference(aten, value, user, after), after.output(),
+                                   (user, after)))
+            plans.append(_Plan(fn, (x, w, b, *bn, *geometry, "none", (), None),
+                               _reference(aten, value, user), user.output(), (user,)))
     return plans
+
+
+def _batch_norm(node: Any | None, value: Any, meta: TensorMeta,
+                buf: Callable[[Any], Buf]) -> tuple[Any, ...] | None:
+    """(weight, bias, mean, var, eps) of an inference batch norm of `value` whose statistics
+    and parameters are group inputs, to fold into the convolution's weights; else None."""
+    if node is None or node.kind() != "aten::batch_norm" or node.inputsAt(0) != value:
+        return None
+    params = list(node.inputs())[1:5]
+    flags = list(node.inputs())[5:]
+    if any(v.node().kind() != "prim::Constant" for v in flags) or flags[0].toIValue():
+        return None
+    folded: list[Any] = []
+    for k, v in enumerate(params):
+        if v.node().kind() == "prim::Constant" and v.toIValue() is None and k < 2:
+            folded.append(None)
+            continue
+        got = TensorMeta.from_type(v.type())
+        if v.node().kind() != "prim::Param" or got is None:
+            return None
+        if got.sizes != (meta.sizes[1],) or got.dtype != meta.dtype:
+            return None
+        folded.append(buf(v))
+    return (*folded, float(flags[2].toIValue()))
 
 
 def _conv2d_operands(kind: str, operands: list[Any]) -> list[Any] | None:
@@ -191,22 +226,19 @@ def _conv2d_operands(kind: str, operands: list[Any]) -> list[Any] | None:
     return None
 
 
-def _reference(aten: Callable[..., torch.Tensor], *nodes: Any,
-               residual: bool = False) -> Callable[..., torch.Tensor]:
-    """Eager's result for the ops a plan fuses, from the node's operands (and the residual's)."""
-    ops = [n for n in nodes if n is not None]
+def _reference(aten: Callable[..., torch.Tensor], value: Any,
+               *nodes: Any) -> Callable[..., torch.Tensor]:
+    """Eager's result for the ops a plan fuses, the external node's `value` and then `nodes`:
+    `run(operands, lookup)` from the node's operand values, `lookup(v)` giving the example or
+    constant of any other graph value."""
 
-    def run(operands: Sequence[Any], other: torch.Tensor | None) -> torch.Tensor:
-        y = aten(*operands)
-        for n in ops:
-            consts = [] if n.kind() == "aten::add" else _consts(n) or []
-            if n.kind() == "aten::add":
-                y = y + other
-            else:
-                y = aten_op(n.kind())(y, *consts)
+    def run(operands: Sequence[Any], lookup: Callable[[Any], Any]) -> torch.Tensor:
+        y, prev = aten(*operands), value
+        for n in nodes:
+            args = [y if v == prev else lookup(v) for v in n.inputs()]
+            y, prev = aten_op(n.kind(), schema_overload(n) or "default")(*args), n.output()
         return y
 
-    run.residual = residual  # type: ignore[attr-defined]
     return run
 
 
@@ -254,7 +286,10 @@ def lower_external(
     for plan in plans:
         for b in _bufs(plan.args):
             examples.setdefault(b, _example(b, constants, gen))
-        result = _try(plan, operands, examples)
+        if plan.fn == "nnc_mkldnn_convolution_bn_pointwise" and isinstance(plan.args[6], Buf):
+            var = plan.args[6]  # a variance: positive
+            examples[var] = examples[var].abs() + 0.5
+        result = _try(plan, operands, examples, partial(_lookup, examples, env_buf))
         if result is not None:
             return _fused(plan.fn, plan.args, name, result, plan.last, plan.folded)
     fn = aten_routine(kind)
@@ -266,20 +301,24 @@ def lower_external(
     return _fused(fn, tuple(operands), name, result, node.output(), ())
 
 
+def _lookup(examples: dict[Buf, torch.Tensor], env_buf: Callable[[Any], Buf], value: Any) -> Any:
+    if value.node().kind() == "prim::Constant":
+        return value.toIValue()
+    return examples[env_buf(value)]
+
+
 def _bufs(args: Sequence[Any]) -> list[Buf]:
     return [a for a in args if isinstance(a, Buf)]
 
 
-def _try(plan: _Plan, operands: Sequence[Any],
-         examples: dict[Buf, torch.Tensor]) -> torch.Tensor | None:
+def _try(plan: _Plan, operands: Sequence[Any], examples: dict[Buf, torch.Tensor],
+         lookup: Callable[[Any], Any]) -> torch.Tensor | None:
     """The fused routine's result on the examples if it runs and matches eager, else None."""
     try:
         with torch.no_grad():
             got = ROUTINES[plan.fn](*_values(plan.args, examples))
-            other = next((examples[b] for b in _bufs(plan.args[1:2])), None)
-            want = plan.reference(_values(operands, examples),
-                                  other if plan.reference.residual else None)
-    except RuntimeError:
+            want = plan.reference(_values(operands, examples), lookup)
+    except (RuntimeError, KeyError, TypeError):
         return None
     if got.shape != want.shape or got.dtype != want.dtype or got.stride() != want.stride():
         return None
