@@ -203,7 +203,11 @@ class ConvBnRelu(torch.nn.Module):
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
 @pytest.mark.parametrize("affine", [True, False])
-def test_conv_batch_norm_relu_is_one_group(affine, use_llvm):
+@pytest.mark.parametrize("fold", [False, True])
+def test_conv_batch_norm_relu_is_one_group(affine, use_llvm, fold, monkeypatch):
+    import nncfuse.tensorexpr.lowerings.external as lowering
+
+    monkeypatch.setattr(lowering, "FOLD_BATCH_NORM", fold)
     model = ConvBnRelu(affine).eval()
     x = torch.randn(2, 8, 10, 10)
     with torch.no_grad():
@@ -215,7 +219,7 @@ def test_conv_batch_norm_relu_is_one_group(affine, use_llvm):
         ops = [n.kind() for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
         assert ops == ["aten::_convolution", "aten::batch_norm", "aten::relu"]
         (call,) = [s for s in kernel_of(group).stmt.stmts if isinstance(s, S.ExternalCall)]
-        if onednn_dtype_ok(torch.float32):  # batch norm folded into the weights, relu a post-op
+        if fold and onednn_dtype_ok(torch.float32):  # batch norm in the weights, relu a post-op
             assert call.fn == "nnc_mkldnn_convolution_bn_pointwise"
             assert len(kernel_of(group).stmt.stmts) == 1
         model.bn.running_var.mul_(3.0)  # statistics are read at call time too
