@@ -209,7 +209,7 @@ def test_conv_batch_norm_relu_is_one_group(affine, use_llvm, fold, monkeypatch):
 
     monkeypatch.setattr(lowering, "FOLD_BATCH_NORM", fold)
     model = ConvBnRelu(affine).eval()
-    x = torch.randn(2, 8, 10, 10)
+    x = torch.randn(2, 8, 10 + fold, 10)  # another shape: kernels are cached by their graph
     with torch.no_grad():
         fused = nncfuse.jit(torch.jit.trace(model, (x,)), use_llvm=use_llvm)
         for _ in range(3):
