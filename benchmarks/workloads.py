@@ -8,6 +8,10 @@ as `F.gelu`), so that each contender sees the same chain of ops. The
 identity-mapped inputs, or a unary op (exp, sin) summed pairwise; "split"
 reads four distinct inputs, "shared" derives all four from one input
 (`a + 0.001`, ...), so a fuser reads memory once instead of four times.
+
+The GEMM and convolution workloads (issue 14) call the library ops as models do
+(`F.linear`, `F.conv2d`) and their activations as one op each (`F.gelu`,
+`F.hardtanh`): what a fuser may hand to oneDNN as a post-op.
 """
 
 from __future__ import annotations
@@ -171,6 +175,26 @@ def inplace_residual_add(x, b, r):
     return r
 
 
+# -- a GEMM or convolution with its epilogue (issue 14) -----------------------------------------
+
+def linear_gelu(x, w, b):
+    return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))
+
+
+def conv_relu(x, w, b):
+    return torch.relu(torch.nn.functional.conv2d(x, w, b, 1, 1))
+
+
+def dwconv_hardtanh(x, w, b):
+    # MobileNetV2's depthwise 3x3 (96 channels, a constant group count) and its relu6.
+    return torch.nn.functional.hardtanh(torch.nn.functional.conv2d(x, w, b, 1, 1, 1, 96), 0.0, 6.0)
+
+
+def conv_add_relu(x, w, b, r):
+    # ResNet's basic block tail: conv, residual add, relu.
+    return torch.relu(torch.nn.functional.conv2d(x, w, b, 1, 1) + r)
+
+
 # -- input builders: each takes the main tensor's shape --------------------------------------------
 
 def _randn(shape: tuple[int, ...]) -> Inputs:
@@ -223,6 +247,25 @@ def _gates(shape: tuple[int, ...]) -> Inputs:
 def _rotary(shape: tuple[int, ...]) -> Inputs:
     _, s, _ = shape
     return torch.randn(shape), torch.randn(s, 64), torch.randn(s, 64)
+
+
+def _linear(shape: tuple[int, ...]) -> Inputs:
+    m, k, n = shape  # x (m, k) @ w (n, k)^T + b: the output is (m, n)
+    return torch.randn(m, k), torch.randn(n, k) / k**0.5, torch.randn(n)
+
+
+def _conv(shape: tuple[int, ...]) -> Inputs:
+    n, c, h, w = shape  # a 3x3 convolution, c -> c channels, padding 1
+    return torch.randn(shape), torch.randn(c, c, 3, 3) / (9 * c) ** 0.5, torch.randn(c)
+
+
+def _dwconv(shape: tuple[int, ...]) -> Inputs:
+    n, c, h, w = shape
+    return torch.randn(shape), torch.randn(c, 1, 3, 3) / 3, torch.randn(c)
+
+
+def _conv_residual(shape: tuple[int, ...]) -> Inputs:
+    return (*_conv(shape), torch.randn(shape))
 
 
 @dataclass(frozen=True)
@@ -290,6 +333,11 @@ WORKLOADS: list[Workload] = [
     Workload("pad_activation", pad_activation, _randn, (2046, 2046), _Q2),
     Workload("inplace_residual_add", inplace_residual_add, _bias_residual, (2048, 2048), _Q2,
              mutates=True),
+    Workload("linear_gelu_mlp", linear_gelu, _linear, (128, 768, 3072), (8, 32, 64)),
+    Workload("linear_gelu_b1", linear_gelu, _linear, (1, 768, 3072), (1, 32, 64)),
+    Workload("conv_relu", conv_relu, _conv, (8, 64, 56, 56), (1, 8, 8, 8)),
+    Workload("dwconv_hardtanh", dwconv_hardtanh, _dwconv, (8, 96, 56, 56), (1, 96, 8, 8)),
+    Workload("conv_add_relu", conv_add_relu, _conv_residual, (8, 64, 56, 56), (1, 8, 8, 8)),
 ]
 
 

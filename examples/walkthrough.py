@@ -11,7 +11,7 @@ import nncfuse
 
 
 def foo(a):
-    b = torch.conv2d(a, torch.randn(1, 1, 1, 1))  # not fusible
+    b = torch.conv2d(a, torch.randn(1, 1, 1, 1))  # an external call at the group's start
     x = torch.mul(b, b)  # fusible
     y = torch.sin(x)  # fusible
     z = torch.mul(y, y)  # fusible

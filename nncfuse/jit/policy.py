@@ -53,7 +53,7 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..tensorexpr.lowerings import lowering_for
+from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
 from ..tensorexpr.meta import infer_types
 from . import scripting
 from .guard import CompileFailure
@@ -114,9 +114,12 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
 
 
 def _elementwise(node: Any) -> bool:
-    """Whether `node` is a constant, a tuple of results, or an op with a lowering."""
+    """Whether `node` is a constant, a tuple of results, or an elementwise op with a
+    lowering."""
     if node.kind() in ("prim::Constant", "prim::TupleConstruct"):
         return True
+    if node.kind() in EXTERNAL_KINDS:  # GEMMs and convolutions: typed by profiling
+        return False
     return not list(node.blocks()) and lowering_for(node)[0] is not None
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..tensorexpr.dtype import from_torch
-from ..tensorexpr.lowerings import lowering_for
+from ..tensorexpr.lowerings import EXTERNAL_KINDS, external_problem, lowering_for
 from ..tensorexpr.meta import TensorMeta, is_tensor
 
 _NUMBER_KINDS = {"FloatType", "IntType", "BoolType"}
@@ -79,6 +79,10 @@ def _node_problem(node: Any) -> str | None:
     problem = _tensor_problem(node.output(), "output")
     if problem:
         return problem
+    if node.kind() in EXTERNAL_KINDS:
+        problem = external_problem(node)
+        if problem:
+            return problem
     for value in node.inputs():
         if is_tensor(value):
             problem = _tensor_problem(value, "input")
@@ -91,6 +95,22 @@ def _node_problem(node: Any) -> str | None:
         elif value.type().kind() not in _NUMBER_KINDS:
             return f"input %{value.debugName()} of type {value.type()} is not a constant"
     return None
+
+
+def is_external(node: Any) -> bool:
+    """Whether `node` runs as an external call (GEMM, convolution) inside a group: it must
+    read only group inputs, so it starts its group (`reads_external`)."""
+    return node.kind() in EXTERNAL_KINDS
+
+
+def feeds_external(group: Any, value: Any) -> bool:
+    """Whether `value`, an input of `group`, is read by an external call inside it."""
+    sub = list(group.g("Subgraph").inputs())
+    return any(
+        is_external(u.user)
+        for use in value.uses() if use.user == group
+        for u in sub[use.offset].uses()
+    )
 
 
 def _fused_list(node: Any, value: Any) -> bool:

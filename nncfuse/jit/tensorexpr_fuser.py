@@ -14,6 +14,10 @@ fewer than `min_group_size` nodes are taken apart again. A group is a
       %x : Float(128) = aten::mul(%0, %0)
       ...
 
+GEMMs and convolutions (`supported.is_external`) join a group as external calls
+that the kernel runs before its loops: they read only group inputs, so one
+neither pulls in its producers nor is merged after a node it reads.
+
 Alias safety: only nodes whose inputs nothing writes to (per the graph's
 AliasDb, taken before fusion) are fused, so moving them never reorders a
 read across a write. `guard.py` then compiles each group and guards it.
@@ -34,7 +38,7 @@ from ..tensorexpr.meta import is_tensor
 from . import guard
 from .inplace import chain_root, functionalize_input_writes, is_write_back, only_write_backs
 from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
-from .supported import why_not_fusible, why_not_write_back
+from .supported import feeds_external, is_external, why_not_fusible, why_not_write_back
 
 _log = log.get_logger(__file__)
 def _body_size(group: Any) -> int:
@@ -109,6 +113,7 @@ class _Fuser:
             for node in list(block.nodes()):
                 lone = not is_group(node) and node.kind() != "prim::Constant"
                 lone = lone and node.outputsSize() == 1 and is_tensor(node.output())
+                lone = lone and not is_external(node)  # a library call alone: nothing to fuse
                 if lone and self.why_not(node) is None:
                     make_group(self.graph, node)
         self.merge_adjacent(block)
@@ -122,7 +127,7 @@ class _Fuser:
 
     def scan(self, node: Any) -> Any | None:
         """Pull one producer into `node`; the group if that happened, else None."""
-        if not is_group(node) and self.why_not(node) is not None:
+        if not is_group(node) and (self.why_not(node) is not None or is_external(node)):
             return None
         block = node.owningBlock()
         producers = [
@@ -132,7 +137,8 @@ class _Fuser:
             and v.node().kind() not in ("prim::Param", "prim::Constant")
         ]
         for producer in sorted(set(producers), key=functools.cmp_to_key(_order), reverse=True):
-            if self.why_not(producer) is not None or _crosses_write_back(producer, node):
+            if (self.why_not(producer) is not None or _crosses_write_back(producer, node)
+                    or _feeds_external(node, producer)):
                 continue
             if not _move_together(producer, node):
                 continue
@@ -145,7 +151,7 @@ class _Fuser:
     def merge_adjacent(self, block: Any) -> None:
         nodes = [n for n in block.nodes() if n.kind() != "prim::Constant"]
         for first, second in zip(nodes, nodes[1:]):
-            if is_group(first) and is_group(second):
+            if is_group(first) and is_group(second) and not _feeds_external(second, first):
                 merge_into(self.graph, second, first)
 
 
@@ -180,6 +186,14 @@ def _crosses_write_back(producer: Any, consumer: Any) -> bool:
             return True
         node = node.prev()
     return False
+
+
+def _feeds_external(consumer: Any, producer: Any) -> bool:
+    """Whether merging `producer` into the group `consumer` would put a node computed in the
+    group before an external call that reads it."""
+    if not is_group(consumer):
+        return False
+    return any(feeds_external(consumer, v) for v in producer.outputs())
 
 
 def _order(a: Any, b: Any) -> int:

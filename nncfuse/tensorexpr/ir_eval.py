@@ -16,6 +16,7 @@ yielding that type's minimum when out of range or NaN, then wraps.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from . import expr as E
 from . import stmt as S
 from .buffer import Buf
 from .dtype import Dtype
+from .external import ROUTINES
 from .ir_visitor import Visitor
 
 Env = dict[int, Any]
@@ -271,6 +273,25 @@ class _Compiler(Visitor):
         slot = self.buffer_slot(s.buf)
         return lambda env: env.pop(slot, None)
 
+    def visit_ExternalCall(self, s: S.ExternalCall) -> Callable[[Env], None]:
+        fn = ROUTINES[s.fn]
+        operands: list[Callable[[Env], Any]] = []
+        for a in s.args:
+            if isinstance(a, Buf):
+                operands.append(partial(_tensor_view, self.buffer_slot(a), a))
+            elif isinstance(a, E.Expr):
+                operands.append(_as_number(self.expr(a)))
+            else:
+                operands.append(lambda env, v=a: v)
+        slot, out = self.buffer_slot(s.buf), s.buf
+
+        def call(env: Env) -> None:
+            with torch.no_grad():
+                result = fn(*(op(env) for op in operands))
+            _tensor_view(slot, out, env).copy_(result)
+
+        return call
+
     def visit_Store(self, s: S.Store) -> Callable[[Env], None]:
         slot, offset = self.buffer_slot(s.buf), self.offset(s.buf, s.indices)
         value = self.expr(s.value)
@@ -281,6 +302,22 @@ class _Compiler(Visitor):
             env[slot][offset(env)] = bf16_bits(v) if bf16 else v
 
         return store
+
+
+def _as_number(fn: Fn) -> Callable[[Env], Any]:
+    return lambda env: fn(env).item()
+
+
+def _tensor_view(slot: int, buf: Buf, env: Env) -> torch.Tensor:
+    """The tensor of `buf`'s sizes and strides over its memory in `env` (for library calls)."""
+    flat = torch.from_numpy(env[slot])
+    if buf.dtype.name == "bfloat16":
+        flat = flat.view(torch.int16).view(torch.bfloat16)
+    sizes = buf.static_dims()
+    strides = tuple(getattr(s, "value", None) for s in buf.strides)
+    if sizes is None or None in strides:
+        raise NotImplementedError(f"an external call on {buf.name}, of symbolic sizes")
+    return flat.as_strided(sizes, strides)
 
 
 def evaluate(e: E.Expr, env: dict[E.Var, Any] | None = None) -> Any:

@@ -195,6 +195,12 @@ class IRPrinter(Visitor):
     def visit_Free(self, s: S.Free) -> list[str]:
         return [f"{'  ' * self.indent}Free({self.names.get(s.buf)});"]
 
+    def visit_ExternalCall(self, s: S.ExternalCall) -> list[str]:
+        bufs = ", ".join(self.names.get(b) for b in s.bufs)
+        consts = ", ".join(map(repr, s.consts))
+        name = self.names.get(s.buf)
+        return [f'{"  " * self.indent}ExternalCall({name}, "{s.fn}", {{{bufs}}}, {{{consts}}});']
+
 
 def print_expr(e: E.Expr) -> str:
     return IRPrinter().expr(e)

@@ -6,7 +6,7 @@
 - no variable is bound twice (a `Reduce`'s variables may be shared by copies
   of that Reduce, which bind them only inside their bodies);
 - temporaries are allocated before use and freed exactly once, after use;
-- only temporaries and outputs are stored to.
+- only temporaries and outputs are stored to (an `ExternalCall` stores its buffer).
 
 Before the schedule allocates temporaries (`insert_allocations`), pass
 `allocated=False`: then a buffer that is neither an input nor an output is a
@@ -127,6 +127,11 @@ class _Checker(Visitor):
         if root in self.live or root in self.freed:
             raise IRError(f"buffer {s.buf.name} allocated twice")
         self.live.add(root)
+
+    def visit_ExternalCall(self, s: S.ExternalCall) -> None:
+        for b in s.bufs:
+            self.buffer(b, store=False)
+        self.buffer(s.buf, store=True)
 
     def visit_Free(self, s: S.Free) -> None:
         root = s.buf.root

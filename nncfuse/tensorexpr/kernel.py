@@ -45,6 +45,8 @@ from .codegen.entry import (
     ArgSource,
     BufOutput,
     ConstParam,
+    ConstSource,
+    ExternalStep,
     InputOutput,
     KernelInterface,
     NumberParam,
@@ -59,11 +61,13 @@ from .codegen.entry import (
 from .codegen.llvm_codegen import compile_stmt
 from .codegen.llvm_jit import vector_bits
 from .dtype import BOOL, FLOAT64, INT64, from_torch
+from .external import ROUTINES
 from .ir_eval import IREvaluator
 from .ir_verifier import IRError, verify
 from .ir_visitor import substitute, walk
 from .loopnest import compute, definition
 from .lowerings import (
+    EXTERNAL_KINDS,
     Arg,
     ConstArg,
     Ctx,
@@ -72,6 +76,7 @@ from .lowerings import (
     RuntimeCheck,
     ScalarArg,
     TensorArg,
+    lower_external,
     lowering_for,
     scalar_dtype,
 )
@@ -106,8 +111,8 @@ class ComputedOutput:
 class Lowered:
     """A graph lowered to one statement, and how its parameters bind to the graph."""
 
-    stmt: S.Stmt
-    params: tuple[Buf | E.Var, ...]  # inputs, then tensor constants, then output buffers
+    stmt: S.Stmt  # the loops, after the external calls
+    params: tuple[Buf | E.Var, ...]  # inputs, tensor constants, external results, outputs
     inputs: tuple[Buf | E.Var, ...]  # per graph input: its parameter
     constants: tuple[tuple[Buf, torch.Tensor], ...]  # tensor constants, bound at call time
     outputs: tuple[ComputedOutput | InputOutput, ...]  # per graph output
@@ -117,6 +122,7 @@ class Lowered:
     checks: tuple[RuntimeCheck, ...]  # run before the kernel
     written: tuple[int, ...] = ()  # graph inputs the kernel stores into (write-backs)
     write_sources: tuple[Buf, ...] = ()  # what write-backs store: kept buffers, not inlined
+    externals: tuple[S.ExternalCall, ...] = ()  # run before the loops, from the entry
 
 
 def _sanitize(name: str) -> str:
@@ -191,6 +197,8 @@ class _GraphLowering:
         self.write_backs: list[S.Stmt] = []  # stores into inputs, after every other nest
         self.written: dict[Buf, int] = {}  # input buffer -> its graph input position
         self.write_sources: list[Buf] = []
+        self.externals: list[S.ExternalCall] = []
+        self.folded: set[int] = set()  # outputs of nodes an external call computes
 
     def unique(self, base: str) -> str:
         """`base`, or `base_<n>` if that name is taken."""
@@ -227,13 +235,18 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
             _lower_list(state, node)
         elif node.kind() == "aten::copy_":
             _lower_write_back(state, node, inputs)
+        elif node.kind() in EXTERNAL_KINDS:
+            _lower_external(state, node, kernel_inputs, graph_outputs)
+        elif node.output().unique() in state.folded:
+            continue
         else:
             _lower_node(state, node, kernel_inputs, graph_outputs)
     outputs = _collect_outputs(state, graph)
     out_bufs = tuple(dict.fromkeys(o.buf for o in outputs if isinstance(o, ComputedOutput)))
+    results = tuple(c.buf for c in state.externals)
     return Lowered(
         stmt=S.Block((*state.nests, *state.write_backs)),
-        params=(*inputs, *(b for b, _ in state.constants), *out_bufs),
+        params=(*inputs, *(b for b, _ in state.constants), *results, *out_bufs),
         inputs=inputs,
         constants=tuple(state.constants),
         outputs=outputs,
@@ -244,6 +257,7 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         checks=tuple(state.checks),
         written=tuple(sorted(set(state.written.values()))),
         write_sources=tuple(state.write_sources),
+        externals=tuple(state.externals),
     )
 
 
@@ -359,6 +373,31 @@ def _lower_node(
     state.nests.append(nest)
 
 
+def _lower_external(
+    state: _GraphLowering, node: Any, kernel_inputs: frozenset[Buf | E.Var], graph_outputs: set[int]
+) -> None:
+    """A GEMM or convolution: an `ExternalCall` into a buffer of its own, run before the loops
+    (`lowerings/external.py`), with the activation or residual add after it when oneDNN
+    fuses them; those nodes then lower to nothing."""
+    args = [state.env[v.unique()] for v in node.inputs()]
+    constants = dict(state.constants)
+    sources = frozenset(b for b in (*kernel_inputs, *constants) if isinstance(b, Buf))
+
+    def buf_of(value: Any) -> Buf:
+        return state.env[value.unique()].buf  # type: ignore[union-attr]
+
+    op = node.kind().split("::")[-1]
+    fused = lower_external(node, args, sources, constants, graph_outputs,
+                           state.unique(f"aten_{op}"), buf_of)
+    state.ops.append(op)
+    how = ("oneDNN post-ops fused into the call" if fused.folded
+           else "the epilogue runs over the whole output in the loops")
+    _log.debug(f"{node.kind()} as {fused.call.fn}: {how}")
+    state.externals.append(fused.call)
+    state.folded |= fused.folded
+    state.env[fused.value] = TensorArg(fused.call.buf, state.metas[fused.value].sizes)
+
+
 def _collect_outputs(
     state: _GraphLowering, graph: torch._C.Graph
 ) -> tuple[ComputedOutput | InputOutput, ...]:
@@ -374,6 +413,10 @@ def _collect_outputs(
             if not is_tensor(value) or value.node().inputsAt(0).node().kind() != "prim::Param":
                 raise LoweringError("a write-back into a view of an input is returned")
             outputs.append(InputOutput(state.written[arg.buf]))
+            continue
+        results = [c.buf for c in state.externals]
+        if isinstance(arg, TensorArg) and arg.buf in results:  # an external call's result
+            outputs.append(InputOutput(len(input_index) + results.index(arg.buf)))
             continue
         if not isinstance(arg, TensorArg) or arg.buf not in state.output_metas:
             raise LoweringError("graph outputs must be tensors computed by the graph")
@@ -431,6 +474,29 @@ def _long_running(stmt: S.Stmt) -> bool:
     return sum(work(s) or 0 for s in stmt.stmts) >= GRAIN if isinstance(stmt, S.Block) else False
 
 
+def _with_externals(lowered: Lowered, loops: S.Stmt) -> S.Stmt:
+    """The loops after the external calls that compute their inputs, as one Stmt to print."""
+    if not lowered.externals:
+        return loops
+    return S.Block((*lowered.externals, *(loops.stmts if isinstance(loops, S.Block) else [loops])))
+
+
+def _external_steps(lowered: Lowered, position: Mapping[Any, int]) -> tuple[ExternalStep, ...]:
+    """Each external call as the entry makes it: kernel input `position[buf]` is the routine's
+    result on the positions of its buffer and number operands and on its constants."""
+    constants = dict(lowered.constants)
+    steps = []
+    for call in lowered.externals:
+        args = tuple(
+            ArgSource(position[a]) if a in position
+            else ConstSource(constants[a]) if isinstance(a, Buf)
+            else ConstSource(a)
+            for a in call.args
+        )
+        steps.append(ExternalStep(position[call.buf], ROUTINES[call.fn], args))
+    return tuple(steps)
+
+
 class TensorExprKernel:
     """A fusion group's graph compiled to one loop nest program; see the module docstring."""
 
@@ -439,16 +505,19 @@ class TensorExprKernel:
         self.options = options or Options.from_env()
         _log.debug("TensorExprKernel graph:\n", graph)
         self.lowered = lowered = lower_graph(graph)
-        _log.debug("Original Stmt:\n", lowered.stmt)
+        _log.debug("Original Stmt:\n", _with_externals(lowered, lowered.stmt))
         if self.options.verify:
             self._verify("lower_graph", lowered.stmt, allocated=False)
         stmt = self._run_schedule(lowered.stmt, schedule(lowered, vector_bits()))
         self._verify("the schedule", stmt, allocated=True)
-        _log.debug("Final Stmt:\n", stmt)
-        self.stmt = stmt
+        #: what runs: the external calls (from the entry), then the loops (compiled)
+        self.stmt = _with_externals(lowered, stmt)
+        _log.debug("Final Stmt:\n", self.stmt)
         self.jit = None
         self.evaluator = None
-        if self.options.use_llvm:
+        if isinstance(stmt, S.Block) and not stmt.stmts:
+            pass  # external calls alone: nothing to compile
+        elif self.options.use_llvm:
             streaming = frozenset(
                 b for b, meta in lowered.output_metas.items()
                 if meta.nbytes >= STREAMING_BYTES
@@ -493,7 +562,8 @@ class TensorExprKernel:
                 stmt,
                 params=[p for p in lowered.params if isinstance(p, E.Var)],
                 inputs=[*(b for b in lowered.inputs if isinstance(b, Buf)),
-                        *(b for b, _ in lowered.constants)],
+                        *(b for b, _ in lowered.constants),
+                        *(c.buf for c in lowered.externals)],
                 outputs=[*lowered.output_metas, *(lowered.inputs[k] for k in lowered.written)],
                 allocated=allocated,
             )
@@ -504,6 +574,7 @@ class TensorExprKernel:
         """How the compiled code is called: each parameter and output by input position."""
         lowered = self.lowered
         position = {p: k for k, p in enumerate(lowered.inputs)}
+        position |= {c.buf: len(position) + j for j, c in enumerate(lowered.externals)}
         constants = dict(lowered.constants)
         number: dict[Buf | E.Var, int] = {}  # output buffer -> its place among the outputs
         params: list[Param] = []
@@ -525,6 +596,7 @@ class TensorExprKernel:
             tuple(params),
             outputs,
             checks,
+            externals=_external_steps(lowered, position),
             cfunc=self.jit.cfunc if self.jit is not None else None,
             run=self.evaluator.run if self.evaluator is not None else None,
             written=lowered.written,

@@ -1,8 +1,9 @@
 """Statement nodes of the loop IR.
 
 A kernel body is one `Stmt`: loop nests (`For`) over `Store`s of expressions
-into buffers, `Let` bindings that name a value once per iteration, and
-`Allocate`/`Free` around temporaries. Statements are immutable; passes build
+into buffers, `Let` bindings that name a value once per iteration,
+`Allocate`/`Free` around temporaries, and `ExternalCall`s of library routines
+(GEMM, convolution) into a buffer. Statements are immutable; passes build
 new trees.
 """
 
@@ -97,3 +98,26 @@ class Free(Stmt):
     """Releases a buffer reserved by `Allocate`."""
 
     buf: Buf
+
+
+@dataclass(frozen=True)
+class ExternalCall(Stmt):
+    """`buf = fn(*args)`: a library routine torch exports (`external.ROUTINES[fn]`) computes
+    all of `buf`, a buffer the kernel owns. `args` are the routine's operands in order:
+    buffers for tensors, Python constants (numbers, lists, strings, None) for the rest.
+    Printed as NNC does: `ExternalCall(aten_linear, "nnc_aten_linear", {x, w, b}, {})`.
+    """
+
+    buf: Buf
+    fn: str
+    args: tuple[object, ...]
+
+    @property
+    def bufs(self) -> tuple[Buf, ...]:
+        """The buffers the routine reads."""
+        return tuple(a for a in self.args if isinstance(a, Buf))
+
+    @property
+    def consts(self) -> tuple[object, ...]:
+        """The operands that are no buffers."""
+        return tuple(a for a in self.args if not isinstance(a, Buf))

@@ -123,7 +123,7 @@ def test_unsupported_op_raises_lowering_error():
         nncfuse.TensorExprKernel(
             torch._C.parse_ir("""
         graph(%a : Float(4, 4, strides=[4, 1], requires_grad=0, device=cpu)):
-          %x : Tensor = aten::mm(%a, %a)
+          %x : Tensor = aten::inverse(%a)
           return (%x)
         """)
         )

@@ -167,6 +167,16 @@ class ArgCheck:
     message: str
 
 
+@dataclass(frozen=True, eq=False)
+class ExternalStep:
+    """Before the call: kernel input `position` is `fn(*args)`, a library routine (GEMM,
+    convolution) on earlier kernel inputs (`ArgSource`) and constants (`ConstSource`)."""
+
+    position: int
+    fn: Callable[..., Any]
+    args: tuple[Source, ...]
+
+
 @dataclass(frozen=True)
 class KernelInterface:
     """How a compiled kernel is called, whoever calls it.
@@ -176,6 +186,7 @@ class KernelInterface:
     checks:  what is checked on the inputs before the call;
     written: the inputs the kernel stores into: when one of them overlaps another tensor
              input in memory, the entry calls `fallback` (the unfused graph) instead;
+    externals: library calls made before the kernel's, whose results it reads;
     cfunc:   the machine code, called with pointers and numbers; or `run`, the
              interpreter, called with the list of tensors and numbers.
     """
@@ -187,6 +198,7 @@ class KernelInterface:
     run: Callable[[list[Any]], None] | None = None
     written: tuple[int, ...] = ()  # kernel inputs the kernel stores into (`written`)
     fallback: Callable[[list[Any]], list[Any]] | None = None  # when one overlaps an input
+    externals: tuple[ExternalStep, ...] = ()
 
 
 class _Code:
@@ -213,6 +225,7 @@ def make_entry(
     _bind_inputs(code, sources)
     _argument_checks(code, kernel.checks)
     _overlap_check(code, kernel, len(sources), returns)
+    _externals(code, kernel.externals)
     arguments = _arguments(code, kernel.params)
     _call(code, kernel, arguments)
     _return(code, _results(kernel.outputs), returns)
@@ -240,6 +253,19 @@ def _argument_checks(code: _Code, checks: Sequence[ArgCheck]) -> None:
         code.bind(f"m{j}", check.message)
         code.line(f"if not h{j}(a{check.position}):")
         code.line(f"    raise RuntimeError(m{j})")
+
+
+def _externals(code: _Code, steps: Sequence[ExternalStep]) -> None:
+    """`a<position> = x<j>(...)`: each library call, on kernel inputs and constants."""
+    for j, step in enumerate(steps):
+        args = []
+        for i, arg in enumerate(step.args):
+            match arg:
+                case ArgSource(index):
+                    args.append(f"a{index}")
+                case ConstSource(value):
+                    args.append(code.bind(f"x{j}_{i}", value))
+        code.line(f"a{step.position} = {code.bind(f'x{j}', step.fn)}({', '.join(args)})")
 
 
 def _arguments(code: _Code, params: Sequence[Param]) -> list[str]:
@@ -277,7 +303,7 @@ def _call(code: _Code, kernel: KernelInterface, arguments: Sequence[str]) -> Non
             for param, name in zip(kernel.params, arguments)
         ]
         code.line(f"{code.bind('cfunc', kernel.cfunc)}({', '.join(pointers)})")
-    else:
+    elif kernel.run is not None:
         code.line(f"{code.bind('run', kernel.run)}([{', '.join(arguments)}])")
 
 

@@ -10,11 +10,13 @@ from . import (  # noqa: F401
     bitwise,
     casts,
     compare,
+    external,
     reductions,
     shapes,
     unary,
 )
 from .casts import aliases  # noqa: F401 - for the fuser
+from .external import EXTERNAL_KINDS, external_problem, lower_external  # noqa: F401
 from .registry import (  # noqa: F401 - names used outside the package
     VIEWS,
     Arg,

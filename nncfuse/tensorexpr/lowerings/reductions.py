@@ -502,7 +502,7 @@ def vector_norm(ctx: Ctx) -> E.Expr:
 # -- batch_norm (inference), group_norm -------------------------------------------------------
 
 
-@register("aten::batch_norm", overloads=("",))
+@register("aten::batch_norm", overloads=("",), constant_operands=True)
 def batch_norm(ctx: Ctx) -> E.Expr:
     """Inference only (`training` False, running statistics given): per channel (dim 1)
     `alpha = weight / sqrt(var + eps)`, `beta = bias - mean * alpha`, then `x * alpha + beta`,

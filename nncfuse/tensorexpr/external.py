@@ -1,0 +1,149 @@
+"""external: the library routines an `ExternalCall` may name, and when oneDNN fuses post-ops.
+
+nncfuse writes no GEMM or convolution: an `ExternalCall(buf, fn, args)` runs
+`ROUTINES[fn](*args)`, a routine torch exports, and the kernel's loops read
+its result. Two families:
+
+- `nnc_aten_<op>`: the ATen op itself (`torch.ops.aten.<op>.default`), called
+  with the node's operands in schema order; the group's elementwise epilogue
+  then runs over the whole output in nncfuse's loops;
+- `nnc_mkldnn_*_pointwise`: oneDNN's fused kernels (what torch.compile's CPU
+  backend calls): `_linear_pointwise(x, w, b, attr, scalars, algorithm)` and
+  `_convolution_pointwise(x, w, b, padding, stride, dilation, groups, attr,
+  scalars, algorithm)` apply a unary post-op (`POST_OPS`) inside the routine,
+  each output block while it is in cache; the `.binary` overloads add a
+  residual (`add`) and then, optionally, a unary post-op;
+- `nnc_mkldnn_convolution_bn_pointwise`: an inference batch norm folded into
+  the convolution's weights and bias (on every call: they may change), then
+  `_convolution_pointwise`.
+
+oneDNN takes float32 and bfloat16 (this torch: not float64; bfloat16 only where
+`torch.ops.mkldnn._is_mkldnn_bf16_supported()`); `onednn_dtype_ok` says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+#: aten kinds that run as an external call inside a group, and how many leading tensor
+#: operands each takes (the rest are constants or numbers)
+ATEN_EXTERNALS: dict[str, int] = {
+    "aten::linear": 3,
+    "aten::matmul": 2,
+    "aten::mm": 2,
+    "aten::bmm": 2,
+    "aten::addmm": 3,
+    "aten::conv1d": 3,
+    "aten::conv2d": 3,
+    "aten::_convolution": 3,
+}
+
+
+def aten_op(kind: str, overload: str = "default") -> Callable[..., torch.Tensor]:
+    """`torch.ops.aten.<kind>.<overload>`, called with the node's operands in schema order
+    (keyword-only ones passed by name, as TorchScript lists them all positionally)."""
+    op = getattr(getattr(torch.ops.aten, kind.split("::")[1]), overload)
+    names = [a.name for a in op._schema.arguments]
+    first = next((k for k, a in enumerate(op._schema.arguments) if a.kwarg_only), len(names))
+    if first == len(names):
+        return op
+
+    def call(*args: Any) -> torch.Tensor:
+        return op(*args[:first], **dict(zip(names[first:], args[first:])))
+
+    return call
+
+
+def _linear_pointwise(x, w, b, attr, scalars, algorithm):  # noqa: ANN001, ANN202
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, attr, list(scalars), algorithm)
+
+
+def _linear_binary(x, other, w, b, attr):  # noqa: ANN001, ANN202
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, w, b, attr)
+
+
+def _conv_pointwise(x, w, b, padding, stride, dilation, groups, attr, scalars, algorithm):  # noqa: ANN001, ANN202, E501
+    return torch.ops.mkldnn._convolution_pointwise(
+        x, w, b, list(padding), list(stride), list(dilation), groups, attr, list(scalars),
+        algorithm)
+
+
+def _conv_binary(x, other, w, b, padding, stride, dilation, groups, binary_attr, alpha,  # noqa: ANN001, ANN202, E501
+                 unary_attr, unary_scalars, unary_algorithm):
+    return torch.ops.mkldnn._convolution_pointwise.binary(
+        x, other, w, b, list(padding), list(stride), list(dilation), groups, binary_attr, alpha,
+        unary_attr, list(unary_scalars), unary_algorithm)
+
+
+def _conv_bn_pointwise(x, w, b, gamma, beta, mean, var, eps, padding, stride, dilation,  # noqa: ANN001, ANN202, E501
+                       groups, attr, scalars, algorithm):
+    # An inference batch norm after the convolution, folded into its weights and bias on
+    # every call (parameters and statistics may change between calls), as eager computes it:
+    # alpha = gamma / sqrt(var + eps), beta' = beta - mean * alpha.
+    alpha = torch.rsqrt(var + eps)
+    if gamma is not None:
+        alpha = alpha * gamma
+    shift = -mean * alpha if b is None else (b - mean) * alpha
+    if beta is not None:
+        shift = shift + beta
+    folded = w * alpha.reshape(-1, *([1] * (w.dim() - 1)))
+    return _conv_pointwise(x, folded, shift, padding, stride, dilation, groups, attr, scalars,
+                           algorithm)
+
+
+#: routine name -> the callable; `ExternalCall.fn` names one of these
+ROUTINES: dict[str, Callable[..., torch.Tensor]] = {
+    **{f"nnc_aten_{k.split('::')[1]}": aten_op(k) for k in ATEN_EXTERNALS},
+    "nnc_mkldnn_linear_pointwise": _linear_pointwise,
+    "nnc_mkldnn_linear_pointwise_binary": _linear_binary,
+    "nnc_mkldnn_convolution_pointwise": _conv_pointwise,
+    "nnc_mkldnn_convolution_pointwise_binary": _conv_binary,
+    "nnc_mkldnn_convolution_bn_pointwise": _conv_bn_pointwise,
+}
+
+
+def aten_routine(kind: str) -> str:
+    """The routine name of an aten external kind: `nnc_aten_linear` for `aten::linear`."""
+    return f"nnc_aten_{kind.split('::')[1]}"
+
+
+#: aten activation kind -> oneDNN post-op name; scalars and algorithm come from `post_op`
+POST_OPS: dict[str, str] = {
+    "aten::relu": "relu",
+    "aten::gelu": "gelu",
+    "aten::silu": "swish",
+    "aten::hardtanh": "hardtanh",
+    "aten::relu6": "hardtanh",
+    "aten::hardswish": "hardswish",
+    "aten::sigmoid": "sigmoid",
+    "aten::tanh": "tanh",
+}
+
+
+def post_op(kind: str, consts: list[Any]) -> tuple[str, tuple[float, ...], str | None] | None:
+    """(attr, scalars, algorithm) of the oneDNN post-op that computes activation `kind` with
+    constant operands `consts` (after the tensor), or None if oneDNN has none for it."""
+    attr = POST_OPS.get(kind)
+    if attr is None:
+        return None
+    if kind == "aten::gelu":
+        approximate = consts[0] if consts else "none"
+        return (attr, (), approximate) if approximate in ("none", "tanh") else None
+    if kind == "aten::hardtanh":
+        lo, hi = (list(consts) + [-1.0, 1.0][len(consts):])[:2]
+        return attr, (float(lo), float(hi)), None
+    if kind == "aten::relu6":
+        return attr, (0.0, 6.0), None
+    return (attr, (), None) if not consts else None
+
+
+def onednn_dtype_ok(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's fused routines take `dtype` on this machine."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()

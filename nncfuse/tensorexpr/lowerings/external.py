@@ -1,0 +1,343 @@
+"""external: GEMMs and convolutions in a group, as `ExternalCall`s with fused epilogues.
+
+A GEMM or convolution node (`ATEN_EXTERNALS`) lowers to no loop nest but to
+one `ExternalCall` of a library routine into a buffer the kernel owns; the
+group's elementwise nodes after it read that buffer like any other. It reads
+only group inputs and constants (the fuser puts it at the start of a group),
+so the routine runs before the kernel's loops, from the generated entry.
+
+Where the node's one consumer is an activation oneDNN has as a post-op
+(`external.POST_OPS`), or a residual add of a group input (optionally
+followed by such an activation), the call is oneDNN's fused routine instead
+and those nodes lower to nothing (`Fused`):
+
+    %y = aten::linear(%x, %w, %b)         ExternalCall(aten_linear, "nnc_mkldnn_linear_pointwise",
+    %z = aten::gelu(%y, "none")       ->                 {x, w, b}, {'gelu', (), 'none'});
+
+The routine is tried once at lowering on random inputs of the group's types
+and compared with the unfused ops; a routine that raises or differs falls
+back to the plain ATen op with nncfuse's epilogue (and a call that still
+raises fails the group, which runs unfused). The trial also gives the output
+strides the buffer is declared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from .. import expr as E
+from .. import stmt as S
+from ..buffer import Buf
+from ..dtype import from_torch
+from ..external import (
+    ATEN_EXTERNALS,
+    ROUTINES,
+    aten_op,
+    aten_routine,
+    onednn_dtype_ok,
+    post_op,
+)
+from ..meta import TensorMeta
+from .registry import ConstArg, LoweringError, ScalarArg, TensorArg, register, schema_overload
+
+__all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem"]
+
+EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
+
+#: Fold an inference batch norm (and the activation after it) into a oneDNN convolution.
+#: Off: on transformers' ResNet and MobileNetV2 (1 thread, quiet machine) the folded
+#: un-prepacked oneDNN call measured slower (0.86x / 1.04x eager) than ATen's convolution
+#: followed by nncfuse's loops for batch norm and activation; it wants prepacked weights.
+FOLD_BATCH_NORM = False
+
+
+@register(tuple(ATEN_EXTERNALS), overloads=("",), constant_operands=True)
+def _not_elementwise(ctx: Any) -> E.Expr:
+    raise LoweringError(f"{ctx.node.kind()} is an external call, not an elementwise op")
+
+
+def external_problem(node: Any) -> str | None:
+    """Why the external `node` cannot run inside a group, or None."""
+    value = node.output()
+    meta = TensorMeta.from_type(value.type())
+    if meta is not None and not meta.dtype.is_floating_point:
+        return f"{node.kind()} runs in a library only for floating dtypes, not {meta.dtype}"
+    if node.kind() == "aten::_convolution" and node.inputsAt(6).toIValue() is not False:
+        return "a transposed convolution is not supported"
+    return None
+
+
+@dataclass(frozen=True)
+class Fused:
+    """What lowering an external node produced: the call, its buffer, and the graph values
+    (uniques) it computes: the node's output, or that of the last post-op fused into it."""
+
+    call: S.ExternalCall
+    value: int
+    folded: frozenset[int]  # uniques of the outputs of nodes fused into the call
+
+
+def _operand(arg: Any, sources: frozenset[Buf]) -> Any:
+    if isinstance(arg, TensorArg):
+        if arg.buf not in sources:
+            raise LoweringError("an external call reads only group inputs and constants")
+        return arg.buf
+    if isinstance(arg, ScalarArg):
+        if arg.const is None:
+            return arg.expr
+        return arg.const
+    if isinstance(arg, ConstArg):
+        v = arg.value
+        return tuple(v) if isinstance(v, list) else v
+    raise LoweringError(f"operand {arg} of an external call is not supported")
+
+
+def _single_user(value: Any, outputs: set[int]) -> Any | None:
+    """The one node that uses `value`, if it has one use and is no graph output."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.unique() in outputs:
+        return None
+    return uses[0].user
+
+
+def _consts(node: Any) -> list[Any] | None:
+    """The node's operands after the first, if all are constants."""
+    rest = list(node.inputs())[1:]
+    if any(v.node().kind() != "prim::Constant" for v in rest):
+        return None
+    return [v.toIValue() for v in rest]
+
+
+def _unary(node: Any | None, source: Any) -> tuple[str, tuple[float, ...], str | None] | None:
+    if node is None or node.inputsAt(0) != source:
+        return None
+    consts = _consts(node)
+    return None if consts is None else post_op(node.kind(), consts)
+
+
+def _residual(node: Any | None, value: Any) -> Any | None:
+    """The group input `node` adds to `value` (`aten::add(value, other)`, alpha 1), or None."""
+    if node is None or node.kind() != "aten::add" or node.inputsSize() != 3:
+        return None
+    a, b, alpha = node.inputs()
+    other = b if a == value else a if b == value else None
+    if other is None or other == value or alpha.node().kind() != "prim::Constant":
+        return None
+    if alpha.toIValue() != 1 or other.node().kind() != "prim::Param":
+        return None
+    want, got = TensorMeta.from_type(value.type()), TensorMeta.from_type(other.type())
+    if want is None or got is None or (got.sizes, got.dtype) != (want.sizes, want.dtype):
+        return None
+    return other
+
+
+@dataclass(frozen=True)
+class _Plan:
+    fn: str
+    args: tuple[Any, ...]
+    reference: Callable[..., torch.Tensor]  # the unfused ops, on the same operands
+    last: Any  # the graph value the call computes
+    folded: tuple[Any, ...]
+
+
+def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
+                 other: Callable[[Any], Any]) -> list[_Plan]:
+    """oneDNN routines that compute `node` with its epilogue, best first."""
+    kind, value = node.kind(), node.output()
+    meta = TensorMeta.from_type(value.type())
+    if meta is None or not onednn_dtype_ok(meta.dtype):
+        return []
+    aten = ROUTINES[aten_routine(kind)]
+    user = _single_user(value, outputs)
+    unary = _unary(user, value)
+    residual = _residual(user, value)
+    after = _single_user(user.output(), outputs) if residual is not None else None
+    then = _unary(after, user.output()) if after is not None else None
+    plans: list[_Plan] = []
+    if kind == "aten::linear" and len(meta.sizes) >= 2:
+        x, w, b = operands
+        if unary is not None:
+            plans.append(_Plan("nnc_mkldnn_linear_pointwise", (x, w, b, *unary),
+                               _reference(aten, value, user), user.output(), (user,)))
+        if residual is not None:
+            plans.append(_Plan("nnc_mkldnn_linear_pointwise_binary",
+                               (x, other(residual), w, b, "add"),
+                               _reference(aten, value, user), user.output(), (user,)))
+    conv = _conv2d_operands(kind, operands) if len(meta.sizes) == 4 else None
+    if conv is not None:
+        x, w, b, stride, padding, dilation, groups = conv
+        geometry = (padding, stride, dilation, groups)
+        if unary is not None:
+            plans.append(_Plan("nnc_mkldnn_convolution_pointwise", (x, w, b, *geometry, *unary),
+                               _reference(aten, value, user), user.output(), (user,)))
+        if residual is not None:
+            binary = (x, other(residual), w, b, *geometry, "add", None)
+            if then is not None:
+                plans.append(_Plan("nnc_mkldnn_convolution_pointwise_binary", (*binary, *then),
+                                   _reference(aten, value, user, after), after.output(),
+                                   (user, after)))
+            plans.append(_Plan("nnc_mkldnn_convolution_pointwise_binary",
+                               (*binary, None, (), None),
+                               _reference(aten, value, user), user.output(), (user,)))
+        bn = _batch_norm(user, value, meta, other) if FOLD_BATCH_NORM else None
+        if bn is not None:
+            after = _single_user(user.output(), outputs)
+            then = _unary(after, user.output())
+            fn = "nnc_mkldnn_convolution_bn_pointwise"
+            if then is not None:
+                plans.append(_Plan(fn, (x, w, b, *bn, *geometry, *then),
+                                   _reference(aten, value, user, after), after.output(),
+                                   (user, after)))
+            plans.append(_Plan(fn, (x, w, b, *bn, *geometry, "none", (), None),
+                               _reference(aten, value, user), user.output(), (user,)))
+    return plans
+
+
+def _batch_norm(node: Any | None, value: Any, meta: TensorMeta,
+                buf: Callable[[Any], Buf]) -> tuple[Any, ...] | None:
+    """(weight, bias, mean, var, eps) of an inference batch norm of `value` whose statistics
+    and parameters are group inputs, to fold into the convolution's weights; else None."""
+    if node is None or node.kind() != "aten::batch_norm" or node.inputsAt(0) != value:
+        return None
+    params = list(node.inputs())[1:5]
+    flags = list(node.inputs())[5:]
+    if any(v.node().kind() != "prim::Constant" for v in flags) or flags[0].toIValue():
+        return None
+    folded: list[Any] = []
+    for k, v in enumerate(params):
+        if v.node().kind() == "prim::Constant" and v.toIValue() is None and k < 2:
+            folded.append(None)
+            continue
+        got = TensorMeta.from_type(v.type())
+        if v.node().kind() != "prim::Param" or got is None:
+            return None
+        if got.sizes != (meta.sizes[1],) or got.dtype != meta.dtype:
+            return None
+        folded.append(buf(v))
+    return (*folded, float(flags[2].toIValue()))
+
+
+def _conv2d_operands(kind: str, operands: list[Any]) -> list[Any] | None:
+    """(x, w, b, stride, padding, dilation, groups) of a plain 2-d convolution, else None:
+    `conv2d` with explicit padding, or what tracing records, `_convolution`, not transposed."""
+    if kind == "aten::conv2d" and isinstance(operands[4], tuple):
+        return operands
+    if kind == "aten::_convolution" and operands[6] is False and not any(operands[7]):
+        return [*operands[:6], operands[8]]
+    return None
+
+
+def _reference(aten: Callable[..., torch.Tensor], value: Any,
+               *nodes: Any) -> Callable[..., torch.Tensor]:
+    """Eager's result for the ops a plan fuses, the external node's `value` and then `nodes`:
+    `run(operands, lookup)` from the node's operand values, `lookup(v)` giving the example or
+    constant of any other graph value."""
+
+    def run(operands: Sequence[Any], lookup: Callable[[Any], Any]) -> torch.Tensor:
+        y, prev = aten(*operands), value
+        for n in nodes:
+            args = [y if v == prev else lookup(v) for v in n.inputs()]
+            y, prev = aten_op(n.kind(), schema_overload(n) or "default")(*args), n.output()
+        return y
+
+    return run
+
+
+def _example(buf: Buf, constants: dict[Buf, torch.Tensor], gen: torch.Generator) -> torch.Tensor:
+    if buf in constants:
+        return constants[buf]
+    sizes = buf.static_dims()
+    strides = tuple(getattr(s, "value", None) for s in buf.strides)
+    if sizes is None or None in strides:
+        raise LoweringError(f"external call operand {buf.name} has symbolic sizes")
+    t = torch.empty_strided(sizes, strides, dtype=buf.dtype.torch)
+    return t.copy_(torch.randn(sizes, generator=gen).to(buf.dtype.torch))
+
+
+def _values(args: Sequence[Any], examples: dict[Buf, torch.Tensor]) -> list[Any]:
+    return [examples[a] if isinstance(a, Buf) else 1 if isinstance(a, E.Expr) else a
+            for a in args]
+
+
+def lower_external(
+    node: Any,
+    args: Sequence[Any],
+    sources: frozenset[Buf],
+    constants: dict[Buf, torch.Tensor],
+    outputs: set[int],
+    name: str,
+    env_buf: Callable[[Any], Buf],
+) -> Fused:
+    """The `ExternalCall` computing `node` (and the post-ops oneDNN fuses into it); raise
+    LoweringError if its routine does not run on the group's types. `env_buf(value)` is the
+    buffer of a graph value; `outputs` the uniques of the graph's outputs."""
+    kind = node.kind()
+    if kind not in EXTERNAL_KINDS:
+        raise LoweringError(f"{kind} is not an external call")
+    problem = external_problem(node)
+    if problem:
+        raise LoweringError(problem)
+    operands = [_operand(a, sources) for a in args]
+    meta = TensorMeta.from_type(node.output().type())
+    if meta is None:
+        raise LoweringError(f"no type for the output of {kind}")
+    gen = torch.Generator().manual_seed(0)
+    examples = {b: _example(b, constants, gen) for b in sources if b in set(_bufs(operands))}
+    plans = _fused_plans(node, operands, outputs, env_buf)
+    for plan in plans:
+        for b in _bufs(plan.args):
+            examples.setdefault(b, _example(b, constants, gen))
+        if plan.fn == "nnc_mkldnn_convolution_bn_pointwise" and isinstance(plan.args[6], Buf):
+            var = plan.args[6]  # a variance: positive
+            examples[var] = examples[var].abs() + 0.5
+        result = _try(plan, operands, examples, partial(_lookup, examples, env_buf))
+        if result is not None:
+            return _fused(plan.fn, plan.args, name, result, plan.last, plan.folded)
+    fn = aten_routine(kind)
+    try:
+        with torch.no_grad():
+            result = ROUTINES[fn](*_values(operands, examples))
+    except RuntimeError as e:
+        raise LoweringError(f"{kind} fails on the group's types: {e}") from e
+    return _fused(fn, tuple(operands), name, result, node.output(), ())
+
+
+def _lookup(examples: dict[Buf, torch.Tensor], env_buf: Callable[[Any], Buf], value: Any) -> Any:
+    if value.node().kind() == "prim::Constant":
+        return value.toIValue()
+    return examples[env_buf(value)]
+
+
+def _bufs(args: Sequence[Any]) -> list[Buf]:
+    return [a for a in args if isinstance(a, Buf)]
+
+
+def _try(plan: _Plan, operands: Sequence[Any], examples: dict[Buf, torch.Tensor],
+         lookup: Callable[[Any], Any]) -> torch.Tensor | None:
+    """The fused routine's result on the examples if it runs and matches eager, else None."""
+    try:
+        with torch.no_grad():
+            got = ROUTINES[plan.fn](*_values(plan.args, examples))
+            want = plan.reference(_values(operands, examples), lookup)
+    except (RuntimeError, KeyError, TypeError):
+        return None
+    if got.shape != want.shape or got.dtype != want.dtype or got.stride() != want.stride():
+        return None
+    tol = 1e-2 if got.dtype == torch.bfloat16 else 1e-3
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    return got if torch.allclose(got, want, rtol=tol, atol=tol * scale) else None
+
+
+def _fused(fn: str, args: tuple[Any, ...], name: str, result: torch.Tensor,
+           last: Any, folded: Sequence[Any]) -> Fused:
+    meta = TensorMeta.from_type(last.type())
+    if meta is None or (tuple(result.shape), result.dtype) != (meta.sizes, meta.dtype):
+        raise LoweringError(f"{fn} gives {tuple(result.shape)} {result.dtype}, not the graph's")
+    buf = Buf.make(name, from_torch(result.dtype), meta.sizes, tuple(result.stride()))
+    return Fused(S.ExternalCall(buf, fn, args), last.unique(),
+                 frozenset(n.output().unique() for n in folded))

@@ -1,0 +1,260 @@
+"""GEMMs and convolutions in groups as external calls, with fused epilogues (issue 14)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nncfuse
+from nncfuse.jit.runtime import kernel_of
+from nncfuse.tensorexpr import stmt as S
+from nncfuse.tensorexpr.buffer import Buf
+from nncfuse.tensorexpr.dtype import FLOAT32
+from nncfuse.tensorexpr.external import onednn_dtype_ok
+from nncfuse.tensorexpr.ir_eval import IREvaluator
+
+BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interpreter")]
+
+
+def linear_gelu(x, w, b):
+    return F.gelu(F.linear(x, w, b))
+
+
+def addmm_relu(b, x, w):
+    return torch.relu(torch.addmm(b, x, w))
+
+
+def conv_relu(x, w, b):
+    return torch.relu(F.conv2d(x, w, b, 1, 1))
+
+
+def depthwise_hardtanh(x, w):
+    return F.hardtanh(F.conv2d(x, w, None, 1, 1, 1, 8), 0.0, 6.0)
+
+
+def conv_add_relu(x, w, b, r):
+    return torch.relu(F.conv2d(x, w, b, 1, 1) + r)
+
+
+def mm_tanh_scale(a, b):
+    return torch.tanh(torch.mm(a, b)) * 2.0 + 1.0
+
+
+def linear_silu_mul(x, w, b):
+    return F.silu(F.linear(x, w, b)) * x[..., :16]
+
+
+def inputs(name, n, dtype):
+    def r(*shape):
+        return torch.randn(*shape).to(dtype)
+
+    return {
+        "linear_gelu": lambda: (r(n, 32), r(16, 32), r(16)),
+        "addmm_relu": lambda: (r(16), r(n, 32), r(32, 16)),
+        "conv_relu": lambda: (r(n, 4, 10, 10), r(8, 4, 3, 3), r(8)),
+        "depthwise_hardtanh": lambda: (r(n, 8, 9, 9), r(8, 1, 3, 3)),
+        "conv_add_relu": lambda: (r(n, 8, 6, 6), r(8, 8, 3, 3), r(8), r(n, 8, 6, 6)),
+        "mm_tanh_scale": lambda: (r(n, 24), r(24, 8)),
+        "linear_silu_mul": lambda: (r(n, 32), r(16, 32), r(16)),
+    }[name]()
+
+
+CASES = {f.__name__: f for f in (linear_gelu, addmm_relu, conv_relu, depthwise_hardtanh,
+                                 conv_add_relu, mm_tanh_scale, linear_silu_mul)}
+#: whose whole epilogue oneDNN computes (float32): the kernel has no loops
+ONEDNN = {"linear_gelu", "conv_relu", "depthwise_hardtanh", "conv_add_relu"}
+
+
+def kernels(fused, *args):
+    return [kernel_of(g) for g in nncfuse.fusion_groups(fused.graph_for(*args))]
+
+
+def check(fn, args, use_llvm=True, dtype=torch.float32):
+    fused = nncfuse.jit(fn, use_llvm=use_llvm)
+    with torch.no_grad():
+        for _ in range(3):
+            got = fused(*args)
+        want = fn(*args)
+    tol = dict(rtol=2e-2, atol=5e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, want, **tol)
+    assert got.stride() == want.stride()
+    (kernel,) = kernels(fused, *args)
+    return kernel
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("name", CASES)
+def test_matches_eager_float32(name, n, use_llvm):
+    kernel = check(CASES[name], inputs(name, n, torch.float32), use_llvm)
+    calls = [s for s in kernel.stmt.stmts if isinstance(s, S.ExternalCall)]
+    assert len(calls) == 1
+    if name in ONEDNN and onednn_dtype_ok(torch.float32):
+        assert calls[0].fn.startswith("nnc_mkldnn_") and len(kernel.stmt.stmts) == 1
+    elif name not in ONEDNN:
+        assert len(kernel.stmt.stmts) > 1  # nncfuse's loops run the epilogue
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_eager_bfloat16(name):
+    check(CASES[name], inputs(name, 2, torch.bfloat16), dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("name", ["linear_gelu", "conv_add_relu", "mm_tanh_scale"])
+def test_float64_runs_aten_and_the_loops(name):
+    kernel = check(CASES[name], inputs(name, 3, torch.float64))
+    assert kernel.stmt.stmts[0].fn.startswith("nnc_aten_")  # oneDNN takes no float64
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_non_contiguous_inputs(use_llvm):
+    x = torch.randn(32, 6).t()  # (6, 32), transposed
+    check(linear_gelu, (x, torch.randn(16, 32), torch.randn(16)), use_llvm)
+    xc = torch.randn(2, 4, 10, 10).to(memory_format=torch.channels_last)
+    check(conv_relu, (xc, torch.randn(8, 4, 3, 3), torch.randn(8)), use_llvm)
+    xs = torch.randn(2, 8, 12, 12)[:, :, ::2, 1:7]
+    check(conv_add_relu, (xs, torch.randn(8, 8, 3, 3), torch.randn(8),
+                          torch.randn(2, 8, 6, 6)), use_llvm)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 16)
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x, y):
+        return F.gelu(self.fc(x)) * 2.0, torch.relu(self.conv(y) + y)
+
+
+@pytest.mark.parametrize("form", ["script", "trace"])
+def test_a_parameter_changed_after_compiling_is_seen(form):
+    model = MLP().eval()
+    x, y = torch.randn(4, 32), torch.randn(2, 4, 6, 6)
+    with torch.no_grad():
+        module = torch.jit.script(model) if form == "script" else torch.jit.trace(model, (x, y))
+        fused = nncfuse.jit(module)
+        for _ in range(3):
+            fused(x, y)
+        assert nncfuse.fusion_groups(fused.graph_for(x, y))
+        module.fc.weight.add_(1.0)  # in place, as an optimizer step does
+        module.conv.bias.mul_(-2.0)
+        got = fused(x, y)
+        torch.testing.assert_close(got, module(x, y))
+        state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+        module.load_state_dict(state)
+        torch.testing.assert_close(fused(x, y), module(x, y))
+
+
+def test_explain_counts_the_gemm_as_fused():
+    args = inputs("mm_tanh_scale", 4, torch.float32)
+    report = nncfuse.explain(mm_tanh_scale, *args)
+    assert report.groups[0].ops[0] == "aten::mm"
+    assert report.external == {} and report.coverage == 1.0
+    assert report.fused_nodes == 4
+
+
+def test_printed_stmt_shows_the_external_call():
+    kernel = check(mm_tanh_scale, inputs("mm_tanh_scale", 4, torch.float32))
+    text = str(kernel.stmt)
+    assert text.splitlines()[1].strip() == 'ExternalCall(aten_mm, "nnc_aten_mm", {t0, t1}, {});'
+    fused = check(linear_gelu, inputs("linear_gelu", 4, torch.float32))
+    if onednn_dtype_ok(torch.float32):
+        assert ('ExternalCall(aten_linear, "nnc_mkldnn_linear_pointwise", {t0, t1, t2}, '
+                "{'gelu', (), 'none'});") in str(fused.stmt)
+
+
+def test_an_external_call_reads_group_inputs_only():
+    def f(a, w):
+        return torch.relu(torch.mm(torch.sigmoid(a) * 2.0, w)) + 1.0
+
+    args = (torch.randn(4, 8), torch.randn(8, 8))
+    fused = nncfuse.jit(f)
+    for _ in range(3):
+        torch.testing.assert_close(fused(*args), f(*args))
+    ops = [[n.kind() for n in g.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
+           for g in nncfuse.fusion_groups(fused.graph_for(*args))]
+    assert ops == [["aten::sigmoid", "aten::mul"], ["aten::mm", "aten::relu", "aten::add"]]
+
+
+def test_the_interpreter_runs_an_external_call():
+    x, w, o = (Buf.make(n, FLOAT32, s) for n, s in (("x", (4, 8)), ("w", (3, 8)), ("o", (4, 3))))
+    stmt = S.Block((S.ExternalCall(o, "nnc_aten_linear", (x, w, None)),))
+    line = str(stmt).splitlines()[1].strip()
+    assert line == 'ExternalCall(o, "nnc_aten_linear", {x, w}, {None});'
+    a, b, out = torch.randn(4, 8), torch.randn(3, 8), torch.empty(4, 3)
+    IREvaluator(stmt, [x, w, o]).run([a, b, out])
+    torch.testing.assert_close(out, F.linear(a, b))
+
+
+class ConvBnRelu(torch.nn.Module):
+    def __init__(self, affine=True):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8, affine=affine)
+        self.bn.running_mean.normal_()
+        self.bn.running_var.uniform_(0.5, 2.0)
+        if affine:
+            self.bn.weight.data.normal_()
+            self.bn.bias.data.normal_()
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("fold", [False, True])
+def test_conv_batch_norm_relu_is_one_group(affine, use_llvm, fold, monkeypatch):
+    import nncfuse.tensorexpr.lowerings.external as lowering
+
+    monkeypatch.setattr(lowering, "FOLD_BATCH_NORM", fold)
+    model = ConvBnRelu(affine).eval()
+    x = torch.randn(2, 8, 10 + fold, 10)  # another shape: kernels are cached by their graph
+    with torch.no_grad():
+        fused = nncfuse.jit(torch.jit.trace(model, (x,)), use_llvm=use_llvm)
+        for _ in range(3):
+            got = fused(x)
+        torch.testing.assert_close(got, model(x))
+        (group,) = nncfuse.fusion_groups(fused.graph_for(x))
+        ops = [n.kind() for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
+        assert ops == ["aten::_convolution", "aten::batch_norm", "aten::relu"]
+        (call,) = [s for s in kernel_of(group).stmt.stmts if isinstance(s, S.ExternalCall)]
+        if fold and onednn_dtype_ok(torch.float32):  # batch norm in the weights, relu a post-op
+            assert call.fn == "nnc_mkldnn_convolution_bn_pointwise"
+            assert len(kernel_of(group).stmt.stmts) == 1
+        model.bn.running_var.mul_(3.0)  # statistics are read at call time too
+        torch.testing.assert_close(fused(x), model(x))
+
+
+def batch_norm_fn(x, mean, var, w, b):
+    return torch.relu(F.batch_norm(x, mean, var, w, b, False, 0.1, 1e-3)) + 1.0
+
+
+def batch_norm_training(x, mean, var, w, b):
+    return torch.relu(F.batch_norm(x, mean, var, w, b, True, 0.1, 1e-3)) + 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batch_norm_inference_matches_eager(dtype):
+    x = torch.randn(3, 5, 7, dtype=dtype)
+    mean, w, b = (torch.randn(5, dtype=dtype) for _ in range(3))
+    var = torch.rand(5, dtype=dtype) + 0.5
+    fused = nncfuse.jit(batch_norm_fn)
+    for _ in range(3):
+        got = fused(x, mean, var, w, b)
+    torch.testing.assert_close(got, batch_norm_fn(x, mean, var, w, b))
+    ops = [n.kind() for g in nncfuse.fusion_groups(fused.graph_for(x, mean, var, w, b))
+           for n in g.g("Subgraph").nodes()]
+    assert "aten::batch_norm" in ops
+
+
+def test_batch_norm_in_training_mode_does_not_fuse():
+    x, mean, w, b = torch.randn(4, 3, 5), torch.zeros(3), torch.ones(3), torch.zeros(3)
+    var = torch.ones(3)
+    fused = nncfuse.jit(batch_norm_training)
+    m2, v2 = mean.clone(), var.clone()
+    for _ in range(3):
+        got = fused(x, mean, var, w, b)
+        want = batch_norm_training(x, m2, v2, w, b)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(mean, m2)  # the running statistics were updated alike
