@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import nncfuse
 from nncfuse.tensorexpr import stmt as S
+from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits
 from tests.fused import BACKENDS, check, run_fused
 
 REDUCED = [torch.float16, torch.bfloat16]
@@ -237,7 +238,9 @@ def test_softmax_is_one_sweep_over_rows():
     stmt = kernel_stmt(lambda x: torch.softmax(x, -1), torch.randn(64, 1000))
     assert len(loops(stmt)) == 1
     assert "softmax_exp" not in str(stmt)
-    assert str(stmt).count("exp(") == 2  # the vector loop and its tail
+    lanes = vector_bits() // 32
+    tail = 1000 % lanes != 0  # 16 float lanes (AVX-512) leave a tail; 8 (AVX2) do not
+    assert str(stmt).count("exp(") == 1 + tail  # the vector loop (and its tail)
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
