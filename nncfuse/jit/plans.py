@@ -71,7 +71,9 @@ class KernelPlan:
 
     `run` is generated code (`codegen/entry.py`) that takes the function's
     arguments, allocates the outputs, calls the machine code and returns what
-    the function returns.
+    the function returns. Written inputs that overlap another argument are the
+    policy's `OverlapGuardPlan`'s to catch (it runs the unfused program), so the
+    entry does not check them a second time.
     """
 
     def __init__(
@@ -82,7 +84,7 @@ class KernelPlan:
         returns: Returns,
     ):
         self.graph = graph
-        self.run = kernel.entry(sources, returns)
+        self.run = kernel.entry(sources, returns, overlap_guarded=True)
 
 
 class UnfusedPlan:

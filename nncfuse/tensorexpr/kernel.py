@@ -634,9 +634,11 @@ class TensorExprKernel:
         outs = self.call(inputs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def entry(self, sources: Sequence[Source], returns: Returns) -> Callable[[Sequence[Any]], Any]:
+    def entry(
+        self, sources: Sequence[Source], returns: Returns, overlap_guarded: bool = False
+    ) -> Callable[[Sequence[Any]], Any]:
         """A generated function that calls this kernel; see `codegen/entry.py`."""
-        return make_entry(self.interface, sources, returns)
+        return make_entry(self.interface, sources, returns, overlap_guarded)
 
     def fallback(self, inputs: Sequence[Any]) -> Any:
         """The graph's outputs computed by the TorchScript interpreter, unfused."""

@@ -217,14 +217,18 @@ class _Code:
 
 
 def make_entry(
-    kernel: KernelInterface, sources: Sequence[Source], returns: Returns
+    kernel: KernelInterface, sources: Sequence[Source], returns: Returns,
+    overlap_guarded: bool = False,
 ) -> Callable[[Sequence[Any]], Any]:
     """Generate `entry(args)` for one way of calling `kernel`: its k-th input comes from
-    `sources[k]`, and it returns `returns`."""
+    `sources[k]`, and it returns `returns`. `overlap_guarded`: the caller already sends
+    calls whose written inputs overlap another elsewhere (the plan's guard), so the entry
+    does not check again."""
     code = _Code()
     _bind_inputs(code, sources)
     _argument_checks(code, kernel.checks)
-    _overlap_check(code, kernel, len(sources), returns)
+    if not overlap_guarded:
+        _overlap_check(code, kernel, len(sources), returns)
     _externals(code, kernel.externals)
     arguments = _arguments(code, kernel.params)
     _call(code, kernel, arguments)
