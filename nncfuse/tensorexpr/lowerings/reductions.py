@@ -134,35 +134,36 @@ def _zero(dtype: Dtype) -> E.Expr:
 _SUM_ARGS = {"": (None, None), "dim_IntList": (1, 2), "dim": (1, 2), "dim_int": (1, 2)}
 
 
+def _accumulate(
+    ctx: Ctx, op: str, bool_error: str, init: Callable[[Dtype], E.Expr]
+) -> tuple[_Box, E.Expr, Dtype]:
+    """sum, mean and prod: the box of reduced dims, `op` (a row of ops.BINARY) over the
+    input from `init(compute)`, in the computation type (float32 for float16/bfloat16)."""
+    dims_at, keepdim_at = _SUM_ARGS[schema_overload(ctx.node) or ""]
+    box = _box(ctx, dims_at, keepdim_at)
+    if ctx.out_dtype.is_bool:
+        raise LoweringError(bool_error)
+    compute = compute_type(ctx.out_dtype)
+    kept = box.kept_indices(ctx.indices)
+    return box, box.reduce(op, kept, _input(box, ctx, kept, compute), init(compute)), compute
+
+
 @register(("aten::sum", "aten::mean"), overloads=("", "dim_IntList", "dim"))
 def sum_mean(ctx: Ctx) -> E.Expr:
     """Accumulated in the result type (float32 for float16/bfloat16); mean then divides."""
-    dims_at, keepdim_at = _SUM_ARGS[schema_overload(ctx.node) or ""]
-    box = _box(ctx, dims_at, keepdim_at)
-    out = ctx.out_dtype
-    if out.is_bool:
-        raise LoweringError("a bool sum")
-    compute = compute_type(out)
-    kept = box.kept_indices(ctx.indices)
-    total = box.reduce("Add", kept, _input(box, ctx, kept, compute), _zero(compute))
+    box, total, compute = _accumulate(ctx, "Add", "a bool sum", _zero)
     if ctx.node.kind() == "aten::mean":
         if not compute.is_float:
             raise LoweringError("mean of integers: eager raises")
         total = total / E.imm(float(box.count), compute)
-    return E.cast(out, total)
+    return E.cast(ctx.out_dtype, total)
 
 
 @register("aten::prod", overloads=("", "dim_int"))
 def prod(ctx: Ctx) -> E.Expr:
-    dims_at, keepdim_at = _SUM_ARGS[schema_overload(ctx.node) or ""]
-    box = _box(ctx, dims_at, keepdim_at)
-    out = ctx.out_dtype
-    if out.is_bool:
-        raise LoweringError("a bool product")
-    compute = compute_type(out)
-    kept = box.kept_indices(ctx.indices)
-    one = E.imm(1.0 if compute.is_float else 1, compute)
-    return E.cast(out, box.reduce("Mul", kept, _input(box, ctx, kept, compute), one))
+    _, total, _ = _accumulate(
+        ctx, "Mul", "a bool product", lambda c: E.imm(1.0 if c.is_float else 1, c))
+    return E.cast(ctx.out_dtype, total)
 
 
 # -- amax, amin, any, all -----------------------------------------------------------------------
