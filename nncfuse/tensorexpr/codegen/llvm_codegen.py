@@ -260,28 +260,9 @@ class LLVMCodeGen(Visitor):
     def reduce_axes(self, e: E.Reduce, k: int, acc: ir.Value) -> ir.Value:
         if k == len(e.vars):
             return self.combine(e.row, acc, self.expr(e.body), e.dtype)
-        b = self.builder
         var = e.vars[k]
-        stop = self.expr(e.stops[k])
-        pre = b.block
-        header = self.fn.append_basic_block(f"{var.name}.rheader")
-        body = self.fn.append_basic_block(f"{var.name}.rbody")
-        exit_ = self.fn.append_basic_block(f"{var.name}.rexit")
-        b.branch(header)
-        b.position_at_end(header)
-        i = b.phi(I64, name=var.name)
-        i.add_incoming(ir.Constant(I64, 0), pre)
-        phi = b.phi(acc.type, name=f"{var.name}.acc")
-        phi.add_incoming(acc, pre)
-        b.cbranch(b.icmp_signed("<", i, stop), body, exit_)
-        b.position_at_end(body)
-        self.vars[var] = i
-        new = self.reduce_axes(e, k + 1, phi)
-        i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
-        phi.add_incoming(new, b.block)
-        b.branch(header)
-        b.position_at_end(exit_)
-        return phi
+        return self.loop(var, ir.Constant(I64, 0), self.expr(e.stops[k]),
+                         lambda carried: self.reduce_axes(e, k + 1, carried), acc, "r")
 
     def visit_LaneReduce(self, e: E.LaneReduce) -> ir.Value:
         """Halves combined until one lane is left (the order `ir_eval` follows)."""
@@ -394,24 +375,45 @@ class LLVMCodeGen(Visitor):
         else:
             self.loop(s.var, self.expr(s.start), self.expr(s.stop), s.body)
 
-    def loop(self, var: E.Var, start: ir.Value, stop: ir.Value, body_stmt: S.Stmt) -> None:
-        """A counted loop `for (var = start; var < stop; var++) body_stmt`."""
+    def loop(
+        self,
+        var: E.Var,
+        start: ir.Value,
+        stop: ir.Value,
+        body: S.Stmt | Callable[[ir.Value], ir.Value],
+        carried: ir.Value | None = None,
+        tag: str = "",
+    ) -> ir.Value | None:
+        """A counted loop `for (var = start; var < stop; var++) body`. `body` is a statement,
+        or, with a `carried` start value (a reduction's accumulator), a function from the
+        value carried into an iteration to the one it carries out; then the loop's result
+        is the value at its exit."""
         b = self.builder
         pre = b.block
-        header = self.fn.append_basic_block(f"{var.name}.header")
-        body = self.fn.append_basic_block(f"{var.name}.body")
-        exit_ = self.fn.append_basic_block(f"{var.name}.exit")
+        header = self.fn.append_basic_block(f"{var.name}.{tag}header")
+        body_block = self.fn.append_basic_block(f"{var.name}.{tag}body")
+        exit_ = self.fn.append_basic_block(f"{var.name}.{tag}exit")
         b.branch(header)
         b.position_at_end(header)
         i = b.phi(I64, name=var.name)
         i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<", i, stop), body, exit_)
-        b.position_at_end(body)
+        phi = None
+        if carried is not None:
+            phi = b.phi(carried.type, name=f"{var.name}.acc")
+            phi.add_incoming(carried, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), body_block, exit_)
+        b.position_at_end(body_block)
         self.vars[var] = i
-        self.stmt(body_stmt)
+        if phi is None:
+            self.stmt(body)  # type: ignore[arg-type]
+        else:
+            out = body(phi)  # type: ignore[operator]
         i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
+        if phi is not None:
+            phi.add_incoming(out, b.block)
         b.branch(header)
         b.position_at_end(exit_)
+        return phi
 
     def visit_Allocate(self, s: S.Allocate) -> None:
         malloc = self.declare("malloc", PTR, [I64])
