@@ -4,9 +4,10 @@
 types (dtype, sizes, strides, device). Types of the other values come from
 the graph when complete, else from running it once on meta tensors. Then:
 
-1. lower: each node becomes a loop nest over its output (`lowerings`), one
-   nest per node ("Original Stmt"); outputs are laid out with the strides
-   eager PyTorch gives them, and each nest walks its output in memory order;
+1. lower (`graph_lowering`): each node becomes a loop nest over its output
+   (`lowerings`), one nest per node ("Original Stmt"); outputs are laid out
+   with the strides eager PyTorch gives them, and each nest walks its output
+   in memory order;
 2. schedule: the passes of `schedule`, in order, each logged with its time
    ("unchanged" if it returned the very same Stmt; "Final Stmt" is the
    result). The verifier checks the result; with the `verify` option
@@ -25,12 +26,9 @@ parameters, outputs and checks of `Lowered` by input position. With
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from functools import partial
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -47,7 +45,6 @@ from .codegen.entry import (
     ConstParam,
     ConstSource,
     ExternalStep,
-    InputOutput,
     KernelInterface,
     NumberParam,
     OutputParam,
@@ -60,27 +57,11 @@ from .codegen.entry import (
 )
 from .codegen.llvm_codegen import compile_stmt
 from .codegen.llvm_jit import vector_bits
-from .dtype import BOOL, FLOAT64, INT64, from_torch
 from .external import ROUTINES
+from .graph_lowering import ComputedOutput, Lowered, lower_graph
 from .ir_eval import IREvaluator
 from .ir_verifier import IRError, verify
-from .ir_visitor import substitute, walk
-from .loopnest import compute, definition
-from .lowerings import (
-    EXTERNAL_KINDS,
-    Arg,
-    ConstArg,
-    Ctx,
-    ListArg,
-    LoweringError,
-    RuntimeCheck,
-    ScalarArg,
-    TensorArg,
-    lower_external,
-    lowering_for,
-    scalar_dtype,
-)
-from .meta import TensorMeta, infer_types, is_tensor
+from .ir_visitor import walk
 from .passes.collapse_loops import collapse_loops
 from .passes.cse import eliminate_common_subexpressions
 from .passes.dead_stores import eliminate_dead_stores
@@ -98,337 +79,6 @@ from .passes.vectorize import vectorize_inner_loops
 from .passes.vectorize_reductions import vectorize_reductions
 
 _log = log.get_logger(__file__)
-
-
-@dataclass(frozen=True)
-class ComputedOutput:
-    """A graph output computed by the kernel into `buf`."""
-
-    buf: Buf
-
-
-@dataclass(frozen=True)
-class Lowered:
-    """A graph lowered to one statement, and how its parameters bind to the graph."""
-
-    stmt: S.Stmt  # the loops, after the external calls
-    params: tuple[Buf | E.Var, ...]  # inputs, tensor constants, external results, outputs
-    inputs: tuple[Buf | E.Var, ...]  # per graph input: its parameter
-    constants: tuple[tuple[Buf, torch.Tensor], ...]  # tensor constants, bound at call time
-    outputs: tuple[ComputedOutput | InputOutput, ...]  # per graph output
-    output_metas: Mapping[Buf, TensorMeta]  # per output buffer
-    input_metas: tuple[TensorMeta | None, ...]  # per graph input (None: a number)
-    name: str
-    checks: tuple[RuntimeCheck, ...]  # run before the kernel
-    written: tuple[int, ...] = ()  # graph inputs the kernel stores into (write-backs)
-    write_sources: tuple[Buf, ...] = ()  # what write-backs store: kept buffers, not inlined
-    externals: tuple[S.ExternalCall, ...] = ()  # run before the loops, from the entry
-
-
-def _sanitize(name: str) -> str:
-    return re.sub(r"\W", "_", name) or "t"
-
-
-def _scalar_var(value: Any, name: str) -> E.Var:
-    kind = value.type().kind()
-    dtype = {"FloatType": FLOAT64, "IntType": INT64, "BoolType": BOOL}.get(kind)
-    if dtype is None:
-        raise LoweringError(f"graph input {name} of type {value.type()} is not supported")
-    return E.Var(name, dtype)
-
-
-def _layout_order(meta: TensorMeta) -> list[int]:
-    """Dimensions from the largest stride to the smallest: the order that walks memory."""
-    return sorted(range(len(meta.sizes)), key=lambda d: -meta.strides[d])
-
-
-def _example(value: Any) -> Any:
-    meta = TensorMeta.from_type(value.type())
-    if meta is not None:
-        return meta.empty("meta")
-    kind = value.type().kind()
-    if kind == "TensorType":
-        raise LoweringError(f"graph input %{value.debugName()} has an incomplete tensor type")
-    return {"FloatType": 1.0, "IntType": 1, "BoolType": True}.get(kind)
-
-
-def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
-    """Metadata of the graph's tensor values: from their types, else from a meta-tensor run."""
-    for v in graph.inputs():
-        if is_tensor(v) and TensorMeta.from_type(v.type()) is None:
-            raise LoweringError(f"graph input %{v.debugName()} has an incomplete tensor type")
-    metas: dict[int, TensorMeta] = {}
-    complete = all(
-        TensorMeta.from_type(v.type()) is not None
-        for node in graph.nodes()
-        for v in node.outputs()
-        if is_tensor(v)
-    )
-    if not complete:
-        device = next(
-            (m.device for v in graph.inputs() if (m := TensorMeta.from_type(v.type()))),
-            torch.device("cpu"),
-        )
-        metas = {k: replace(m, device=device) for k, m in infer_types(graph, _example).items()}
-    for node in graph.nodes():
-        for v in node.outputs():
-            meta = TensorMeta.from_type(v.type())
-            if meta is not None:
-                metas[v.unique()] = meta
-    for v in graph.inputs():
-        meta = TensorMeta.from_type(v.type())
-        if meta is not None:
-            metas[v.unique()] = meta
-    return metas
-
-
-class _GraphLowering:
-    """What lowering a graph has built so far: the value of each graph value, and the rest."""
-
-    def __init__(self, graph: torch._C.Graph):
-        self.metas = graph_metas(graph)
-        self.env: dict[int, Arg] = {}  # graph value (unique) -> its operand
-        self.names: set[str] = set()
-        self.checks: list[RuntimeCheck] = []
-        self.constants: list[tuple[Buf, torch.Tensor]] = []
-        self.nests: list[S.Stmt] = []
-        self.output_metas: dict[Buf, TensorMeta] = {}
-        self.ops: list[str] = []
-        self.write_backs: list[S.Stmt] = []  # stores into inputs, after every other nest
-        self.written: dict[Buf, int] = {}  # input buffer -> its graph input position
-        self.write_sources: list[Buf] = []
-        self.externals: list[S.ExternalCall] = []
-        self.folded: set[int] = set()  # outputs of nodes an external call computes
-
-    def unique(self, base: str) -> str:
-        """`base`, or `base_<n>` if that name is taken."""
-        name, n = base, 0
-        while name in self.names:
-            n += 1
-            name = f"{base}_{n}"
-        self.names.add(name)
-        return name
-
-
-def _lower_list(state: _GraphLowering, node: Any) -> None:
-    """A `prim::ListConstruct` of tensors (for cat and stack) is the list of their operands,
-    of constant numbers a constant list (sizes); no loop nest."""
-    items = tuple(state.env[v.unique()] for v in node.inputs())
-    if all(isinstance(a, TensorArg) for a in items):
-        state.env[node.output().unique()] = ListArg(items)
-    elif all(isinstance(a, ScalarArg) and a.const is not None for a in items):
-        state.env[node.output().unique()] = ConstArg([a.const for a in items])  # type: ignore
-    else:
-        raise LoweringError("a list of something other than tensors or constants")
-
-
-def lower_graph(graph: torch._C.Graph) -> Lowered:
-    """One loop nest per node of `graph`; see the module docstring."""
-    state = _GraphLowering(graph)
-    inputs = _bind_inputs(state, graph)
-    kernel_inputs = frozenset(inputs)
-    graph_outputs = {v.unique() for v in graph.outputs()}
-    for node in graph.nodes():
-        if node.kind() == "prim::Constant":
-            _lower_constant(state, node)
-        elif node.kind() == "prim::ListConstruct":
-            _lower_list(state, node)
-        elif node.kind() == "aten::copy_":
-            _lower_write_back(state, node, inputs)
-        elif node.kind() in EXTERNAL_KINDS:
-            _lower_external(state, node, kernel_inputs, graph_outputs)
-        elif node.output().unique() in state.folded:
-            continue
-        else:
-            _lower_node(state, node, kernel_inputs, graph_outputs)
-    outputs = _collect_outputs(state, graph)
-    out_bufs = tuple(dict.fromkeys(o.buf for o in outputs if isinstance(o, ComputedOutput)))
-    results = tuple(c.buf for c in state.externals)
-    return Lowered(
-        stmt=S.Block((*state.nests, *state.write_backs)),
-        params=(*inputs, *(b for b, _ in state.constants), *results, *out_bufs),
-        inputs=inputs,
-        constants=tuple(state.constants),
-        outputs=outputs,
-        output_metas=MappingProxyType(dict(state.output_metas)),
-        input_metas=tuple(state.metas[v.unique()] if is_tensor(v) else None
-                          for v in graph.inputs()),
-        name=_kernel_name(state.ops),
-        checks=tuple(state.checks),
-        written=tuple(sorted(set(state.written.values()))),
-        write_sources=tuple(state.write_sources),
-        externals=tuple(state.externals),
-    )
-
-
-def _view_of_input(state: _GraphLowering, arg: TensorArg, indices: Sequence[E.Expr],
-                   inputs: Sequence[Buf | E.Var]) -> tuple[Buf, tuple[E.Expr, ...]]:
-    """The input buffer and indices that element `indices` of `arg` is, when `arg` is an
-    input or a chain of views of one (each nest a single load: index arithmetic)."""
-    buf, idx = arg.buf, tuple(indices)
-    while buf not in inputs:
-        found = next((d for n in state.nests if (d := definition(n)) and d[0] is buf), None)
-        if found is None or not isinstance(found[2], E.Load):
-            raise LoweringError("a write-back into something other than a view of an input")
-        _, vars_, load = found
-        idx = tuple(substitute(i, dict(zip(vars_, idx))) for i in load.indices)
-        buf = load.buf
-    return buf, idx
-
-
-def _lower_write_back(state: _GraphLowering, node: Any, inputs: Sequence[Buf | E.Var]) -> None:
-    """`copy_(dst, src)` with dst a graph input or a view of one (`jit/inplace.py`): a nest,
-    run after all others, storing src (broadcast, cast) into the input's buffer."""
-    dst, src = (state.env[node.inputsAt(k).unique()] for k in (0, 1))
-    if not isinstance(dst, TensorArg) or not isinstance(src, TensorArg):
-        raise LoweringError("copy_ of something other than tensors")
-    if len(src.shape) > len(dst.shape) or any(
-        s not in (1, d) for s, d in zip(reversed(src.shape), reversed(dst.shape))
-    ):
-        raise LoweringError("copy_ source does not broadcast to its destination")
-    names = "ijklmnopqrstuvwxyz"
-    idx = tuple(E.Var(names[k] if k < len(names) else f"i{k}") for k in range(len(dst.shape)))
-    base, where = _view_of_input(state, dst, idx, inputs)
-    offset = len(dst.shape) - len(src.shape)
-    value = E.cast(base.dtype, E.Load(src.buf, tuple(
-        E.imm(0) if size == 1 else idx[offset + k] for k, size in enumerate(src.shape))))
-    nest: S.Stmt = S.Store(base, where, value)
-    for k in reversed(range(len(dst.shape))):
-        nest = S.For(idx[k], E.imm(0), E.imm(dst.shape[k]), nest)
-    state.write_backs.append(nest)
-    state.written[base] = inputs.index(base)
-    if src.buf not in inputs:
-        state.write_sources.append(src.buf)
-    state.env[node.output().unique()] = dst
-
-
-def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.Var, ...]:
-    """A parameter per graph input: a buffer for a tensor (on the CPU), a variable for a
-    number."""
-    params: list[Buf | E.Var] = []
-    for k, value in enumerate(graph.inputs()):
-        debug = value.debugName()
-        name = state.unique(f"t{k}" if debug.isdigit() else _sanitize(debug))
-        if is_tensor(value):
-            meta = state.metas[value.unique()]
-            if meta.device.type != "cpu":
-                raise LoweringError(f"input {name} is on {meta.device}, not the CPU")
-            buf = Buf.make(name, from_torch(meta.dtype), meta.sizes, meta.strides)
-            state.env[value.unique()] = TensorArg(buf, meta.sizes)
-            params.append(buf)
-        else:
-            var = _scalar_var(value, name)
-            state.env[value.unique()] = ScalarArg(var)
-            params.append(var)
-    return tuple(params)
-
-
-def _lower_constant(state: _GraphLowering, node: Any) -> None:
-    """A constant is an operand: a tensor becomes a buffer bound at call time, a number an
-    immediate, anything else (None, a dtype, a list) a value lowerings read."""
-    value = node.output()
-    ivalue = value.toIValue()
-    if isinstance(ivalue, torch.Tensor):
-        meta = TensorMeta.of(ivalue)
-        buf = Buf.make(state.unique("const"), from_torch(meta.dtype), meta.sizes, meta.strides)
-        state.constants.append((buf, ivalue))
-        state.env[value.unique()] = TensorArg(buf, meta.sizes)
-    elif isinstance(ivalue, (bool, int, float)):
-        state.env[value.unique()] = ScalarArg(E.imm(ivalue, scalar_dtype(ivalue)), ivalue)
-    else:
-        state.env[value.unique()] = ConstArg(ivalue)
-
-
-def _lower_node(
-    state: _GraphLowering, node: Any, kernel_inputs: frozenset[Buf | E.Var], graph_outputs: set[int]
-) -> None:
-    """The loop nest computing `node`'s one tensor output; a graph output is laid out with
-    eager's strides and walked in memory order."""
-    lowering, reason = lowering_for(node)
-    if lowering is None:
-        raise LoweringError(reason)
-    if node.outputsSize() != 1 or not is_tensor(node.output()):
-        raise LoweringError(f"{node.kind()} must have one tensor output")
-    out = node.output()
-    is_output = out.unique() in graph_outputs
-    meta = state.metas.get(out.unique())
-    if meta is None:
-        raise LoweringError(f"no type for the output of {node.kind()}")
-    args = [state.env[v.unique()] for v in node.inputs()]
-    ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes, (), kernel_inputs, state.checks)
-    op = node.kind().split("::")[-1]
-    state.ops.append(op)
-    buf, nest = compute(
-        state.unique(f"aten_{op}"),
-        ctx.out_dtype,
-        meta.sizes,
-        lambda *idx: lowering.fn(replace(ctx, indices=idx)),
-        strides=meta.strides if is_output else None,
-        order=_layout_order(meta) if is_output else None,
-    )
-    if is_output:
-        state.output_metas[buf] = meta
-    state.env[out.unique()] = TensorArg(buf, meta.sizes)
-    state.nests.extend(ctx.nests)  # the node's intermediates (a reduction's row statistics)
-    state.nests.append(nest)
-
-
-def _lower_external(
-    state: _GraphLowering, node: Any, kernel_inputs: frozenset[Buf | E.Var], graph_outputs: set[int]
-) -> None:
-    """A GEMM or convolution: an `ExternalCall` into a buffer of its own, run before the loops
-    (`lowerings/external.py`), with the activation or residual add after it when oneDNN
-    fuses them; those nodes then lower to nothing."""
-    args = [state.env[v.unique()] for v in node.inputs()]
-    constants = dict(state.constants)
-    sources = frozenset(b for b in (*kernel_inputs, *constants) if isinstance(b, Buf))
-
-    def buf_of(value: Any) -> Buf:
-        return state.env[value.unique()].buf  # type: ignore[union-attr]
-
-    op = node.kind().split("::")[-1]
-    fused = lower_external(node, args, sources, constants, graph_outputs,
-                           state.unique(f"aten_{op}"), buf_of)
-    state.ops.append(op)
-    how = ("oneDNN post-ops fused into the call" if fused.folded
-           else "the epilogue runs over the whole output in the loops")
-    _log.debug(f"{node.kind()} as {fused.call.fn}: {how}")
-    state.externals.append(fused.call)
-    state.folded |= fused.folded
-    state.env[fused.value] = TensorArg(fused.call.buf, state.metas[fused.value].sizes)
-
-
-def _collect_outputs(
-    state: _GraphLowering, graph: torch._C.Graph
-) -> tuple[ComputedOutput | InputOutput, ...]:
-    """Per graph output: the buffer that computes it, or the graph input it returns."""
-    input_index = {v.unique(): k for k, v in enumerate(graph.inputs())}
-    outputs: list[ComputedOutput | InputOutput] = []
-    for value in graph.outputs():
-        if value.unique() in input_index:
-            outputs.append(InputOutput(input_index[value.unique()]))
-            continue
-        arg = state.env.get(value.unique())
-        if isinstance(arg, TensorArg) and arg.buf in state.written:  # a write-back's result
-            if not is_tensor(value) or value.node().inputsAt(0).node().kind() != "prim::Param":
-                raise LoweringError("a write-back into a view of an input is returned")
-            outputs.append(InputOutput(state.written[arg.buf]))
-            continue
-        results = [c.buf for c in state.externals]
-        if isinstance(arg, TensorArg) and arg.buf in results:  # an external call's result
-            outputs.append(InputOutput(len(input_index) + results.index(arg.buf)))
-            continue
-        if not isinstance(arg, TensorArg) or arg.buf not in state.output_metas:
-            raise LoweringError("graph outputs must be tensors computed by the graph")
-        outputs.append(ComputedOutput(arg.buf))
-    return tuple(outputs)
-
-
-def _kernel_name(ops: Sequence[str]) -> str:
-    """`fused_` and the first four ops (`fused_mul_sin_mul`): the name in logs and op kinds."""
-    name = "fused_" + "_".join(ops[:4]) if ops else "fused"
-    return _sanitize(name[:60])
-
 
 Pass = Callable[[S.Stmt], S.Stmt]
 
