@@ -112,7 +112,7 @@ class _Fuser:
         if self.options.min_group_size <= 1:
             for node in list(block.nodes()):
                 lone = not is_group(node) and node.kind() != "prim::Constant"
-                lone = lone and node.outputsSize() == 1 and is_tensor(node.output())
+                lone = lone and node.outputsSize() >= 1 and all(map(is_tensor, node.outputs()))
                 lone = lone and not is_external(node)  # a library call alone: nothing to fuse
                 if lone and self.why_not(node) is None:
                     make_group(self.graph, node)

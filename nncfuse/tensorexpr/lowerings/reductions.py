@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 
 from .. import expr as E
 from ..dtype import BOOL, INT64, Dtype
+from .casts import require_private_alias
 from .registry import Ctx, LoweringError, TensorArg, compute_type, register, schema_overload
 
 Index = tuple[E.Expr, ...]
@@ -170,12 +171,17 @@ def prod(ctx: Ctx) -> E.Expr:
 
 
 @register(("aten::amax", "aten::amin"), overloads=("",))
+@register(("aten::max", "aten::min"), overloads=("",))
 def amax_amin(ctx: Ctx) -> E.Expr:
-    """NaN propagates; an empty reduced dim raises in eager, so it is not fused."""
-    box = _box(ctx, 1, 2)
+    """NaN propagates; an empty reduced dim raises in eager, so it is not fused. `max(x)`,
+    `min(x)`: over all dims."""
+    full = ctx.node.kind() in ("aten::max", "aten::min")
+    box = _box(ctx, None, None) if full else _box(ctx, 1, 2)
     if box.count == 0:
         raise LoweringError("amax/amin over an empty dim: eager raises")
-    op = "Max" if ctx.node.kind() == "aten::amax" else "Min"
+    if full and box.x.dtype.is_bool:
+        raise LoweringError("max/min of bool")
+    op = "Max" if ctx.node.kind() in ("aten::amax", "aten::max") else "Min"
     dtype = box.x.dtype
     if dtype != ctx.out_dtype:
         raise LoweringError("amax/amin keep the input's type")
@@ -200,6 +206,30 @@ def any_all(ctx: Ctx) -> E.Expr:
         op, kept, lambda r: E.cast(BOOL, box.load(kept, r)), E.imm(not is_any, BOOL)
     )
     return E.cast(ctx.out_dtype, value)
+
+
+# -- dropout in eval ----------------------------------------------------------------------------
+
+_DROPOUTS = ("aten::dropout", "aten::feature_dropout", "aten::alpha_dropout",
+             "aten::feature_alpha_dropout")
+
+
+def _dropout_problem(node: object) -> str | None:
+    train = node.inputsAt(2)  # type: ignore[attr-defined]
+    if train.node().kind() != "prim::Constant" or train.toIValue() is not False:
+        return "dropout in training (random): only eval's identity fuses"
+    return None
+
+
+@register(_DROPOUTS, overloads=("",), constant_operands=True, view=True, problem=_dropout_problem)
+def dropout(ctx: Ctx) -> E.Expr:
+    """In eval (`train` False) the input itself, as eager returns it: a view, so a group
+    returns it only where the copy is unobservable (`require_private_alias`)."""
+    x = _tensor(ctx)
+    if ctx.const(2) is not False or x.dtype != ctx.out_dtype:
+        raise LoweringError("dropout in training")
+    require_private_alias(ctx.node)
+    return ctx.load(x)
 
 
 # -- var, std -----------------------------------------------------------------------------------
@@ -236,19 +266,38 @@ def var_std(ctx: Ctx) -> E.Expr:
 
     squares = box.reduce("Add", kept, deviation, _zero(compute))
     value = squares / E.imm(max(0.0, box.count - correction), compute)
-    if ctx.node.kind() == "aten::std":
+    if ctx.node.kind() in ("aten::std", "aten::std_mean"):
         value = E.call("sqrt", value)
     return E.cast(out, value)
 
 
+@register(("aten::var_mean", "aten::std_mean"), overloads=("", "dim", "correction"),
+          outputs=2)
+def var_std_mean(ctx: Ctx) -> E.Expr:
+    """`(var, mean)` or `(std, mean)`: var_std's two passes, whose first is the mean output."""
+    if ctx.output == 0:
+        return var_std(ctx)
+    dims_at, keepdim_at, _ = _var_args(ctx)
+    box = _box(ctx, dims_at, keepdim_at)
+    if not ctx.out_dtype.is_float or box.x.dtype != ctx.out_dtype:
+        raise LoweringError("var_mean/std_mean of a non-float tensor")
+    mean = _mean_of(ctx, box, compute_type(ctx.out_dtype))
+    return E.cast(ctx.out_dtype, E.Load(mean.buf, box.kept_indices(ctx.indices)))
+
+
 def _mean_of(ctx: Ctx, box: _Box, compute: Dtype) -> TensorArg:
-    """An intermediate: the mean of `box` at each kept index."""
+    """An intermediate: the mean of `box` at each kept index (one per node: its outputs
+    share it)."""
+    key = f"mean{box.dims}"
+    if key in ctx.shared:
+        return ctx.shared[key]
 
     def mean(*kept: E.Expr) -> E.Expr:
         total = box.reduce("Add", kept, lambda r: box.load(kept, r, compute), _zero(compute))
         return total / E.imm(float(box.count), compute)
 
-    return ctx.intermediate("mean", compute, [box.x.shape[d] for d in box.kept], mean)
+    ctx.shared[key] = ctx.intermediate("mean", compute, [box.x.shape[d] for d in box.kept], mean)
+    return ctx.shared[key]
 
 
 # -- softmax, log_softmax, logsumexp ------------------------------------------------------------
@@ -427,7 +476,35 @@ def layer_norm(ctx: Ctx) -> E.Expr:
 
 
 
-# -- argmax, argmin ------------------------------------------------------------------------------
+# -- argmax, argmin, max.dim, min.dim -------------------------------------------------------------
+
+
+def _best(ctx: Ctx, x: TensorArg, dims: tuple[int, ...], op: str, compute: Dtype) -> TensorArg:
+    """The max (min) over `dims` per kept index: an intermediate that a node's outputs share
+    (max.dim's values and indices)."""
+    key = f"{op}{dims}"
+    if key not in ctx.shared:
+        rows = _Box(x, dims, True)
+        ctx.shared[key] = _row_max(
+            ctx, rows, lambda kept, r: rows.load(kept, r, compute), compute, op)
+    return ctx.shared[key]
+
+
+def _first_index(box: _Box, kept: Index, best: E.Expr, compute: Dtype) -> E.Expr:
+    """The first (row-major) index over the box's dims that holds `best`, or the first NaN
+    (which is then the max and the min), as eager's kernels pick it."""
+
+    def first(r: Index) -> E.Expr:
+        v = box.load(kept, r, compute)
+        hit = E.cmp("==", v, best)
+        if compute.is_float:
+            hit = E.Or(hit, E.cmp("!=", v, v))
+        flat: E.Expr = E.imm(0)
+        for i, size in zip(r, box.sizes):
+            flat = flat * size + i
+        return E.select(hit, flat, E.imm(box.count))
+
+    return box.reduce("Min", kept, first, E.imm(box.count))
 
 
 @register(("aten::argmax", "aten::argmin"), overloads=("",))
@@ -445,22 +522,32 @@ def argmax_argmin(ctx: Ctx) -> E.Expr:
         raise LoweringError("argmax/argmin of bool")
     op = "Max" if ctx.node.kind() == "aten::argmax" else "Min"
     compute = compute_type(x.dtype)
-    rows = _Box(x, dims, True)
-    best = _row_max(ctx, rows, lambda kept, r: rows.load(kept, r, compute), compute, op)
+    best = _best(ctx, x, dims, op, compute)
     kept = box.kept_indices(ctx.indices) if ctx.const(1) is not None or not keepdim else ()
-    m = E.Load(best.buf, kept)
+    return _first_index(box, kept, E.Load(best.buf, kept), compute)
 
-    def first(r: Index) -> E.Expr:
-        v = box.load(kept, r, compute)
-        hit = E.cmp("==", v, m)
-        if compute.is_float:
-            hit = E.Or(hit, E.cmp("!=", v, v))
-        flat: E.Expr = E.imm(0)
-        for i, size in zip(r, box.sizes):
-            flat = flat * size + i
-        return E.select(hit, flat, E.imm(box.count))
 
-    return box.reduce("Min", kept, first, E.imm(box.count))
+@register(("aten::max", "aten::min"), overloads=("dim",), constant_operands=True, outputs=2)
+def max_min_dim(ctx: Ctx) -> E.Expr:
+    """`(values, indices)` over one dim: the max (min), NaN if the row holds one, and the index
+    of its first occurrence (of the first NaN); both from one intermediate per row."""
+    x = _tensor(ctx)
+    box = _box(ctx, 1, 2)
+    if x.shape and box.count == 0:
+        raise LoweringError("max/min over an empty dim: eager raises")
+    if x.dtype.is_bool:
+        raise LoweringError("max/min of bool")
+    op = "Max" if ctx.node.kind() == "aten::max" else "Min"
+    compute = compute_type(x.dtype)
+    kept = box.kept_indices(ctx.indices)
+    best = E.Load(_best(ctx, x, box.dims, op, compute).buf, kept)
+    if ctx.output == 0:
+        if ctx.out_dtype != x.dtype:
+            raise LoweringError("max/min values keep the input's type")
+        return E.cast(ctx.out_dtype, best)
+    if ctx.out_dtype != INT64:
+        raise LoweringError("max/min indices are int64")
+    return _first_index(box, kept, best, compute)
 
 
 # -- linalg_vector_norm ----------------------------------------------------------------------------
