@@ -102,6 +102,13 @@ def _node_problem(node: Any) -> str | None:
     return None
 
 
+def fuses_alone(node: Any) -> bool:
+    """Whether `node` makes a group of its own even below `min_group_size` (`Lowering.alone`:
+    a reduction whose one kernel beats eager's one op at this size)."""
+    lowering, _ = lowering_for(node)
+    return bool(lowering is not None and lowering.alone is not None and lowering.alone(node))
+
+
 def is_external(node: Any) -> bool:
     """Whether `node` runs as an external call (GEMM, convolution) inside a group: it must
     read only group inputs, so it starts its group (`reads_external`)."""

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .. import expr as E
 from ..dtype import BOOL, INT64, Dtype
+from ..meta import TensorMeta
 from .casts import require_private_alias
 from .registry import Ctx, LoweringError, TensorArg, compute_type, register, schema_overload
 
@@ -127,6 +129,22 @@ def _input(box: _Box, ctx: Ctx, kept: Index, compute: Dtype) -> Callable[[Index]
 
 def _zero(dtype: Dtype) -> E.Expr:
     return E.imm(False if dtype.is_bool else 0.0 if dtype.is_float else 0, dtype)
+
+
+def _alone_from(elements: int, widest_row: int | None = None) -> Callable[[Any], bool]:
+    """`Lowering.alone`: a node whose input has at least `elements` elements (and, for
+    `widest_row`, a last dim at most that wide) is a kernel of its own, below those eager's
+    op is as fast (call overhead). The sizes come from `benchmarks/reductions.py` at 1 and
+    2 threads."""
+
+    def alone(node: Any) -> bool:
+        meta = TensorMeta.from_type(node.inputsAt(0).type())
+        if meta is None:
+            return False
+        wide = widest_row is not None and bool(meta.sizes) and meta.sizes[-1] > widest_row
+        return math.prod(meta.sizes) >= elements and not wide
+
+    return alone
 
 
 # -- sum, mean, prod ----------------------------------------------------------------------------
@@ -246,7 +264,11 @@ def _var_args(ctx: Ctx) -> tuple[int | None, int | None, float]:
     return 1, 3, 1.0 if correction is None else float(correction)
 
 
-@register(("aten::var", "aten::std"), overloads=("", "dim", "correction"))
+# Eager's Welford var/std are 2-60x slower than the fused two passes from 1024 elements on.
+_VAR_ALONE = _alone_from(1024)
+
+
+@register(("aten::var", "aten::std"), overloads=("", "dim", "correction"), alone=_VAR_ALONE)
 def var_std(ctx: Ctx) -> E.Expr:
     """Two-pass: the mean (an intermediate over the kept dims), then the squared deviations
     over `max(0, N - correction)`."""
@@ -272,7 +294,7 @@ def var_std(ctx: Ctx) -> E.Expr:
 
 
 @register(("aten::var_mean", "aten::std_mean"), overloads=("", "dim", "correction"),
-          outputs=2)
+          outputs=2, alone=_VAR_ALONE)
 def var_std_mean(ctx: Ctx) -> E.Expr:
     """`(var, mean)` or `(std, mean)`: var_std's two passes, whose first is the mean output."""
     if ctx.output == 0:
@@ -327,7 +349,12 @@ def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: 
     return ctx.intermediate(name, compute, [box.x.shape[d] for d in box.kept], exp_sum)
 
 
-@register(("aten::softmax", "aten::log_softmax"), overloads=("int",))
+# Alone, from 64K elements (256 x 768 on) over rows up to 1024 wide: softmax 1.1-1.4x eager,
+# log_softmax 1.02-1.8x at 1 thread, 1.0x at 2 (a loaded machine); 4096-wide rows 0.97-1.0x.
+_ROWS_ALONE = _alone_from(1 << 16, widest_row=1024)
+
+
+@register(("aten::softmax", "aten::log_softmax"), overloads=("int",), alone=_ROWS_ALONE)
 def softmax(ctx: Ctx) -> E.Expr:
     """max, then the sum of exp(x - max), per row; then every element of the row."""
     x = _tensor(ctx)
@@ -428,7 +455,8 @@ def logsumexp(ctx: Ctx) -> E.Expr:
 # -- layer_norm ---------------------------------------------------------------------------------
 
 
-@register("aten::layer_norm", overloads=("",))
+# Alone from 64K elements: 1.1-1.3x eager at 1 thread, 0.94-1.07x at 2 (noise).
+@register("aten::layer_norm", overloads=("",), alone=_ROWS_ALONE)
 def layer_norm(ctx: Ctx) -> E.Expr:
     """Mean and 1/sqrt(var + eps) per row (two-pass, in float32 for reduced floats), then
     `(x * rstd + (-mean * rstd)) * weight + bias` as ATen's kernel."""
@@ -527,7 +555,9 @@ def argmax_argmin(ctx: Ctx) -> E.Expr:
     return _first_index(box, kept, E.Load(best.buf, kept), compute)
 
 
-@register(("aten::max", "aten::min"), overloads=("dim",), constant_operands=True, outputs=2)
+# max.dim: 2-6x eager from 64x128 on (1x at 8x128).
+@register(("aten::max", "aten::min"), overloads=("dim",), constant_operands=True, outputs=2,
+          alone=_alone_from(8192))
 def max_min_dim(ctx: Ctx) -> E.Expr:
     """`(values, indices)` over one dim: the max (min), NaN if the row holds one, and the index
     of its first occurrence (of the first NaN); both from one intermediate per row."""

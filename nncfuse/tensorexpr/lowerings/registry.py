@@ -342,6 +342,9 @@ class Lowering:
     outputs: int = 1
     #: why a node of this kind may not fuse though its schema matches (None: it may)
     problem: Callable[[Any], str | None] | None = None
+    #: whether a node of this kind makes a group on its own, below `min_group_size`: where
+    #: its one kernel was measured faster than eager's one op (a softmax between two GEMMs)
+    alone: Callable[[Any], bool] | None = None
 
 
 REGISTRY: dict[str, Lowering] = {}
@@ -360,10 +363,11 @@ def register(
     view: bool = False,
     outputs: int = 1,
     problem: Callable[[Any], str | None] | None = None,
+    alone: Callable[[Any], bool] | None = None,
 ):
     """Decorator: `fn(ctx) -> Expr` lowers nodes of `kinds` with the given schema overloads.
 
-    `constant_operands`, `outputs`, `problem`: see `Lowering`; `view`: the kinds go into
+    `constant_operands`, `outputs`, `problem`, `alone`: see `Lowering`; `view`: the kinds go into
     `VIEWS`. A kind registered again with other overloads keeps both lowerings, each its own.
     """
     names = [kinds] if isinstance(kinds, str) else list(kinds)
@@ -372,7 +376,7 @@ def register(
         for name in names:
             lowering = Lowering(
                 name, fn, frozenset(overloads) if overloads else None, constant_operands, outputs,
-                problem,
+                problem, alone,
             )
             before = REGISTRY.get(name)
             if before is not None and before.overloads and lowering.overloads:

@@ -129,3 +129,33 @@ def test_training_dropout_stays_eager():
     y = f(x)
     assert set(y.unique().tolist()) <= {0.0, 4.0} and (y == 0).any()
     assert "dropout in training" in str(nncfuse.explain(_train_dropout, x))
+
+
+# -- a lone reduction under the default min_group_size ------------------------------------------
+
+LONE = {
+    "softmax": (lambda x: torch.softmax(x, -1), (256, 768), (8, 128)),
+    "log_softmax": (lambda x: torch.log_softmax(x, 1), (256, 768), (8, 128)),
+    "layer_norm": (lambda x: F.layer_norm(x, (768,)), (256, 768), (8, 768)),
+    "var_mean": (lambda x: torch.var_mean(x, -1), (16, 128), (4, 128)),
+    "max_dim": (lambda x: torch.max(x, -1), (64, 128), (8, 128)),
+}
+
+
+@pytest.mark.parametrize("name", list(LONE))
+def test_a_lone_reduction_fuses_where_it_beats_eager(name):
+    fn, big, small = LONE[name]
+    for shape, fuses in ((big, True), (small, False)):
+        x = torch.randn(shape)
+        traced = torch.jit.trace(fn, (x,), check_trace=False)
+        f = nncfuse.jit(traced)  # min_group_size=2
+        f(x)
+        torch.testing.assert_close(f(x), fn(x))
+        assert bool(nncfuse.fusion_groups(f.graph_for(x))) == fuses, shape
+
+
+def test_a_lone_softmax_over_wide_rows_stays_eager():
+    x = torch.randn(64, 4096)
+    f = nncfuse.jit(torch.jit.trace(lambda x: torch.softmax(x, -1), (x,)))
+    f(x)
+    assert not nncfuse.fusion_groups(f.graph_for(x))
