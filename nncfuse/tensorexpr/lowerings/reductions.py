@@ -33,8 +33,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from .. import expr as E
-from ..dtype import BOOL, INT64, Dtype
+from ..dtype import BOOL, INT64, UINT8, Dtype
 from ..meta import TensorMeta
 from .casts import require_private_alias
 from .registry import Ctx, LoweringError, TensorArg, compute_type, register, schema_overload
@@ -197,13 +199,11 @@ def amax_amin(ctx: Ctx) -> E.Expr:
     box = _box(ctx, None, None) if full else _box(ctx, 1, 2)
     if box.count == 0:
         raise LoweringError("amax/amin over an empty dim: eager raises")
-    if full and box.x.dtype.is_bool:
-        raise LoweringError("max/min of bool")
     op = "Max" if ctx.node.kind() in ("aten::amax", "aten::max") else "Min"
     dtype = box.x.dtype
     if dtype != ctx.out_dtype:
         raise LoweringError("amax/amin keep the input's type")
-    compute = compute_type(dtype)
+    compute = _extreme_type(dtype)
     kept = box.kept_indices(ctx.indices)
     value = box.reduce(op, kept, lambda r: box.load(kept, r, compute), E.identity(op, compute))
     return E.cast(ctx.out_dtype, value)
@@ -504,6 +504,43 @@ def layer_norm(ctx: Ctx) -> E.Expr:
 
 
 
+@register("aten::rms_norm", overloads=("",), alone=_ROWS_ALONE)
+def rms_norm(ctx: Ctx) -> E.Expr:
+    """`x * (1 / sqrt(mean(x^2) + eps)) * weight` per row, in float32 for reduced floats
+    (`_fused_rms_norm`'s decomposition); eps None: the computation type's machine epsilon."""
+    x = _tensor(ctx)
+    out = ctx.out_dtype
+    shape = ctx.const(1)
+    if not out.is_float or x.dtype != out or not isinstance(shape, (list, tuple)) or not shape \
+            or tuple(shape) != tuple(x.shape[-len(shape):]):
+        raise LoweringError("rms_norm of a non-float tensor, or a normalized_shape unlike it")
+    ndim = len(x.shape)
+    box = _row_box(ctx, tuple(range(ndim - len(shape), ndim)))
+    compute = compute_type(out)
+    eps = ctx.const(3)
+    eps = float(torch.finfo(compute.torch).eps if eps is None else eps)
+
+    def rstd(*kept: E.Expr) -> E.Expr:
+        def square(r: Index) -> E.Expr:
+            v = box.load(kept, r, compute)
+            return v * v
+
+        total = box.reduce("Add", kept, square, _zero(compute))
+        mean = total / E.imm(float(box.count), compute)
+        return E.imm(1.0, compute) / E.call("sqrt", mean + E.imm(eps, compute))
+
+    scale = ctx.intermediate("rstd", compute, [x.shape[d] for d in box.kept], rstd)
+    kept = box.kept_indices(ctx.indices)
+    here = tuple(ctx.indices[d] for d in box.dims)
+    y = box.load(kept, here, compute) * E.Load(scale.buf, kept)
+    if not ctx.is_none(2):
+        w = ctx.args[2]
+        if not isinstance(w, TensorArg) or tuple(w.shape) != tuple(shape):
+            raise LoweringError("rms_norm weight has the normalized shape")
+        y = y * ctx.load(w, compute)
+    return E.cast(out, y)
+
+
 # -- argmax, argmin, max.dim, min.dim -------------------------------------------------------------
 
 
@@ -516,6 +553,11 @@ def _best(ctx: Ctx, x: TensorArg, dims: tuple[int, ...], op: str, compute: Dtype
         ctx.shared[key] = _row_max(
             ctx, rows, lambda kept, r: rows.load(kept, r, compute), compute, op)
     return ctx.shared[key]
+
+
+def _extreme_type(dtype: Dtype) -> Dtype:
+    """The type max and min compare in: float32 for reduced floats, uint8 for bool."""
+    return UINT8 if dtype.is_bool else compute_type(dtype)
 
 
 def _first_index(box: _Box, kept: Index, best: E.Expr, compute: Dtype) -> E.Expr:
@@ -565,10 +607,8 @@ def max_min_dim(ctx: Ctx) -> E.Expr:
     box = _box(ctx, 1, 2)
     if x.shape and box.count == 0:
         raise LoweringError("max/min over an empty dim: eager raises")
-    if x.dtype.is_bool:
-        raise LoweringError("max/min of bool")
     op = "Max" if ctx.node.kind() == "aten::max" else "Min"
-    compute = compute_type(x.dtype)
+    compute = _extreme_type(x.dtype)
     kept = box.kept_indices(ctx.indices)
     best = E.Load(_best(ctx, x, box.dims, op, compute).buf, kept)
     if ctx.output == 0:

@@ -159,3 +159,17 @@ def test_a_lone_softmax_over_wide_rows_stays_eager():
     f = nncfuse.jit(torch.jit.trace(lambda x: torch.softmax(x, -1), (x,)))
     f(x)
     assert not nncfuse.fusion_groups(f.graph_for(x))
+
+
+# -- rms_norm (the op; the pattern written out is in test_reduction_ops) ------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, *REDUCED])
+def test_rms_norm_op(dtype, use_llvm):
+    x, w = randn(6, 5, 48, dtype=dtype), randn(48, dtype=dtype)
+    for fn in (lambda x: F.rms_norm(x, (48,), w), lambda x: F.rms_norm(x, (5, 48), eps=1e-3),
+               lambda x: F.rms_norm(x * 0, (48,))):  # all zeros: eps keeps it finite
+        got, want = run_fused(fn, x, use_llvm=use_llvm), fn(x)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
