@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .. import expr as E
-from ..dtype import BOOL, INT64, UINT8, Dtype
+from ..dtype import BOOL, FLOAT64, INT64, UINT8, Dtype
 from ..meta import TensorMeta
 from .casts import require_private_alias
 from .registry import Ctx, LoweringError, TensorArg, compute_type, register, schema_overload
@@ -271,13 +271,14 @@ _VAR_ALONE = _alone_from(1024)
 @register(("aten::var", "aten::std"), overloads=("", "dim", "correction"), alone=_VAR_ALONE)
 def var_std(ctx: Ctx) -> E.Expr:
     """Two-pass: the mean (an intermediate over the kept dims), then the squared deviations
-    over `max(0, N - correction)`."""
+    over `max(0, N - correction)`; in float64 for every float type, as eager's Welford
+    accumulates (`std_var_kernel_impl`: squares of float32 values overflow no sooner)."""
     dims_at, keepdim_at, correction = _var_args(ctx)
     box = _box(ctx, dims_at, keepdim_at)
     out = ctx.out_dtype
     if not out.is_float or box.x.dtype != out:
         raise LoweringError("var/std of a non-float tensor")
-    compute = compute_type(out)
+    compute = FLOAT64
     mean = _mean_of(ctx, box, compute)
     kept = box.kept_indices(ctx.indices)
     m = E.Load(mean.buf, kept)
@@ -303,8 +304,26 @@ def var_std_mean(ctx: Ctx) -> E.Expr:
     box = _box(ctx, dims_at, keepdim_at)
     if not ctx.out_dtype.is_float or box.x.dtype != ctx.out_dtype:
         raise LoweringError("var_mean/std_mean of a non-float tensor")
-    mean = _mean_of(ctx, box, compute_type(ctx.out_dtype))
-    return E.cast(ctx.out_dtype, E.Load(mean.buf, box.kept_indices(ctx.indices)))
+    kept = box.kept_indices(ctx.indices)
+    mean = E.Load(_mean_of(ctx, box, FLOAT64).buf, kept)
+    nan = E.imm(math.nan, FLOAT64)
+    return E.cast(ctx.out_dtype, E.select(_welford_poisoned(box, kept), nan, mean))
+
+
+def _welford_poisoned(box: _Box, kept: Index) -> E.Expr:
+    """Whether eager's Welford mean of the row is NaN where the sum's is not: an infinity
+    (or NaN) before the row's last element makes every later `x - mean` NaN; one in the
+    last element only gives that infinity, as the sum does."""
+
+    def early(r: Index) -> E.Expr:
+        v = box.load(kept, r, FLOAT64)
+        bad = E.Or(E.cmp("!=", v, v), E.cmp("==", E.call("abs", v), E.imm(math.inf, FLOAT64)))
+        flat: E.Expr = E.imm(0)
+        for i, size in zip(r, box.sizes):
+            flat = flat * size + i
+        return E.And(bad, E.cmp("<", flat, E.imm(box.count - 1)))
+
+    return box.reduce("Or", kept, early, E.imm(False, BOOL))
 
 
 def _mean_of(ctx: Ctx, box: _Box, compute: Dtype) -> TensorArg:
@@ -373,7 +392,8 @@ def softmax(ctx: Ctx) -> E.Expr:
 
     if box.count == 0 or not box.dims:  # an empty row, or a 0-dim tensor: elementwise
         one = value(box.kept_indices(ctx.indices), tuple(ctx.indices[d] for d in box.dims))
-        return E.cast(out, one - one if log else one / one)
+        shifted = one - one  # x - max: 0, or NaN for an infinity or NaN
+        return E.cast(out, shifted if log else E.call("exp", shifted))
     top = _row_max(ctx, box, value, compute)
     if not log and out == compute:
         return _softmax_in_place(ctx, box, value, top, compute)
@@ -447,9 +467,12 @@ def logsumexp(ctx: Ctx) -> E.Expr:
     m = E.Load(top.buf, kept)
     finite = E.select(E.cmp("==", E.call("abs", m), E.imm(math.inf, compute)),
                       E.imm(0.0, compute), m)
-    body = lambda r: E.call("exp", value(kept, r) - finite)  # noqa: E731
-    total = box.reduce("Add", kept, body, _zero(compute))
-    return E.cast(out, E.call("log", total) + finite)
+    # Eager runs it as tensor ops (`logsumexp_out_impl`): float16/bfloat16 round after each.
+    narrow = (lambda e: E.cast(compute, E.cast(out, e))) if out.is_reduced_float \
+        else (lambda e: e)
+    body = lambda r: narrow(E.call("exp", narrow(value(kept, r) - finite)))  # noqa: E731
+    total = narrow(box.reduce("Add", kept, body, _zero(compute)))
+    return E.cast(out, narrow(E.call("log", total)) + finite)
 
 
 # -- layer_norm ---------------------------------------------------------------------------------

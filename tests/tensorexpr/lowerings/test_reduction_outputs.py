@@ -173,3 +173,55 @@ def test_rms_norm_op(dtype, use_llvm):
         got, want = run_fused(fn, x, use_llvm=use_llvm), fn(x)
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want)
+
+
+# -- what the fuzzer found (seeds 5357, 5319, 5007) ---------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_var_accumulates_in_float64_as_eager(use_llvm):
+    x = torch.zeros(3, 8)
+    x[:, 0], x[:, 1] = 2e19, -2e19  # squares overflow float32, not the float64 eager uses
+    got = run_fused(lambda x: torch.std(x, 1, correction=0), x, use_llvm=use_llvm)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, torch.std(x, 1, correction=0))
+    both(lambda x: torch.var_mean(x, 1), x, use_llvm=use_llvm, exact=False)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_var_mean_mean_is_welfords_with_infinities(use_llvm):
+    inf = float("inf")
+    y = torch.tensor([[1.0, inf, 2.0], [1.0, 2.0, inf], [inf, 1.0, 2.0], [1.0, -inf, inf]])
+    got = both(lambda y: torch.var_mean(y, 1), y, use_llvm=use_llvm)  # NaN, inf, NaN, NaN
+    assert got[1].isinf().tolist() == [False, True, False, False]
+    both(lambda y: torch.std_mean(y.t(), 0, keepdim=True), y, use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", REDUCED)
+def test_logsumexp_of_reduced_floats_rounds_as_eagers_tensor_ops(dtype, use_llvm):
+    x = torch.log_softmax(randn(8, 7), 1).to(dtype)  # each row's answer is about 0
+    fn = lambda x: torch.logsumexp(x, 1, keepdim=True)  # noqa: E731
+    assert_exact(run_fused(fn, x, use_llvm=use_llvm), fn(x))  # float32 throughout: 5e-4 off
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_softmax_of_a_zero_dim_tensor(use_llvm):  # seed 20173: 0 / 0 where eager has 1
+    for v in (0.0, -3.5, float("inf"), float("nan")):
+        x = torch.tensor(v)
+        for fn in (lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x * 1, 0)):
+            assert_exact(run_fused(fn, x, use_llvm=use_llvm), fn(x))
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_argmax_then_an_elementwise_output_over_other_dims(use_llvm):
+    """Seed 20376: the log2 temporary lived in erf's output while argmax, in the same
+    loops, still read other rows of it (`reuse_outputs`)."""
+    x = torch.rand(7, 2, 2, 1, dtype=torch.float64) * 100
+
+    def fn(x):
+        v = torch.log2(x)
+        return torch.erf(torch.trunc(v.sum(-1, keepdim=True))), v.argmax(1, keepdim=True).sum(1)
+
+    x[:, 0, 1], x[:, 1, 1] = 1024.0, 8.0  # log2: 10 (the max) and 3; erf(10) = 1 is less
+    both(fn, x, use_llvm=use_llvm, exact=False)
