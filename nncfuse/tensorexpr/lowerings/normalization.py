@@ -22,14 +22,13 @@ from collections.abc import Callable
 import torch
 
 from .. import expr as E
-from .reductions import _ROWS_ALONE, Index, _mean_of, _row_box, _tensor, _zero
+from .reductions import LAYER_NORM_ALONE, Index, _mean_of, _row_box, _tensor, _zero
 from .registry import Ctx, LoweringError, TensorArg, compute_type, register
 
 # -- layer_norm ---------------------------------------------------------------------------------
 
 
-# Alone from 64K elements: 1.1-1.3x eager at 1 thread, 0.94-1.07x at 2 (noise).
-@register("aten::layer_norm", overloads=("",), alone=_ROWS_ALONE)
+@register("aten::layer_norm", overloads=("",), alone=LAYER_NORM_ALONE)
 def layer_norm(ctx: Ctx) -> E.Expr:
     """Mean and 1/sqrt(var + eps) per row (two-pass, in float32 for reduced floats), then
     `(x * rstd + (-mean * rstd)) * weight + bias` as ATen's kernel."""
@@ -77,7 +76,7 @@ def layer_norm(ctx: Ctx) -> E.Expr:
 
 
 
-@register("aten::rms_norm", overloads=("",), alone=_ROWS_ALONE)
+@register("aten::rms_norm", overloads=("",))
 def rms_norm(ctx: Ctx) -> E.Expr:
     """`x * (1 / sqrt(mean(x^2) + eps)) * weight` per row, in float32 for reduced floats
     (`_fused_rms_norm`'s decomposition); eps None: the computation type's machine epsilon."""
