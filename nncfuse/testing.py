@@ -42,6 +42,12 @@ OPS: list[tuple[str, str]] = [
     )),
     ("div", "no_rounding_mode"), ("div", "trunc_rounding"), ("div", "floor_rounding"),
     ("max", "binary"), ("min", "binary"),
+    # reductions with two outputs, normalizations, eval dropout (issue #10)
+    ("max", "reduction_with_dim"), ("max", "reduction_no_dim"),
+    ("min", "reduction_with_dim"), ("min", "reduction_no_dim"),
+    ("var_mean", ""), ("var_mean", "unbiased"), ("std_mean", ""), ("std_mean", "unbiased"),
+    ("nn.functional.batch_norm", ""), ("nn.functional.instance_norm", ""),
+    ("nn.functional.rms_norm", ""), ("norm", ""), ("norm", "inf"),
 ]
 
 DTYPES = [
@@ -137,7 +143,8 @@ def run_sample(op: Any, sample: Any) -> Outcome:
         want = call(*[t.clone() for t in tensors])
     except Exception as e:  # noqa: BLE001 - eager rejects the sample: nothing to compare
         return Outcome(skipped=True, message=f"eager raised {type(e).__name__}")
-    if not isinstance(want, torch.Tensor):
+    wants = tuple(want) if isinstance(want, tuple) else (want,)  # max.dim: (values, indices)
+    if not wants or not all(isinstance(w, torch.Tensor) for w in wants):
         return Outcome(skipped=True, message="eager returns no tensor")
     try:
         with warnings.catch_warnings():
@@ -155,7 +162,11 @@ def run_sample(op: Any, sample: Any) -> Outcome:
         outcome.crashed = True
         outcome.message = f"{type(e).__name__}: {e}"
         return outcome
-    outcome.message = _same(got, want)
+    gots = tuple(got) if isinstance(got, tuple) else (got,)
+    if len(gots) != len(wants):
+        outcome.message = f"{len(gots)} outputs, eager has {len(wants)}"
+    else:
+        outcome.message = "; ".join(m for g, w in zip(gots, wants) if (m := _same(g, w)))
     outcome.matched = not outcome.message
     return outcome
 

@@ -233,3 +233,47 @@ FLOAT_LITERALS = ["0.5", "-1.5", "2.0", "3.0", "-2.0", "0.25", "0.0", "1e-3", "1
 FLOAT_LITERAL_WEIGHTS = [4, 3, 4, 2, 2, 2, 1, 1, 1, 1, 0.3, 0.3, 0.3]
 INT_LITERALS = ["1", "2", "3", "-1", "-2", "5", "0", "7", "100"]
 INT_LITERAL_WEIGHTS = [4, 4, 3, 3, 2, 1, 0.4, 1, 0.5]
+
+
+# -- reductions (issue #10) ----------------------------------------------------------------------
+# Drawn by their own step of the generator (`program.py`, its reductions section), not from
+# `OPS`. Dims that do not fit the operand's rank make eager raise, and the draw is redone.
+# Float sums round in another order than eager's cascade (`approx`); max-like reductions
+# compare zeros of either sign equal (`zero_sign`).
+
+_DIM = {"dim": ["-1", "0", "1", "(0, -1)", "[-1]"], "keep": ["", ", keepdim=True"]}
+_ONE_DIM = {"dim": ["-1", "0", "1"], "keep": ["", ", keepdim=True"]}
+_CORRECTION = {"dim": ["-1", "0", "(0, -1)"], "c": ["0", "1", "2"], "k": ["False", "True"]}
+
+REDUCTIONS = [
+    OpSpec("sum", "{0}.sum({dim}{keep})", dtypes="nobool", extras=_DIM, approx=True),
+    OpSpec("sum", "torch.sum({0})", approx=True, weight=0.5),
+    OpSpec("mean", "{0}.mean({dim}{keep})", dtypes="float", extras=_DIM, approx=True),
+    OpSpec("prod", "{0}.prod({dim}{keep})", dtypes="nobool", extras=_ONE_DIM, approx=True,
+           weight=0.5),
+    OpSpec("amax", "{0}.amax({dim}{keep})", extras=_DIM, zero_sign=True),
+    OpSpec("amin", "{0}.amin({dim}{keep})", extras=_DIM, zero_sign=True),
+    OpSpec("max", "torch.max({0}, {dim}{keep})[{k}]", extras={**_ONE_DIM, "k": ["0", "1"]},
+           zero_sign=True),
+    OpSpec("min", "torch.min({0}, {dim}{keep})[{k}]", extras={**_ONE_DIM, "k": ["0", "1"]},
+           zero_sign=True),
+    OpSpec("max", "torch.max({0})", zero_sign=True, weight=0.3),
+    OpSpec("argmax", "{0}.argmax({dim}{keep})", dtypes="nobool", extras=_ONE_DIM),
+    OpSpec("argmin", "{0}.argmin({dim}{keep})", dtypes="nobool", extras=_ONE_DIM),
+    OpSpec("any", "{0}.any({dim}{keep})", extras=_ONE_DIM, weight=0.5),
+    OpSpec("all", "{0}.all({dim}{keep})", extras=_ONE_DIM, weight=0.5),
+    OpSpec("var", "torch.var({0}, {dim}, correction={c}, keepdim={k})", dtypes="float",
+           extras=_CORRECTION, approx=True),
+    OpSpec("std", "torch.std({0}, {dim}, correction={c}, keepdim={k})", dtypes="float",
+           extras=_CORRECTION, approx=True, weight=0.5),
+    OpSpec("var_mean", "torch.var_mean({0}, {dim}, correction={c}, keepdim={k})[{i}]",
+           dtypes="float", extras={**_CORRECTION, "i": ["0", "1"]}, approx=True),
+    OpSpec("logsumexp", "torch.logsumexp({0}, {dim}{keep})", dtypes="float", extras=_DIM,
+           approx=True),
+    OpSpec("softmax", "torch.softmax({0}, {dim})", dtypes="float", extras=_ONE_DIM, approx=True),
+    OpSpec("log_softmax", "torch.log_softmax({0}, {dim})", dtypes="float", extras=_ONE_DIM,
+           approx=True),
+    OpSpec("vector_norm", "torch.linalg.vector_norm({0}, {p}, {dim})", dtypes="float",
+           extras={"p": ["2", "1", 'float("inf")'], "dim": ["-1", "0"]}, approx=True),
+    OpSpec("dropout", F + "dropout({0}, 0.5, False)", dtypes="float", weight=0.5),
+]

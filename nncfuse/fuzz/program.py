@@ -38,10 +38,12 @@ from .op_specs import (
     INT_LITERAL_WEIGHTS,
     INT_LITERALS,
     OPS,
+    REDUCTIONS,
     OpSpec,
 )
 
 _OP_WEIGHTS = [op.weight for op in OPS]
+_REDUCTION_WEIGHTS = [op.weight for op in REDUCTIONS]  # the reductions section (issue #10)
 #: In-place writes (`add_inplace`): `dest` is an input or a slice of one, `v` a tensor value.
 _INPLACE = (
     "{dest}.add_({v})", "{dest}.mul_({v})", "{dest}.sub_({v}, alpha=2)", "{dest}.relu_()",
@@ -343,11 +345,13 @@ class _Builder:
                 self.scalars.remove(value)
         del self.params[n_params:]
 
-    def add_op(self, attempts: int = 30) -> bool:
-        """Append one elementwise op; False if no draw was well typed."""
+    def add_op(self, attempts: int = 30, specs: list[OpSpec] = OPS,
+               weights: list[float] = _OP_WEIGHTS) -> bool:
+        """Append one op of `specs` (elementwise ones unless told); False if no draw was well
+        typed."""
         for _ in range(attempts):
             n_params = len(self.params)
-            spec = self.rng.choices(OPS, _OP_WEIGHTS)[0]
+            spec = self.rng.choices(specs, weights)[0]
             call, data = self.draw_call(spec)
             results = self.evaluate(call, lambda k: _out_of_bounds(spec, data, k))
             if results is not None:
@@ -450,6 +454,8 @@ def generate(seed: int) -> Case:
             continue
         elif roll < 0.12 and builder.add_if():
             continue
+        elif roll < 0.25 and add_reduction(builder):
+            continue
         elif not builder.add_op():
             break
     if not builder.stmts:  # nothing was well typed (very rare): one op that always is
@@ -461,3 +467,11 @@ def generate(seed: int) -> Case:
     program = Program(tuple(builder.params), tuple(builder.stmts), builder.outputs())
     inputs = tuple(tuple(builder.values[p.name].data[k] for p in builder.params) for k in range(2))
     return Case(program, inputs, min_group_size=rng.choice([1, 1, 2]), seed=seed)
+
+
+# -- reductions (issue #10) -------------------------------------------------------------------
+
+
+def add_reduction(builder: _Builder) -> bool:
+    """Append one reduction (`op_specs.REDUCTIONS`) over a value or a new input."""
+    return builder.add_op(attempts=10, specs=REDUCTIONS, weights=_REDUCTION_WEIGHTS)

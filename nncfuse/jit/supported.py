@@ -2,8 +2,9 @@
 
 A node fuses when a lowering exists for its schema (`tensorexpr.lowerings`)
 and every value it touches is something a CPU kernel can take: its tensor
-inputs and its one output have complete profiled types on the CPU, in a
-dtype the loop IR has, not requiring grad (kernels record no autograd);
+inputs and its outputs (one, or as many as the lowering's `outputs`: max.dim's
+values and indices) have complete profiled types on the CPU, in a dtype the
+loop IR has, not requiring grad (kernels record no autograd);
 its other inputs are numbers, or constants the lowering reads (only
 constants, for lowerings that compile them in: view sizes, dims, slice
 bounds). A `prim::ListConstruct` of tensors fuses with the one cat or stack
@@ -74,11 +75,15 @@ def _node_problem(node: Any) -> str | None:
     lowering, reason = lowering_for(node)
     if lowering is None:
         return reason
-    if node.outputsSize() != 1 or not is_tensor(node.output()):
-        return "the node does not produce exactly one tensor"
-    problem = _tensor_problem(node.output(), "output")
-    if problem:
+    if lowering.problem is not None and (problem := lowering.problem(node)):
         return problem
+    outputs = list(node.outputs())
+    if len(outputs) != lowering.outputs or not all(is_tensor(v) for v in outputs):
+        return f"the node does not produce exactly {lowering.outputs} tensor(s)"
+    for value in outputs:
+        problem = _tensor_problem(value, "output")
+        if problem:
+            return problem
     if node.kind() in EXTERNAL_KINDS:
         problem = external_problem(node)
         if problem:
@@ -95,6 +100,13 @@ def _node_problem(node: Any) -> str | None:
         elif value.type().kind() not in _NUMBER_KINDS:
             return f"input %{value.debugName()} of type {value.type()} is not a constant"
     return None
+
+
+def fuses_alone(node: Any) -> bool:
+    """Whether `node` makes a group of its own even below `min_group_size` (`Lowering.alone`:
+    a reduction whose one kernel beats eager's one op at this size)."""
+    lowering, _ = lowering_for(node)
+    return bool(lowering is not None and lowering.alone is not None and lowering.alone(node))
 
 
 def is_external(node: Any) -> bool:

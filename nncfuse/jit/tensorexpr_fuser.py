@@ -4,9 +4,10 @@ NNC's algorithm. Each block (and, recursively, each `prim::If`/`prim::Loop`
 body) is walked from its end to its start; a fusible node, or a group, pulls
 in the fusible nodes that produce its inputs, when the producer can be moved
 next to its consumer without changing what any other node sees. The walk
-repeats until nothing changes. Then (with `min_group_size=1`) lone fusible
-nodes become groups of their own, adjacent groups merge, and groups with
-fewer than `min_group_size` nodes are taken apart again. A group is a
+repeats until nothing changes. Then (with `min_group_size=1`, or for nodes
+worth a kernel alone: `supported.fuses_alone`) lone fusible nodes become
+groups of their own, adjacent groups merge, and groups with fewer than
+`min_group_size` nodes (but for those lone ones) are taken apart again. A group is a
 `prim::TensorExprGroup` node holding its nodes in a `Subgraph` attribute:
 
     %z : Float(128) = prim::TensorExprGroup_0(%b)
@@ -38,11 +39,23 @@ from ..tensorexpr.meta import is_tensor
 from . import guard
 from .inplace import chain_root, functionalize_input_writes, is_write_back, only_write_backs
 from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
-from .supported import feeds_external, is_external, why_not_fusible, why_not_write_back
+from .supported import (
+    feeds_external,
+    fuses_alone,
+    is_external,
+    why_not_fusible,
+    why_not_write_back,
+)
 
 _log = log.get_logger(__file__)
 def _body_size(group: Any) -> int:
     return sum(1 for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant")
+
+
+def _fuses_alone(group: Any) -> bool:
+    """Whether `group` is one node that is worth a kernel on its own (`fuses_alone`)."""
+    nodes = [n for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
+    return len(nodes) == 1 and fuses_alone(nodes[0])
 
 
 class _Fuser:
@@ -109,19 +122,20 @@ class _Fuser:
                     node = merged
                 else:
                     node = node.prev()
-        if self.options.min_group_size <= 1:
-            for node in list(block.nodes()):
-                lone = not is_group(node) and node.kind() != "prim::Constant"
-                lone = lone and node.outputsSize() == 1 and is_tensor(node.output())
-                lone = lone and not is_external(node)  # a library call alone: nothing to fuse
-                if lone and self.why_not(node) is None:
-                    make_group(self.graph, node)
+        for node in list(block.nodes()):
+            lone = not is_group(node) and node.kind() != "prim::Constant"
+            lone = lone and node.outputsSize() >= 1 and all(map(is_tensor, node.outputs()))
+            lone = lone and not is_external(node)  # a library call alone: nothing to fuse
+            lone = lone and (self.options.min_group_size <= 1 or fuses_alone(node))
+            if lone and self.why_not(node) is None:
+                make_group(self.graph, node)
         self.merge_adjacent(block)
         for node in list(block.nodes()):
             if is_group(node):
                 move_aliases_out(self.graph, node, aliases)  # eager's views stay views
         for node in list(block.nodes()):
-            if is_group(node) and _body_size(node) < self.options.min_group_size:
+            if is_group(node) and _body_size(node) < self.options.min_group_size \
+                    and not _fuses_alone(node):
                 _log.update("Undoing a group of ", _body_size(node), " node(s)")
                 unmerge(self.graph, node)
 

@@ -189,7 +189,7 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
             _lower_write_back(state, node, inputs)
         elif node.kind() in EXTERNAL_KINDS:
             _lower_external(state, node, kernel_inputs, graph_outputs)
-        elif node.output().unique() in state.folded:
+        elif any(v.unique() in state.folded for v in node.outputs()):
             continue
         else:
             _lower_node(state, node, kernel_inputs, graph_outputs)
@@ -294,35 +294,38 @@ def _lower_constant(state: _GraphLowering, node: Any) -> None:
 def _lower_node(
     state: _GraphLowering, node: Any, kernel_inputs: frozenset[Buf | E.Var], graph_outputs: set[int]
 ) -> None:
-    """The loop nest computing `node`'s one tensor output; a graph output is laid out with
-    eager's strides and walked in memory order."""
+    """The loop nest computing each of `node`'s tensor outputs (one, or the lowering's
+    `outputs`); a graph output is laid out with eager's strides and walked in memory order."""
     lowering, reason = lowering_for(node)
     if lowering is None:
         raise LoweringError(reason)
-    if node.outputsSize() != 1 or not is_tensor(node.output()):
-        raise LoweringError(f"{node.kind()} must have one tensor output")
-    out = node.output()
-    is_output = out.unique() in graph_outputs
-    meta = state.metas.get(out.unique())
-    if meta is None:
-        raise LoweringError(f"no type for the output of {node.kind()}")
+    outs = list(node.outputs())
+    if len(outs) != lowering.outputs or not all(is_tensor(v) for v in outs):
+        raise LoweringError(f"{node.kind()} must have {lowering.outputs} tensor output(s)")
     args = [state.env[v.unique()] for v in node.inputs()]
-    ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes, (), kernel_inputs, state.checks)
     op = node.kind().split("::")[-1]
     state.ops.append(op)
-    buf, nest = compute(
-        state.unique(f"aten_{op}"),
-        ctx.out_dtype,
-        meta.sizes,
-        lambda *idx: lowering.fn(replace(ctx, indices=idx)),
-        strides=meta.strides if is_output else None,
-        order=_layout_order(meta) if is_output else None,
-    )
-    if is_output:
-        state.output_metas[buf] = meta
-    state.env[out.unique()] = TensorArg(buf, meta.sizes)
-    state.nests.extend(ctx.nests)  # the node's intermediates (a reduction's row statistics)
-    state.nests.append(nest)
+    shared: dict[str, Any] = {}
+    for k, out in enumerate(outs):
+        is_output = out.unique() in graph_outputs
+        meta = state.metas.get(out.unique())
+        if meta is None:
+            raise LoweringError(f"no type for the output of {node.kind()}")
+        ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes, (), kernel_inputs,
+                  state.checks, output=k, shared=shared)
+        buf, nest = compute(
+            state.unique(f"aten_{op}"),
+            ctx.out_dtype,
+            meta.sizes,
+            lambda *idx, ctx=ctx: lowering.fn(replace(ctx, indices=idx)),
+            strides=meta.strides if is_output else None,
+            order=_layout_order(meta) if is_output else None,
+        )
+        if is_output:
+            state.output_metas[buf] = meta
+        state.env[out.unique()] = TensorArg(buf, meta.sizes)
+        state.nests.extend(ctx.nests)  # the node's intermediates (a reduction's row statistics)
+        state.nests.append(nest)
 
 
 def _lower_external(

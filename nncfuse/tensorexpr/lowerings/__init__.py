@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     casts,
     compare,
     external,
+    normalization,
     reductions,
     shapes,
     unary,

@@ -1,27 +1,30 @@
-"""Reductions: sum, mean, prod, amax, amin, any, all, argmax, argmin, var, std, logsumexp,
-linalg_vector_norm, softmax, log_softmax, layer_norm, group_norm, instance_norm; batch_norm
-in inference.
+"""Reductions: sum, mean, prod, amax, amin, max/min (over all dims, or with dim: values and
+indices), any, all, argmax, argmin, var, std, var_mean, std_mean, logsumexp,
+linalg_vector_norm, softmax, log_softmax; dropout in eval. (Normalizations that reduce
+over rows, such as layer_norm, are in `normalization.py`.)
 
 An output element of a reduction is a `Reduce` over the reduced dims of its
 input. Ops that reduce and then broadcast the result back over the reduced
-dims (softmax, log_softmax, layer_norm) give each row statistic its own
-intermediate nest over the kept dims (`Ctx.intermediate`), which the output
-nest loads: the statistic is computed once per row, not once per element,
-and `fuse_loops` then runs the statistics and the output of a row in one
-sweep while the row is in cache.
+dims (softmax, log_softmax) give each row statistic its own intermediate nest
+over the kept dims (`Ctx.intermediate`), which the output nest loads: the
+statistic is computed once per row, not once per element, and `fuse_loops`
+then runs the statistics and the output of a row in one sweep while the row
+is in cache. Ops with two outputs (max.dim, var_mean) share their row
+intermediates through `Ctx.shared`.
 
-Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `SoftMaxKernel.cpp`,
-`layer_norm_kernel.cpp`):
+Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `ReduceOpsKernel.cpp`,
+`SoftMaxKernel.cpp`):
 
 - float16 and bfloat16 accumulate in float32 and round once at the end;
   mean is the float32 sum divided by the count, then rounded;
 - sums are vectorized into several accumulators and combined pairwise
   (`vectorize_reductions`), as close to eager's cascade as a serial sum is not;
-- max and min propagate NaN (the `Max`/`Min` rows); amax/amin of an empty
-  dim raise in eager, so such nodes stay unfused;
-- variance is two-pass (the mean, then the mean squared deviation), never
-  E[x^2] - E[x]^2; layer_norm computes `(x * rstd - mean * rstd) * w + b`
-  with `rstd = 1 / sqrt(var + eps)`, ATen's order;
+- max and min propagate NaN (the `Max`/`Min` rows), and their indices are
+  those of the first max or the first NaN; amax/amin of an empty dim raise in
+  eager, so such nodes stay unfused;
+- var/std are two-pass (the mean, then the mean squared deviation), never
+  E[x^2] - E[x]^2, in float64 as eager's Welford accumulates; var_mean's mean
+  is NaN where Welford's is (an infinity before the row's last element);
 - softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`
   (over the last dim of float16/bfloat16 with the sum and its log rounded to
   that type, as ATen keeps them).
@@ -31,9 +34,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .. import expr as E
-from ..dtype import BOOL, INT64, Dtype
+from ..dtype import BOOL, FLOAT64, INT64, UINT8, Dtype
+from ..meta import TensorMeta
+from .casts import require_private_alias
 from .registry import Ctx, LoweringError, TensorArg, compute_type, register, schema_overload
 
 Index = tuple[E.Expr, ...]
@@ -128,6 +134,24 @@ def _zero(dtype: Dtype) -> E.Expr:
     return E.imm(False if dtype.is_bool else 0.0 if dtype.is_float else 0, dtype)
 
 
+def _alone_from(elements: int, widest_row: int | None = None,
+                most: int | None = None) -> Callable[[Any], bool]:
+    """`Lowering.alone`: a node whose input has at least `elements` elements (at most `most`;
+    for `widest_row`, a last dim at most that wide) is a kernel of its own; below those
+    eager's op is as fast (call overhead). The sizes come from `benchmarks/reductions.py`
+    at 1 and 2 threads."""
+
+    def alone(node: Any) -> bool:
+        meta = TensorMeta.from_type(node.inputsAt(0).type())
+        if meta is None:
+            return False
+        wide = widest_row is not None and bool(meta.sizes) and meta.sizes[-1] > widest_row
+        numel = math.prod(meta.sizes)
+        return numel >= elements and not wide and (most is None or numel <= most)
+
+    return alone
+
+
 # -- sum, mean, prod ----------------------------------------------------------------------------
 
 #: op -> (position of dims, of keepdim) per schema overload; None: all dims, no keepdim.
@@ -170,16 +194,19 @@ def prod(ctx: Ctx) -> E.Expr:
 
 
 @register(("aten::amax", "aten::amin"), overloads=("",))
+@register(("aten::max", "aten::min"), overloads=("",))
 def amax_amin(ctx: Ctx) -> E.Expr:
-    """NaN propagates; an empty reduced dim raises in eager, so it is not fused."""
-    box = _box(ctx, 1, 2)
+    """NaN propagates; an empty reduced dim raises in eager, so it is not fused. `max(x)`,
+    `min(x)`: over all dims."""
+    full = ctx.node.kind() in ("aten::max", "aten::min")
+    box = _box(ctx, None, None) if full else _box(ctx, 1, 2)
     if box.count == 0:
         raise LoweringError("amax/amin over an empty dim: eager raises")
-    op = "Max" if ctx.node.kind() == "aten::amax" else "Min"
+    op = "Max" if ctx.node.kind() in ("aten::amax", "aten::max") else "Min"
     dtype = box.x.dtype
     if dtype != ctx.out_dtype:
         raise LoweringError("amax/amin keep the input's type")
-    compute = compute_type(dtype)
+    compute = _extreme_type(dtype)
     kept = box.kept_indices(ctx.indices)
     value = box.reduce(op, kept, lambda r: box.load(kept, r, compute), E.identity(op, compute))
     return E.cast(ctx.out_dtype, value)
@@ -202,6 +229,30 @@ def any_all(ctx: Ctx) -> E.Expr:
     return E.cast(ctx.out_dtype, value)
 
 
+# -- dropout in eval ----------------------------------------------------------------------------
+
+_DROPOUTS = ("aten::dropout", "aten::feature_dropout", "aten::alpha_dropout",
+             "aten::feature_alpha_dropout")
+
+
+def _dropout_problem(node: object) -> str | None:
+    train = node.inputsAt(2)  # type: ignore[attr-defined]
+    if train.node().kind() != "prim::Constant" or train.toIValue() is not False:
+        return "dropout in training (random): only eval's identity fuses"
+    return None
+
+
+@register(_DROPOUTS, overloads=("",), constant_operands=True, view=True, problem=_dropout_problem)
+def dropout(ctx: Ctx) -> E.Expr:
+    """In eval (`train` False) the input itself, as eager returns it: a view, so a group
+    returns it only where the copy is unobservable (`require_private_alias`)."""
+    x = _tensor(ctx)
+    if ctx.const(2) is not False or x.dtype != ctx.out_dtype:
+        raise LoweringError("dropout in training")
+    require_private_alias(ctx.node)
+    return ctx.load(x)
+
+
 # -- var, std -----------------------------------------------------------------------------------
 
 
@@ -216,16 +267,21 @@ def _var_args(ctx: Ctx) -> tuple[int | None, int | None, float]:
     return 1, 3, 1.0 if correction is None else float(correction)
 
 
-@register(("aten::var", "aten::std"), overloads=("", "dim", "correction"))
+# Eager's Welford var/std are 2-60x slower than the fused two passes from 1024 elements on.
+_VAR_ALONE = _alone_from(1024)
+
+
+@register(("aten::var", "aten::std"), overloads=("", "dim", "correction"), alone=_VAR_ALONE)
 def var_std(ctx: Ctx) -> E.Expr:
     """Two-pass: the mean (an intermediate over the kept dims), then the squared deviations
-    over `max(0, N - correction)`."""
+    over `max(0, N - correction)`; in float64 for every float type, as eager's Welford
+    accumulates (`std_var_kernel_impl`: squares of float32 values overflow no sooner)."""
     dims_at, keepdim_at, correction = _var_args(ctx)
     box = _box(ctx, dims_at, keepdim_at)
     out = ctx.out_dtype
     if not out.is_float or box.x.dtype != out:
         raise LoweringError("var/std of a non-float tensor")
-    compute = compute_type(out)
+    compute = FLOAT64
     mean = _mean_of(ctx, box, compute)
     kept = box.kept_indices(ctx.indices)
     m = E.Load(mean.buf, kept)
@@ -236,19 +292,56 @@ def var_std(ctx: Ctx) -> E.Expr:
 
     squares = box.reduce("Add", kept, deviation, _zero(compute))
     value = squares / E.imm(max(0.0, box.count - correction), compute)
-    if ctx.node.kind() == "aten::std":
+    if ctx.node.kind() in ("aten::std", "aten::std_mean"):
         value = E.call("sqrt", value)
     return E.cast(out, value)
 
 
+@register(("aten::var_mean", "aten::std_mean"), overloads=("", "dim", "correction"),
+          outputs=2, alone=_VAR_ALONE)
+def var_std_mean(ctx: Ctx) -> E.Expr:
+    """`(var, mean)` or `(std, mean)`: var_std's two passes, whose first is the mean output."""
+    if ctx.output == 0:
+        return var_std(ctx)
+    dims_at, keepdim_at, _ = _var_args(ctx)
+    box = _box(ctx, dims_at, keepdim_at)
+    if not ctx.out_dtype.is_float or box.x.dtype != ctx.out_dtype:
+        raise LoweringError("var_mean/std_mean of a non-float tensor")
+    kept = box.kept_indices(ctx.indices)
+    mean = E.Load(_mean_of(ctx, box, FLOAT64).buf, kept)
+    nan = E.imm(math.nan, FLOAT64)
+    return E.cast(ctx.out_dtype, E.select(_welford_poisoned(box, kept), nan, mean))
+
+
+def _welford_poisoned(box: _Box, kept: Index) -> E.Expr:
+    """Whether eager's Welford mean of the row is NaN where the sum's is not: an infinity
+    (or NaN) before the row's last element makes every later `x - mean` NaN; one in the
+    last element only gives that infinity, as the sum does."""
+
+    def early(r: Index) -> E.Expr:
+        v = box.load(kept, r, FLOAT64)
+        bad = E.Or(E.cmp("!=", v, v), E.cmp("==", E.call("abs", v), E.imm(math.inf, FLOAT64)))
+        flat: E.Expr = E.imm(0)
+        for i, size in zip(r, box.sizes):
+            flat = flat * size + i
+        return E.And(bad, E.cmp("<", flat, E.imm(box.count - 1)))
+
+    return box.reduce("Or", kept, early, E.imm(False, BOOL))
+
+
 def _mean_of(ctx: Ctx, box: _Box, compute: Dtype) -> TensorArg:
-    """An intermediate: the mean of `box` at each kept index."""
+    """An intermediate: the mean of `box` at each kept index (one per node: its outputs
+    share it)."""
+    key = f"mean{box.dims}"
+    if key in ctx.shared:
+        return ctx.shared[key]
 
     def mean(*kept: E.Expr) -> E.Expr:
         total = box.reduce("Add", kept, lambda r: box.load(kept, r, compute), _zero(compute))
         return total / E.imm(float(box.count), compute)
 
-    return ctx.intermediate("mean", compute, [box.x.shape[d] for d in box.kept], mean)
+    ctx.shared[key] = ctx.intermediate("mean", compute, [box.x.shape[d] for d in box.kept], mean)
+    return ctx.shared[key]
 
 
 # -- softmax, log_softmax, logsumexp ------------------------------------------------------------
@@ -278,7 +371,14 @@ def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: 
     return ctx.intermediate(name, compute, [box.x.shape[d] for d in box.kept], exp_sum)
 
 
-@register(("aten::softmax", "aten::log_softmax"), overloads=("int",))
+# Alone, from 64K elements (256 x 768 on) over rows up to 1024 wide: softmax 1.1-1.4x eager,
+# log_softmax 1.02-1.8x at 1 thread, 1.0x at 2 (a loaded machine); 4096-wide rows 0.97-1.0x.
+_ROWS_ALONE = _alone_from(1 << 16, widest_row=1024)
+# layer_norm: 1.2x eager at 256 x 768 (in cache), 0.87-0.93x at 4096 x 768 (from memory).
+LAYER_NORM_ALONE = _alone_from(1 << 16, widest_row=1024, most=1 << 20)
+
+
+@register(("aten::softmax", "aten::log_softmax"), overloads=("int",), alone=_ROWS_ALONE)
 def softmax(ctx: Ctx) -> E.Expr:
     """max, then the sum of exp(x - max), per row; then every element of the row."""
     x = _tensor(ctx)
@@ -297,7 +397,8 @@ def softmax(ctx: Ctx) -> E.Expr:
 
     if box.count == 0 or not box.dims:  # an empty row, or a 0-dim tensor: elementwise
         one = value(box.kept_indices(ctx.indices), tuple(ctx.indices[d] for d in box.dims))
-        return E.cast(out, one - one if log else one / one)
+        shifted = one - one  # x - max: 0, or NaN for an infinity or NaN
+        return E.cast(out, shifted if log else E.call("exp", shifted))
     top = _row_max(ctx, box, value, compute)
     if not log and out == compute:
         return _softmax_in_place(ctx, box, value, top, compute)
@@ -371,63 +472,48 @@ def logsumexp(ctx: Ctx) -> E.Expr:
     m = E.Load(top.buf, kept)
     finite = E.select(E.cmp("==", E.call("abs", m), E.imm(math.inf, compute)),
                       E.imm(0.0, compute), m)
-    body = lambda r: E.call("exp", value(kept, r) - finite)  # noqa: E731
-    total = box.reduce("Add", kept, body, _zero(compute))
-    return E.cast(out, E.call("log", total) + finite)
+    # Eager runs it as tensor ops (`logsumexp_out_impl`): float16/bfloat16 round after each.
+    narrow = (lambda e: E.cast(compute, E.cast(out, e))) if out.is_reduced_float \
+        else (lambda e: e)
+    body = lambda r: narrow(E.call("exp", narrow(value(kept, r) - finite)))  # noqa: E731
+    total = narrow(box.reduce("Add", kept, body, _zero(compute)))
+    return E.cast(out, narrow(E.call("log", total)) + finite)
 
 
-# -- layer_norm ---------------------------------------------------------------------------------
+# -- argmax, argmin, max.dim, min.dim -------------------------------------------------------------
 
 
-@register("aten::layer_norm", overloads=("",))
-def layer_norm(ctx: Ctx) -> E.Expr:
-    """Mean and 1/sqrt(var + eps) per row (two-pass, in float32 for reduced floats), then
-    `(x * rstd + (-mean * rstd)) * weight + bias` as ATen's kernel."""
-    x = _tensor(ctx)
-    out = ctx.out_dtype
-    if not out.is_float or x.dtype != out:
-        raise LoweringError("layer_norm of a non-float tensor")
-    shape = ctx.const(1)
-    if not isinstance(shape, (list, tuple)) or tuple(shape) != tuple(x.shape[-len(shape):]):
-        raise LoweringError("normalized_shape must be a constant matching the input")
-    if not shape:
-        raise LoweringError("an empty normalized_shape")
-    ndim = len(x.shape)
-    box = _row_box(ctx, tuple(range(ndim - len(shape), ndim)))
-    if box.count == 0:
-        raise LoweringError("layer_norm of empty rows")
-    compute = compute_type(out)
-    eps = ctx.const(4)
-    eps = 1e-5 if eps is None else float(eps)
-    mean = _mean_of(ctx, box, compute)
-    rows = [x.shape[d] for d in box.kept]
-
-    def rstd(*kept: E.Expr) -> E.Expr:
-        m = E.Load(mean.buf, kept)
-
-        def deviation(r: Index) -> E.Expr:
-            d = box.load(kept, r, compute) - m
-            return d * d
-
-        var = box.reduce("Add", kept, deviation, _zero(compute)) / E.imm(float(box.count), compute)
-        return E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
-
-    scale = ctx.intermediate("rstd", compute, rows, rstd)
-    kept = box.kept_indices(ctx.indices)
-    here = tuple(ctx.indices[d] for d in box.dims)
-    s, m = E.Load(scale.buf, kept), E.Load(mean.buf, kept)
-    y = box.load(kept, here, compute) * s + (-(m * s))
-    for k, combine in ((2, E.Mul), (3, E.Add)):
-        if not ctx.is_none(k):
-            arg = ctx.args[k]
-            if not isinstance(arg, TensorArg) or tuple(arg.shape) != tuple(shape):
-                raise LoweringError("layer_norm weight and bias have the normalized shape")
-            y = combine(y, ctx.load(arg, compute))
-    return E.cast(out, y)
+def _best(ctx: Ctx, x: TensorArg, dims: tuple[int, ...], op: str, compute: Dtype) -> TensorArg:
+    """The max (min) over `dims` per kept index: an intermediate that a node's outputs share
+    (max.dim's values and indices)."""
+    key = f"{op}{dims}"
+    if key not in ctx.shared:
+        rows = _Box(x, dims, True)
+        ctx.shared[key] = _row_max(
+            ctx, rows, lambda kept, r: rows.load(kept, r, compute), compute, op)
+    return ctx.shared[key]
 
 
+def _extreme_type(dtype: Dtype) -> Dtype:
+    """The type max and min compare in: float32 for reduced floats, uint8 for bool."""
+    return UINT8 if dtype.is_bool else compute_type(dtype)
 
-# -- argmax, argmin ------------------------------------------------------------------------------
+
+def _first_index(box: _Box, kept: Index, best: E.Expr, compute: Dtype) -> E.Expr:
+    """The first (row-major) index over the box's dims that holds `best`, or the first NaN
+    (which is then the max and the min), as eager's kernels pick it."""
+
+    def first(r: Index) -> E.Expr:
+        v = box.load(kept, r, compute)
+        hit = E.cmp("==", v, best)
+        if compute.is_float:
+            hit = E.Or(hit, E.cmp("!=", v, v))
+        flat: E.Expr = E.imm(0)
+        for i, size in zip(r, box.sizes):
+            flat = flat * size + i
+        return E.select(hit, flat, E.imm(box.count))
+
+    return box.reduce("Min", kept, first, E.imm(box.count))
 
 
 @register(("aten::argmax", "aten::argmin"), overloads=("",))
@@ -445,22 +531,32 @@ def argmax_argmin(ctx: Ctx) -> E.Expr:
         raise LoweringError("argmax/argmin of bool")
     op = "Max" if ctx.node.kind() == "aten::argmax" else "Min"
     compute = compute_type(x.dtype)
-    rows = _Box(x, dims, True)
-    best = _row_max(ctx, rows, lambda kept, r: rows.load(kept, r, compute), compute, op)
+    best = _best(ctx, x, dims, op, compute)
     kept = box.kept_indices(ctx.indices) if ctx.const(1) is not None or not keepdim else ()
-    m = E.Load(best.buf, kept)
+    return _first_index(box, kept, E.Load(best.buf, kept), compute)
 
-    def first(r: Index) -> E.Expr:
-        v = box.load(kept, r, compute)
-        hit = E.cmp("==", v, m)
-        if compute.is_float:
-            hit = E.Or(hit, E.cmp("!=", v, v))
-        flat: E.Expr = E.imm(0)
-        for i, size in zip(r, box.sizes):
-            flat = flat * size + i
-        return E.select(hit, flat, E.imm(box.count))
 
-    return box.reduce("Min", kept, first, E.imm(box.count))
+# max.dim: 2-6x eager from 64x128 on (1x at 8x128).
+@register(("aten::max", "aten::min"), overloads=("dim",), constant_operands=True, outputs=2,
+          alone=_alone_from(8192))
+def max_min_dim(ctx: Ctx) -> E.Expr:
+    """`(values, indices)` over one dim: the max (min), NaN if the row holds one, and the index
+    of its first occurrence (of the first NaN); both from one intermediate per row."""
+    x = _tensor(ctx)
+    box = _box(ctx, 1, 2)
+    if x.shape and box.count == 0:
+        raise LoweringError("max/min over an empty dim: eager raises")
+    op = "Max" if ctx.node.kind() == "aten::max" else "Min"
+    compute = _extreme_type(x.dtype)
+    kept = box.kept_indices(ctx.indices)
+    best = E.Load(_best(ctx, x, box.dims, op, compute).buf, kept)
+    if ctx.output == 0:
+        if ctx.out_dtype != x.dtype:
+            raise LoweringError("max/min values keep the input's type")
+        return E.cast(ctx.out_dtype, best)
+    if ctx.out_dtype != INT64:
+        raise LoweringError("max/min indices are int64")
+    return _first_index(box, kept, best, compute)
 
 
 # -- linalg_vector_norm ----------------------------------------------------------------------------
@@ -498,124 +594,3 @@ def vector_norm(ctx: Ctx) -> E.Expr:
     powers = lambda r: E.call("pow", magnitude(r), power)  # noqa: E731
     total = box.reduce("Add", kept, powers, zero)
     return E.cast(out, E.call("pow", total, E.imm(1.0 / p, compute)))
-
-
-# -- batch_norm (inference), group_norm -------------------------------------------------------
-
-
-@register("aten::batch_norm", overloads=("",), constant_operands=True)
-def batch_norm(ctx: Ctx) -> E.Expr:
-    """Inference only (`training` False, running statistics given): per channel (dim 1)
-    `alpha = weight / sqrt(var + eps)`, `beta = bias - mean * alpha`, then `x * alpha + beta`,
-    ATen's `batch_norm_cpu_transform_input`."""
-    x = _tensor(ctx)
-    if ctx.const(5) or ctx.is_none(3) or ctx.is_none(4):
-        raise LoweringError("batch_norm in training, or without running statistics")
-    return _normalize_channels(ctx, x, 1, 2, 3, 4, float(ctx.const(7)))
-
-
-def _normalize_channels(ctx: Ctx, x: TensorArg, weight_at: int, bias_at: int, mean_at: int,
-                        var_at: int, eps: float) -> E.Expr:
-    """`x * alpha[c] + beta[c]` from per-channel weight, bias, mean and variance."""
-    out = ctx.out_dtype
-    if not out.is_float or x.dtype != out or len(x.shape) < 2:
-        raise LoweringError("batch_norm of a non-float tensor, or one without channels")
-    compute = compute_type(out)
-    channels = x.shape[1]
-    params = {}
-    roles = {"weight": weight_at, "bias": bias_at, "mean": mean_at, "var": var_at}
-    for k in roles.values():
-        arg = ctx.arg(k)
-        if not ctx.is_none(k):
-            if not isinstance(arg, TensorArg) or tuple(arg.shape) != (channels,):
-                raise LoweringError("batch_norm parameters have one value per channel")
-            params[k] = arg
-
-    def param(role: str, c: E.Expr, default: float) -> E.Expr:
-        k = roles[role]
-        if k not in params:
-            return E.imm(default, compute)
-        return E.cast(compute, E.Load(params[k].buf, (c,)))
-
-    def alpha_of(c: E.Expr) -> E.Expr:
-        var = param("var", c, 1.0)
-        invstd = E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
-        return param("weight", c, 1.0) * invstd
-
-    alpha = ctx.intermediate("alpha", compute, [channels], alpha_of)
-    beta = ctx.intermediate(
-        "beta", compute, [channels],
-        lambda c: param("bias", c, 0.0) - param("mean", c, 0.0) * E.Load(alpha.buf, (c,)),
-    )
-    c = ctx.indices[1]
-    value = ctx.load(x, compute) * E.Load(alpha.buf, (c,)) + E.Load(beta.buf, (c,))
-    return E.cast(out, value)
-
-
-@register("aten::group_norm", overloads=("",))
-def group_norm(ctx: Ctx) -> E.Expr:
-    """Mean and 1/sqrt(var + eps) per (sample, group) over the group's channels and all
-    spatial dims (two-pass), then `(x * rstd - mean * rstd) * weight[c] + bias[c]`."""
-    return _group_norm(ctx, ctx.const(1), 2, 3, float(ctx.const(4)))
-
-
-@register("aten::instance_norm", overloads=("",))
-def instance_norm(ctx: Ctx) -> E.Expr:
-    """With the input's statistics and no running ones to update: group_norm with a group
-    per channel; with running statistics only (`use_input_stats` False): batch_norm's."""
-    x = _tensor(ctx)
-    if not ctx.const(5):
-        if ctx.is_none(3) or ctx.is_none(4):
-            raise LoweringError("instance_norm without statistics")
-        return _normalize_channels(ctx, x, 1, 2, 3, 4, float(ctx.const(7)))
-    if not (ctx.is_none(3) and ctx.is_none(4)):
-        raise LoweringError("instance_norm updating running statistics (a mutation)")
-    if len(x.shape) < 2:
-        raise LoweringError("instance_norm without channels")
-    return _group_norm(ctx, x.shape[1], 1, 2, float(ctx.const(7)))
-
-
-def _group_norm(ctx: Ctx, groups: object, weight_at: int, bias_at: int, eps: float) -> E.Expr:
-    x = _tensor(ctx)
-    out = ctx.out_dtype
-    if not out.is_float or x.dtype != out or len(x.shape) < 2 or not isinstance(groups, int):
-        raise LoweringError("group_norm of a non-float tensor, or without channels")
-    n, channels, *spatial = x.shape
-    if groups <= 0 or channels % groups:
-        raise LoweringError("channels must divide into the groups")
-    per_group = channels // groups
-    count = per_group * math.prod(spatial)
-    if count == 0 or n == 0:
-        raise LoweringError("group_norm of an empty group")
-    compute = compute_type(out)
-    sizes = (per_group, *spatial)
-    names = "rstuvw"
-
-    def over_group(b: E.Expr, g: E.Expr, body: Callable[[E.Expr], E.Expr]) -> E.Expr:
-        rvars = tuple(E.Var(names[k]) for k in range(len(sizes)))
-        element = E.Load(x.buf, (b, g * per_group + rvars[0], *rvars[1:]))
-        return E.Reduce("Add", _zero(compute), body(E.cast(compute, element)), rvars,
-                        tuple(E.imm(s) for s in sizes))
-
-    mean = ctx.intermediate(
-        "mean", compute, [n, groups],
-        lambda b, g: over_group(b, g, lambda v: v) / E.imm(float(count), compute),
-    )
-
-    def rstd(b: E.Expr, g: E.Expr) -> E.Expr:
-        m = E.Load(mean.buf, (b, g))
-        var = over_group(b, g, lambda v: (v - m) * (v - m)) / E.imm(float(count), compute)
-        return E.imm(1.0, compute) / E.call("sqrt", var + E.imm(eps, compute))
-
-    scale = ctx.intermediate("rstd", compute, [n, groups], rstd)
-    b, c = ctx.indices[0], ctx.indices[1]
-    g = c / E.imm(per_group)
-    s, m = E.Load(scale.buf, (b, g)), E.Load(mean.buf, (b, g))
-    y = ctx.load(x, compute) * s + (-(m * s))
-    for k, combine in ((weight_at, E.Mul), (bias_at, E.Add)):
-        if not ctx.is_none(k):
-            arg = ctx.args[k]
-            if not isinstance(arg, TensorArg) or tuple(arg.shape) != (channels,):
-                raise LoweringError("group_norm weight and bias have one value per channel")
-            y = combine(y, E.cast(compute, E.Load(arg.buf, (c,))))
-    return E.cast(out, y)

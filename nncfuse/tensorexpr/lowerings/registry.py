@@ -20,7 +20,7 @@ import enum
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -194,6 +194,8 @@ class Ctx:
     inputs: frozenset[Buf | E.Var] = field(default=frozenset())
     checks: list[RuntimeCheck] = field(default_factory=list)
     nests: list[S.Stmt] = field(default_factory=list)
+    output: int = 0  # which output of a multi-output node (max.dim: values 0, indices 1)
+    shared: dict[str, Any] = field(default_factory=dict)  # what a node's outputs share
 
     def intermediate(
         self, name: str, dtype: Dtype, dims: Sequence[int], fn: Callable[..., E.Expr]
@@ -336,9 +338,18 @@ class Lowering:
     #: the lowering compiles its non-tensor operands in (sizes, dims, indices): the fuser
     #: takes the node only when they are constants
     constant_operands: bool = False
+    #: how many tensor outputs the node has; each is lowered with `Ctx.output` set
+    outputs: int = 1
+    #: why a node of this kind may not fuse though its schema matches (None: it may)
+    problem: Callable[[Any], str | None] | None = None
+    #: whether a node of this kind makes a group on its own, below `min_group_size`: where
+    #: its one kernel was measured faster than eager's one op (a softmax between two GEMMs)
+    alone: Callable[[Any], bool] | None = None
 
 
 REGISTRY: dict[str, Lowering] = {}
+#: Kinds that two families lower, each its own overloads (max.other and max.dim).
+_BY_OVERLOAD: dict[tuple[str, str], Lowering] = {}
 
 #: Kinds whose eager result is a view of their first input (or may be: reshape, contiguous).
 #: Inside a group they are index arithmetic; a group does not return one of an input.
@@ -350,18 +361,31 @@ def register(
     overloads: Sequence[str] | None = None,
     constant_operands: bool = False,
     view: bool = False,
+    outputs: int = 1,
+    problem: Callable[[Any], str | None] | None = None,
+    alone: Callable[[Any], bool] | None = None,
 ):
     """Decorator: `fn(ctx) -> Expr` lowers nodes of `kinds` with the given schema overloads.
 
-    `constant_operands`: see `Lowering`; `view`: the kinds go into `VIEWS`.
+    `constant_operands`, `outputs`, `problem`, `alone`: see `Lowering`; `view`: the kinds go into
+    `VIEWS`. A kind registered again with other overloads keeps both lowerings, each its own.
     """
     names = [kinds] if isinstance(kinds, str) else list(kinds)
 
     def wrap(fn: Lowerer) -> Lowerer:
         for name in names:
-            REGISTRY[name] = Lowering(
-                name, fn, frozenset(overloads) if overloads else None, constant_operands
+            lowering = Lowering(
+                name, fn, frozenset(overloads) if overloads else None, constant_operands, outputs,
+                problem, alone,
             )
+            before = REGISTRY.get(name)
+            if before is not None and before.overloads and lowering.overloads:
+                for ov in before.overloads:
+                    _BY_OVERLOAD.setdefault((name, ov), before)
+                for ov in lowering.overloads:
+                    _BY_OVERLOAD[(name, ov)] = lowering
+                lowering = replace(lowering, overloads=before.overloads | lowering.overloads)
+            REGISTRY[name] = lowering
             if view:
                 VIEWS.add(name)
         return fn
@@ -426,4 +450,4 @@ def lowering_for(node: Any) -> tuple[Lowering | None, str]:
         return None, f"{node.kind()} has no matching schema"
     if lowering.overloads is not None and overload not in lowering.overloads:
         return None, f"{node.kind()}.{overload} is not supported"
-    return lowering, ""
+    return _BY_OVERLOAD.get((node.kind(), overload), lowering), ""

@@ -13,7 +13,8 @@ has read it. Softmax then computes each exponential once, as ATen does
 the two stores sit in common loops (a row-fused nest), every access to `e`
 must stay in the current iteration's row (the outer loops' variables at the
 positions where the store of `e` has them), so no row reads another row's
-element after `out` overwrote it. Run before `flatten_indices`.
+element after `out` overwrote it; likewise every read of `e` that shares loops with
+`out`'s store. Run before `flatten_indices`.
 """
 
 from __future__ import annotations
@@ -83,8 +84,12 @@ def _candidate(leaves: list, temp: Buf, keep: set[Buf]) -> Buf | None:
     outer = _common(loops_a, loops_b)
     rows = [(p, i) for p, i in enumerate(store_a.indices) if any(i is v for v in outer)]
     for k in range(a, b + 1):
+        # A read sharing loops with `out`'s store runs after earlier iterations' stores: it
+        # must stay in the row that store writes now (argmax over dim 1, erf after it).
+        shared = _common(leaves[k][1], loops_b)
+        now = [(p, i) for p, i in enumerate(store_b.indices) if any(i is v for v in shared)]
         for ld in _loads(leaves[k][0]):
-            if ld.buf.root is temp and any(ld.indices[p] is not v for p, v in rows):
+            if ld.buf.root is temp and any(ld.indices[p] is not v for p, v in rows + now):
                 return None
     return out
 
