@@ -175,12 +175,12 @@ def _crosses_write_back(producer: Any, consumer: Any) -> bool:
     """Whether joining `producer` and `consumer` could move a node that reads an input across
     a write-back that stores into it: a write-back in either and a reader between them, or
     a write-back between them and a reader among the two (which one moves past the nodes
-    between is `_move_together`'s choice)."""
+    between is `_move_together`'s choice). A read through a view of the input counts."""
     written = _written_inputs(producer) | _written_inputs(consumer)
-    read = {v.unique() for v in (*producer.inputs(), *consumer.inputs())}
+    read = {chain_root(v).unique() for v in (*producer.inputs(), *consumer.inputs())}
     node = consumer.prev()
     while node != producer and node.kind() != "prim::Param":
-        if any(v.unique() in written for v in node.inputs()):
+        if any(chain_root(v).unique() in written for v in node.inputs()):
             return True
         if _written_inputs(node) & read:
             return True
