@@ -775,3 +775,27 @@ def test_indexed_loads_out_of_range_raise_as_eager(bad):
             index_ops(x, wrong_idx, wrong_g)
         with pytest.raises((RuntimeError, IndexError)):
             f(x, wrong_idx, wrong_g)
+
+
+# -- returned views of inputs, next to fused work: eager's storage, offset and strides --------
+
+
+def returns_many_views(x):
+    a, b = x.chunk(2, 1)
+    return (x.transpose(0, 1), x[1:], x.select(1, 2), x.unsqueeze(0), x.expand(2, 4, 6),
+            x.narrow(1, 1, 3), x[::2, 1::2], x.t()[1], a, x.reshape(2, 12), b * 2 + 1)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "offset", "transposed"])
+def test_returned_views_keep_eager_storage_offsets_and_strides(layout):
+    x = {"contiguous": rand(4, 6), "offset": rand(6, 9)[1:5, 2:8],
+         "transposed": rand(6, 4).t()}[layout]
+    f = nncfuse.jit(returns_many_views)
+    f(x)
+    got, want = f(x), returns_many_views(x)
+    assert nncfuse.fusion_groups(f.graph_for(x))
+    for g, w in zip(got, want):
+        assert_exact(g, w)
+        if shares_memory(w, x):
+            assert g.data_ptr() == w.data_ptr() and g.stride() == w.stride(), (g.stride(), w)
+        assert shares_memory(g, x) == shares_memory(w, x)
