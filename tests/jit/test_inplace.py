@@ -554,3 +554,31 @@ def test_an_in_place_op_on_a_view_is_a_view_write():
     kinds = [n.kind() for n in graph.nodes()]
     assert "aten::mul_" not in kinds and "aten::mul" in kinds, graph
     assert any(isinstance(n, torch._C.Node) and n.kind() == "aten::copy_" for n in written), graph
+
+
+def stack_then_write(x, y):
+    v = x.squeeze()  # a returned view: the write to x stays as the program wrote it
+    s = torch.nn.functional.silu(torch.stack([y, x], 0))
+    w = x.tanh_()
+    return v, w, torch.sqrt(s)
+
+
+def cat_then_write(x, y):
+    c = torch.cat([y, x], 0)
+    v = x.t()
+    x.mul_(2)
+    return v, (c * 3).relu()
+
+
+@pytest.mark.parametrize("fn,shapes", [(stack_then_write, [(), ()]),
+                                       (cat_then_write, [(3, 3), (2, 3)])])
+def test_a_list_read_before_a_write_does_not_move_past_it(fn, shapes):
+    """Fuzzer seeds 51130, 50760: a stack or cat reads the input through its list; the fuser
+    took the list for no reader of the written input and moved the cat past the write."""
+    for size in (1, 2):
+        f = nncfuse.jit(fn, min_group_size=size)
+        for _ in range(3):
+            args = [torch.rand(s) for s in shapes]
+            mine, theirs = [a.clone() for a in args], [a.clone() for a in args]
+            torch.testing.assert_close(f(*mine), fn(*theirs))
+            torch.testing.assert_close(mine, theirs)
