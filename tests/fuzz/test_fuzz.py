@@ -292,3 +292,14 @@ def test_split_values_are_returned_or_read():
 def test_data_movement_programs_match_eager(seed):
     case, outcome = fuzz.check_seed(seed)
     assert outcome.status in ("ok", "skipped"), fuzz.report(case, outcome)
+
+
+def test_minimizer_takes_splits_apart_value_by_value():
+    from nncfuse.fuzz import minimize
+
+    case = next(c for c in map(generate, range(200))
+                if any(len(s.targets) > 1 for s in c.program.stmts))
+    env = minimize._values(case, 0)
+    assert all(t in env for s in case.program.stmts for t in s.targets)
+    for variant in minimize._variants(case):
+        variant.program.script()  # every variant is still a program
