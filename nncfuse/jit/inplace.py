@@ -399,6 +399,9 @@ def _view_ops_as_copies(graph: torch._C.Graph) -> None:
             new = graph.insertNode(graph.create(functional, list(node.inputs()), 1))
             new.output().setType(node.output().type())
             new.copyMetadata(node)
+            if lowering_for(new)[0] is None:  # only ops that fuse (not `detach_`, say)
+                new.destroy()
+                continue
             mapping = {root.unique(): root}
             dst = root
             for link in reversed(chain):
