@@ -1,5 +1,6 @@
 """partition_loops (cat's loops, one per part) and tile_transposes (2-D tiles for transposes)."""
 
+import pytest
 import torch
 
 from nncfuse.tensorexpr import expr as E
@@ -87,3 +88,21 @@ def test_tile_transposes_leaves_short_strides_and_odd_extents():
     assert tile_transposes(flat) is flat
     flat, _ = transposed_sum(8 * TILE + 1)
     assert tile_transposes(flat) is flat
+
+
+def flip_next_to_a_reuse(x, d):
+    a, _ = x.chunk(2, 0)
+    return torch.div(a, d, rounding_mode="trunc"), torch.sqrt(torch.ceil(a.flip(0)))
+
+
+@pytest.mark.parametrize("use_llvm", [True, False])
+def test_reuse_outputs_keeps_a_temporary_a_fused_loop_reads_at_another_row(use_llvm):
+    """Fuzzer seed 91989: `a` lived in the division's output, whose store shares a loop with
+    the flip's read of `a[16 - i]`; the vector body overwrote what the tail then read."""
+    import nncfuse
+
+    x, d = torch.rand(33) * 3, torch.tensor(-2)
+    f = nncfuse.jit(flip_next_to_a_reuse, min_group_size=1, use_llvm=use_llvm)
+    f(x, d)
+    for got, want in zip(f(x, d), flip_next_to_a_reuse(x, d)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
