@@ -84,7 +84,9 @@ def test_reads_of_an_input_mutated_through_a_view_are_an_alias_problem():
     def f(a, b):
         x = a * 2.0
         y = x.sin()
-        b[1:].add_(1.0)  # an in-place op on a view: no write-back (jit/inplace.py)
+        v = b[1:]
+        v.add_(1.0)  # two in-place ops on one view: no write-back (jit/inplace.py)
+        v.mul_(2.0)
         return y * b, x + b
 
     report = nncfuse.explain(f, torch.randn(6), torch.randn(6))

@@ -37,7 +37,8 @@ def _values(case: Case, k: int) -> dict[str, Any]:
         for s in case.program.stmts:
             call = s.call if s.orelse is None or env[s.flag] else s.orelse  # type: ignore[index]
             try:
-                env[s.target] = eval(call.text, {"torch": torch}, env)  # noqa: S307
+                value = eval(call.text, {"torch": torch}, env)  # noqa: S307
+                env.update(zip(s.targets, value) if len(s.targets) > 1 else [(s.target, value)])
             except Exception:  # noqa: BLE001 - later values do not exist
                 break
     return env
@@ -48,7 +49,7 @@ def _prune(case: Case, program: Program) -> Case:
     needed = set(program.outputs)
     kept: list[Assign] = []
     for s in reversed(program.stmts):
-        if s.target in needed:
+        if needed & set(s.targets):
             kept.append(s)
             needed |= set(s.uses)
     keep = [k for k, p in enumerate(program.params) if p.name in needed]
@@ -71,6 +72,8 @@ def _same_inputs(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 def _cut(case: Case, index: int) -> Case | None:
     """`case` with statement `index` replaced by an input holding its eager value."""
     stmt = case.program.stmts[index]
+    if len(stmt.targets) > 1:
+        return None  # a split's parts: several values
     values = [_values(case, k).get(stmt.target) for k in range(len(case.inputs))]
     if values[0] is None:
         return None

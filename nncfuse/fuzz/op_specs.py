@@ -277,3 +277,36 @@ REDUCTIONS = [
            extras={"p": ["2", "1", 'float("inf")'], "dim": ["-1", "0"]}, approx=True),
     OpSpec("dropout", F + "dropout({0}, 0.5, False)", dtypes="float", weight=0.5),
 ]
+
+
+# -- data movement (issue 11): views, slices, cats, chunks, writes through views -----------------
+#
+# Not `OpSpec`s: their operands come from the operand's shape. In each template `{x}` is the
+# operand and the other fields are drawn from its shape (`program._movement_fields`): `d`,
+# `e` dims (`d1` up to one past the last, for a new dim), `i` an index and `lo`, `hi` a range
+# along `d`, `step` a slice step, `perm` a permutation, `split` two sizes that add up to `d`'s,
+# `flat` the product of the sizes, `reps` a repeat per dim, `factor` 1 or 2, `n` a
+# length, `keep` a -1 per dim. Draws that eager rejects (a view
+# of a non-contiguous tensor, `t()` of a 3-d one) are redrawn, as for ops.
+
+#: Views, slices and reshapes; their results are views of `{x}` in eager.
+VIEWS = (
+    "{x}.t()", "{x}.transpose({d}, {e})", "{x}.permute({perm})", "{x}.movedim({d}, {e})",
+    "{x}.unsqueeze({d1})", "{x}.squeeze()", "{x}.flatten()", "{x}.reshape(-1)",
+    "{x}.view(-1)", "{x}.view({flat})", "{x}.unflatten({d}, ({factor}, -1))",
+    "{x}[{lo}:{hi}]", "{x}[..., {lo}::{step}]", "{x}.narrow({d}, {lo}, {n})",
+    "{x}.select({d}, {i})", "{x}[{i}]", "{x}.unsqueeze(0).expand(2, {keep})",
+)
+#: Ops that move data into a fresh tensor, still as index arithmetic.
+MOVES = (
+    "{x}.flip({d})", "{x}.roll({step}, {d})", "{x}.repeat({reps})", "{x}.tril()",
+    "{x}.triu(1)", "torch.nn.functional.pad({x}, (1, 2))", "{x}.contiguous()",
+)
+#: Two operands `{x}`, `{y}`.
+JOINS = ("torch.cat([{x}, {y}], {d})", "torch.cat([{x}, {y} * 2], {d})",
+         "torch.stack([{x}, {y}], {d1})")
+#: Several results, unpacked into as many values (`a, b = x.chunk(2, 1)`).
+SPLITS = ("{x}.chunk(2, {d})", "{x}.split([{split_a}, {split_b}], {d})", "{x}.unbind({d})")
+#: Views that an in-place write goes through (`{view}.add_(v)`, `{view}.relu_()`, ...).
+WRITE_VIEWS = ("{x}.t()", "{x}.transpose(0, {d})", "{x}[{i}]", "{x}.view(-1)",
+               "{x}.permute({perm})", "{x}[..., ::2]", "{x}.unsqueeze(0)", "{x}.select({d}, {i})")

@@ -37,8 +37,13 @@ from .op_specs import (
     FLOAT_LITERALS,
     INT_LITERAL_WEIGHTS,
     INT_LITERALS,
+    JOINS,
+    MOVES,
     OPS,
     REDUCTIONS,
+    SPLITS,
+    VIEWS,
+    WRITE_VIEWS,
     OpSpec,
 )
 
@@ -89,6 +94,11 @@ class Assign:
     def uses(self) -> tuple[str, ...]:
         extra = (*self.orelse.uses, self.flag) if self.orelse else ()
         return (*self.call.uses, *extra)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The names assigned: one, or several for a split (`a, b = x.chunk(2, 1)`)."""
+        return tuple(self.target.split(", "))
 
     @property
     def calls(self) -> tuple[OpCall, ...]:
@@ -321,7 +331,9 @@ class _Builder:
                 if k == 0 or self.rng.random() < 0.5:
                     return None
                 out = _RAISED
-            if out is not _RAISED and not isinstance(out, torch.Tensor):
+            if call.op.startswith("split_") and isinstance(out, tuple) and 1 < len(out) < 5:
+                out = list(out)  # a split's parts, one value each (`commit`)
+            elif out is not _RAISED and not isinstance(out, torch.Tensor):
                 return None
             results.append(out)
         return results
@@ -334,7 +346,11 @@ class _Builder:
             if out is _RAISED:
                 self.alive[k] = False
                 results[k] = None
-        self.values[target] = _Value(target, results, is_param=False)
+        if len(stmt.targets) == 1:
+            self.values[target] = _Value(target, results, is_param=False)
+        for j, name in enumerate(stmt.targets if len(stmt.targets) > 1 else ()):
+            self.values[name] = _Value(name, [r[j] if r is not None else None for r in results],
+                                       is_param=False)
         self.stmts.append(stmt)
 
     def rollback(self, n_params: int) -> None:
@@ -420,6 +436,8 @@ class _Builder:
             if ndim and size > 1 and self.rng.random() < 0.35:
                 lo = self.rng.randrange(size - 1)
                 dest = f"{x.name}[..., {lo}:{self.rng.randrange(lo + 1, size + 1)}]"
+            elif ndim and self.rng.random() < 0.5:
+                dest = self.movement_text(self.rng.choice(WRITE_VIEWS), x)
             operand = self.tensor(FLOATS_AND_INTS, "any")
             template = self.rng.choice(_INPLACE)
             text = template.format(dest=dest, v=operand.name)
@@ -432,13 +450,61 @@ class _Builder:
                 return True
         return False
 
+    # -- data movement (issue 11): views, slices, cats, chunks ------------------------------
+    def movement_text(self, template: str, x: _Value, y: _Value | None = None) -> str:
+        """`template` (`op_specs.VIEWS` and its neighbours) filled in for `x`'s shape."""
+        rng, shape = self.rng, tuple(x.data[0].shape)
+        ndim = max(len(shape), 1)
+        d, e = rng.randrange(ndim), rng.randrange(ndim)
+        size = shape[d] if shape else 1
+        lo = rng.randrange(size) if size else 0
+        a = rng.randint(0, size) if size else 0
+        perm = list(range(len(shape)))
+        rng.shuffle(perm)
+        return template.format(
+            x=x.name, y=y.name if y else "", d=d - ndim if rng.random() < 0.3 else d, e=e,
+            d1=rng.randrange(ndim + 1), i=rng.randrange(size) - (size if rng.random() < 0.3
+                                                               else 0) if size else 0,
+            lo=lo, hi=rng.randint(lo, size), step=rng.choice([1, 2, 3]), n=size - lo,
+            perm=", ".join(map(str, perm)), split_a=a, split_b=size - a,
+            flat=math.prod(shape), factor=rng.choice([1, 2]), keep=", ".join(["-1"] * len(shape)),
+            reps=", ".join(str(rng.choice([1, 1, 2, 3])) for _ in range(len(shape) or 1)),
+        )
+
+    def add_movement(self, attempts: int = 10) -> bool:
+        """Append a view, slice, data move, cat/stack or split (several values) of a tensor
+        value; False if no draw was well typed."""
+        for _ in range(attempts):
+            n_params = len(self.params)
+            x = self.tensor(DTYPE_CLASSES["any"], "any")
+            kind = self.rng.choices(["view", "move", "join", "split"], [5, 2, 2, 2])[0]
+            y = None
+            if kind == "join":
+                same = [v for v in self.values.values() if v.is_tensor
+                        and v.data[0].dim() == x.data[0].dim()]
+                y = self.rng.choice(same)
+            table = {"view": VIEWS, "move": MOVES, "join": JOINS, "split": SPLITS}[kind]
+            template = self.rng.choice(table)
+            text = self.movement_text(template, x, y)
+            uses = tuple(dict.fromkeys((x.name, y.name) if y else (x.name,)))
+            op = kind + "_" + template.split("(")[0].split(".")[-1].strip("{}x[")
+            results = self.evaluate(OpCall(op, text, uses))
+            if results is not None and _RAISED not in results:
+                target = self.fresh_name()
+                if kind == "split":
+                    target = ", ".join(f"{target}_{j}" for j in range(len(results[0])))
+                self.commit(Assign(target, OpCall(op, text, uses)), results)
+                return True
+            self.rollback(n_params)
+        return False
+
     def fresh_name(self) -> str:
         return f"v{len(self.stmts)}"
 
     def outputs(self) -> tuple[str, ...]:
         """Every computed value nothing reads, in program order."""
         read = {name for s in self.stmts for name in s.uses}
-        return tuple(s.target for s in self.stmts if s.target not in read)
+        return tuple(t for s in self.stmts for t in s.targets if t not in read)
 
 
 def generate(seed: int) -> Case:
@@ -454,7 +520,9 @@ def generate(seed: int) -> Case:
             continue
         elif roll < 0.12 and builder.add_if():
             continue
-        elif roll < 0.25 and add_reduction(builder):
+        elif roll < 0.22 and add_reduction(builder):
+            continue
+        elif roll < 0.36 and builder.add_movement():
             continue
         elif not builder.add_op():
             break

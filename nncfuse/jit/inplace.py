@@ -15,13 +15,18 @@ result has `x`'s dtype and sizes, as the in-place one must), later readers
 read the new value, and one `aten::copy_` just before the return writes the
 last value into `x`'s storage. A slice assignment (`x[:, :n] = e`: a chain of
 views of `x` and a `copy_` into it) is a write-back of its own, kept where it
-is, when nothing reads `x` after it. The fuser fuses write-backs (`is
+is, when nothing reads `x` after it. An in-place op on a chain of views of `x`
+(`x.t().add_(y)`, `x[0].relu_()`) is spelled as one (`_view_ops_as_copies`);
+reads of `x` through other views count as reads when they come before every
+write, and the fuser moves no such read past a write-back (`_crosses_write_back`
+follows view chains). The fuser fuses write-backs (`is
 write_back`), the kernel stores them into the input's buffer after every
 other loop nest (so every read of the old values comes first), and the guard
 checks at run time that the written input overlaps no other input.
 
 What is left alone (and stays unfused, as before): inputs used inside `if` or
-loop bodies, inputs with views other than a slice assignment's, inputs some
+loop bodies, inputs read through views after a write, inputs read at all after a view
+write other than a slice assignment, more than one in-place op on one view, inputs some
 other op writes (or that escape into a list), in-place ops whose result would
 change dtype or shape (eager raises or casts), writes mixed with a view write.
 """
@@ -139,6 +144,7 @@ class _Plan:
         self.ops: list[tuple[Any, str]] = []  # in-place nodes and their functional kinds
         self.view_write: Any | None = None
         self.readers_after: list[Any] = []  # nodes reading x after the view write
+        self.view_reads: list[Any] = []  # nodes reading x through views, before any write
 
 
 def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
@@ -180,9 +186,14 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
         if any(_writes(node, k) for k in used):
             return None
         if _returns_alias(node):
-            if plan.ops or not _view_write(node, versions):
+            write = None if plan.ops else _view_write(node, versions)
+            if write is not None:
+                plan.view_write = write
+                continue
+            readers = _view_readers(node)
+            if readers is None:
                 return None
-            plan.view_write = _view_write(node, versions)
+            plan.view_reads += readers
             continue
         if node.kind() == "prim::ListConstruct" and not _into_cat(node):
             return None
@@ -197,6 +208,9 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
             return None
     if not plan.ops and plan.view_write is None:
         return None
+    first_write = plan.view_write if plan.view_write is not None else plan.ops[0][0]
+    if any(not r.isBefore(first_write) for r in plan.view_reads):
+        return None  # a view read after the write sees the new values
     if plan.readers_after and _slices(plan.view_write) is None:
         return None
     return plan
@@ -321,10 +335,95 @@ def _view_write(view: Any, versions: set[int]) -> Any | None:
         value = user.output()
 
 
+def _view_readers(view: Any) -> list[Any] | None:
+    """The nodes that read through the chain of views `view` starts (views with lowerings,
+    read by nodes that neither write nor alias what they read), or None if some use of the
+    chain is anything else (a write, a return, a list, a view without a lowering)."""
+    if lowering_for(view)[0] is None:
+        return None
+    readers = []
+    for use in view.output().uses():
+        user = use.user
+        if user.owningBlock() != view.owningBlock() or list(user.blocks()):
+            return None
+        if _writes(user, use.offset) or _escapes_to_return(user):
+            return None
+        if user.kind() == "prim::ListConstruct":
+            if not _into_cat(user):
+                return None
+            readers.append(user)
+        elif _returns_alias(user):
+            if use.offset != 0 or not aliases(user):
+                return None
+            inner = _view_readers(user)
+            if inner is None:
+                return None
+            readers += inner
+        else:
+            readers.append(user)
+    return readers
+
+
+def _view_ops_as_copies(graph: torch._C.Graph) -> None:
+    """Spell an in-place op on a view of a graph input as its functional op and a `copy_`
+    into the same view, rebuilt: a view write, which `_plan` takes.
+
+        %v = aten::t(%x)                          %v = aten::t(%x)
+        %r = aten::add_(%v, %y, %1)       ==>     %a = aten::add(%v, %y, %1)
+                                                  %v2 = aten::t(%x)
+                                                  %r2 = aten::copy_(%v2, %a, %false)
+
+    Only where the view chain is used by the op alone, its elements do not share memory
+    (eager refuses such writes), the functional result has the view's dtype and sizes, and
+    no other operand is computed from the same input (eager's rules for overlapping
+    operands would apply)."""
+    for node in list(graph.nodes()):
+        view = node.inputsAt(0) if node.inputsSize() else None
+        if view is None or node.kind() == WRITE_BACK or not is_tensor(view):
+            continue
+        root, chain = _chain_root(view)
+        if not chain or root.node().kind() != "prim::Param" or not _writes(node, 0):
+            continue
+        if any(len(n.output().uses()) != 1 or lowering_for(n)[0] is None for n in chain):
+            continue
+        meta = TensorMeta.from_type(view.type())
+        if meta is None or not _distinct_elements(meta) or any(
+            v.unique() == root.unique() or chain_root(v).unique() == root.unique()
+            for v in list(node.inputs())[1:]
+        ):
+            continue
+        functional = _functional(node)
+        if functional is None or node.outputsSize() != 1:
+            continue
+        with graph.insert_point_guard(node):
+            new = graph.insertNode(graph.create(functional, list(node.inputs()), 1))
+            new.output().setType(node.output().type())
+            new.copyMetadata(node)
+            if lowering_for(new)[0] is None:  # only ops that fuse (not `detach_`, say)
+                new.destroy()
+                continue
+            mapping = {root.unique(): root}
+            dst = root
+            for link in reversed(chain):
+                clone = graph.insertNode(graph.createClone(link, lambda v: mapping.get(
+                    v.unique(), v)))
+                clone.output().setType(link.output().type())
+                mapping[link.output().unique()] = dst = clone.output()
+            flag = graph.insertConstant(False)
+            copy = graph.insertNode(graph.create(WRITE_BACK, [dst, new.output(), flag], 1))
+            copy.output().setType(view.type())
+        node.output().replaceAllUsesWith(copy.output())
+        node.destroy()
+        flag.node().moveBefore(next(iter(graph.nodes())))
+        _log.update("In-place ", functional, " on a view of input %", root.debugName(),
+                    " is a view write")
+
+
 def functionalize_input_writes(graph: torch._C.Graph) -> set[Any]:
     """Rewrite the writes to graph inputs that are exact to rewrite (module docstring), in
     place; return the write-back nodes and the values only they write (for the fuser)."""
     exempt: set[Any] = set()
+    _view_ops_as_copies(graph)
     for x in list(graph.inputs()):
         if not is_tensor(x):
             continue

@@ -68,6 +68,7 @@ class _Fuser:
         # Values some node writes to (or that alias such): their readers are never moved.
         self.written: set[int] = set()
         self._find_written(graph.block(), aliases)
+        self._find_written_lists(graph.block())
         # ... but for inputs only write-backs write (`inplace.py`): those fuse, and no
         # reader of the input moves across its write-back (`_crosses_write_back`).
         self.write_backs = write_backs
@@ -84,6 +85,17 @@ class _Fuser:
             for sub in node.blocks():
                 self._find_written(sub, aliases)
         self.written.update(v.unique() for v in values if aliases.has_writers(v))
+
+    def _find_written_lists(self, block: Any) -> None:
+        """A list of written tensors (a cat's, a stack's) is written too: its reader reads
+        them."""
+        for node in block.nodes():
+            for sub in node.blocks():
+                self._find_written_lists(sub)
+            if node.kind() == "prim::ListConstruct" and any(
+                v.unique() in self.written for v in node.inputs()
+            ):
+                self.written.add(node.output().unique())
 
     # -- what may fuse ----------------------------------------------------------
     def why_not(self, node: Any) -> str | None:
@@ -189,17 +201,27 @@ def _crosses_write_back(producer: Any, consumer: Any) -> bool:
     """Whether joining `producer` and `consumer` could move a node that reads an input across
     a write-back that stores into it: a write-back in either and a reader between them, or
     a write-back between them and a reader among the two (which one moves past the nodes
-    between is `_move_together`'s choice)."""
+    between is `_move_together`'s choice). A read through a view of the input, or of a list
+    that holds it (cat, stack), counts."""
     written = _written_inputs(producer) | _written_inputs(consumer)
-    read = {v.unique() for v in (*producer.inputs(), *consumer.inputs())}
+    read = _read_roots(producer) | _read_roots(consumer)
     node = consumer.prev()
     while node != producer and node.kind() != "prim::Param":
-        if any(v.unique() in written for v in node.inputs()):
+        if _read_roots(node) & written:
             return True
         if _written_inputs(node) & read:
             return True
         node = node.prev()
     return False
+
+
+def _read_roots(node: Any) -> set[int]:
+    """The values `node` reads, each traced through views and tensor lists to its root."""
+    values = list(node.inputs())
+    for v in list(values):
+        if v.node().kind() == "prim::ListConstruct":
+            values += list(v.node().inputs())
+    return {chain_root(v).unique() for v in values}
 
 
 def _feeds_external(consumer: Any, producer: Any) -> bool:

@@ -260,3 +260,46 @@ def test_command_line_counts(capsys):
     out = capsys.readouterr().out
     assert "generated:              3" in out
     assert "mismatches:             0" in out
+
+
+# -- data movement (issue 11): views, cats, chunks, slices, writes through views -------------
+
+
+def test_programs_move_data_and_write_through_views():
+    stmts = [s for seed in range(80) for s in generate(seed).program.stmts]
+    kinds = {s.call.op.split("_")[0] for s in stmts}
+    assert {"view", "move", "join", "split"} <= kinds, kinds
+    splits = [s for s in stmts if s.call.op.startswith("split_")]
+    assert splits and all(len(s.targets) > 1 for s in splits)
+    writes = [s.call.text for s in stmts if s.call.op.startswith("inplace_")]
+    views = (".t().", ".transpose(", ".view(-1).", ".permute(", ".unsqueeze(0).", ".select(")
+    through = [t for t in writes if any(v in t for v in views)]
+    assert through, writes  # in-place writes through views other than slices
+
+
+def test_split_values_are_returned_or_read():
+    for seed in range(80):
+        program = generate(seed).program
+        read = {n for s in program.stmts for n in s.uses}
+        for s in program.stmts:
+            for t in s.targets:
+                assert t in read or t in program.outputs, program.source()
+
+
+@pytest.mark.parametrize("seed", [s for s in range(200) if any(
+    st.call.op.split("_")[0] in ("view", "join", "split") or "inplace" in st.call.op
+    for st in generate(s).program.stmts)][:6])
+def test_data_movement_programs_match_eager(seed):
+    case, outcome = fuzz.check_seed(seed)
+    assert outcome.status in ("ok", "skipped"), fuzz.report(case, outcome)
+
+
+def test_minimizer_takes_splits_apart_value_by_value():
+    from nncfuse.fuzz import minimize
+
+    case = next(c for c in map(generate, range(200))
+                if any(len(s.targets) > 1 for s in c.program.stmts))
+    env = minimize._values(case, 0)
+    assert all(t in env for s in case.program.stmts for t in s.targets)
+    for variant in minimize._variants(case):
+        variant.program.script()  # every variant is still a program

@@ -311,6 +311,20 @@ class LLVMCodeGen(Visitor):
     def address(self, buf: Buf, index: ir.Value) -> ir.Value:
         return self.builder.gep(self.bufs[buf.root], [index], source_etype=memory_type(buf.dtype))
 
+    def lane_addresses(self, buf: Buf, index: E.Expr, lanes: int) -> list[ir.Value]:
+        """The address of each lane of a vector `index` that is not a unit-stride Ramp: a
+        Ramp of constant stride is one scalar address plus constant offsets (no vector of
+        indices to build and take apart)."""
+        b = self.builder
+        if isinstance(index, E.Ramp) and isinstance(index.stride, E.Imm):
+            first = self.address(buf, self.expr(index.base))
+            etype = memory_type(buf.dtype)
+            return [first] + [b.gep(first, [ir.Constant(I64, k * index.stride.value)],
+                                    source_etype=etype) for k in range(1, lanes)]
+        indices = self.expr(index)
+        return [self.address(buf, b.extract_element(indices, ir.Constant(I32, k)))
+                for k in range(lanes)]
+
     def visit_Load(self, e: E.Load) -> ir.Value:
         (index,) = e.indices
         b = self.builder
@@ -322,12 +336,9 @@ class LLVMCodeGen(Visitor):
             ptr = self.address(e.buf, self.expr(index.base))
             v = b.load(ptr, typ=ir.VectorType(mem, lanes), align=e.buf.dtype.itemsize)
         else:
-            indices = self.expr(index)
             v = ir.Constant(ir.VectorType(mem, lanes), ir.Undefined)
-            for lane in range(lanes):
-                k = ir.Constant(I32, lane)
-                ptr = self.address(e.buf, b.extract_element(indices, k))
-                v = b.insert_element(v, b.load(ptr, typ=mem), k)
+            for lane, ptr in enumerate(self.lane_addresses(e.buf, index, lanes)):
+                v = b.insert_element(v, b.load(ptr, typ=mem), ir.Constant(I32, lane))
         if e.buf.dtype.is_bool:
             zero = ir.Constant(v.type, None)
             return b.icmp_unsigned("!=", v, zero)
@@ -363,11 +374,8 @@ class LLVMCodeGen(Visitor):
                 store.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(I32, 1)]))
                 self.fence = True
         else:
-            indices = self.expr(index)
-            for lane in range(lanes):
-                k = ir.Constant(I32, lane)
-                ptr = self.address(s.buf, b.extract_element(indices, k))
-                b.store(b.extract_element(value, k), ptr)
+            for lane, ptr in enumerate(self.lane_addresses(s.buf, index, lanes)):
+                b.store(b.extract_element(value, ir.Constant(I32, lane)), ptr)
 
     def visit_For(self, s: S.For) -> None:
         if s.parallel:

@@ -18,8 +18,11 @@ indices; nothing is computed, so when the view is inlined into its consumer
   `k`; `perm` comes from applying the op to a meta tensor.
 - slices (slice with steps, select, narrow): `start + i * step` along one
   dimension.
-- constant padding, flip, roll, tril and triu: fresh tensors in eager, but
-  still the input at other indices (or a constant).
+- constant padding, flip, roll, tril, triu and repeat: fresh tensors in
+  eager, but still the input at other indices (or a constant).
+- index_select and gather: the index along one dim is loaded from a tensor of
+  indices, a kernel input whose range is checked before the kernel runs
+  (eager raises on an index out of range; the kernel never reads outside).
 - cat and stack: the element of the part whose range along the dimension
   holds the index, a chain of `Select`s; each part is read at an index
   clamped into its range, so no lane reads outside a part even where the
@@ -43,6 +46,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import expr as E
+from ..dtype import INDEX
 from .casts import convert, fits, require_private_alias
 from .registry import Ctx, ListArg, LoweringError, TensorArg, register, scalar_dtype
 
@@ -379,3 +383,86 @@ def triangle(ctx: Ctx) -> E.Expr:
     op = "<=" if ctx.node.kind() == "aten::tril" else ">="
     keep = E.cmp(op, col, row + diagonal if diagonal else row)
     return E.Select(keep, ctx.load(source), E.cast(ctx.out_dtype, E.imm(0)))
+
+
+@register("aten::repeat", overloads=("",), constant_operands=True)
+def repeat(ctx: Ctx) -> E.Expr:
+    """Index `i % size` along each dim (the repeats lead with new dims, read nowhere)."""
+    source = _source_of_type(ctx)
+    ndim = len(source.shape)
+    if len(ctx.const(1)) < ndim:
+        raise LoweringError("repeat takes at least one repeat per dim")
+    indices = ctx.indices[len(ctx.indices) - ndim :]
+    if math.prod(ctx.out_shape) == 0:
+        return ctx.load_at(source, [E.imm(0)] * ndim)  # never evaluated
+    return ctx.load_at(source, [
+        i if n == out else i % n
+        for i, n, out in zip(indices, source.shape, ctx.out_shape[len(ctx.out_shape) - ndim :])
+    ])
+
+
+# -- index_select, gather: a tensor of indices, read as a load ---------------------------------
+
+
+def _index_arg(ctx: Ctx, k: int, size: int) -> TensorArg:
+    """Operand `k`, an integer tensor of indices into a dimension of `size`: a kernel input,
+    checked before the kernel runs (eager raises on an index outside `[0, size)`)."""
+    index = ctx.args[k]
+    if not isinstance(index, TensorArg):
+        raise LoweringError(f"{ctx.node.kind()} of indices that are not a tensor")
+    if index.numel and index.dtype.torch not in (torch.int32, torch.int64):
+        raise LoweringError(f"{ctx.node.kind()} takes an int32 or int64 tensor of indices")
+
+    def in_range(t: torch.Tensor) -> bool:
+        return t.numel() == 0 or bool(t.min() >= 0) and bool(t.max() < size)
+
+    ctx.require(index, in_range, f"{ctx.node.kind()}: index out of range in self")
+    return index
+
+
+def _of_scalar(ctx: Ctx, source: TensorArg) -> E.Expr:
+    """index_select or gather of a 0-dim tensor: one index, which must be 0."""
+    _dim(ctx, 1, 0)
+    if _index_arg(ctx, 2, 1).numel != 1 or math.prod(ctx.out_shape) != 1:
+        raise LoweringError(f"{ctx.node.kind()} of a 0-dim tensor takes one index")
+    return ctx.load_at(source, [])
+
+
+def _as_index(value: E.Expr) -> E.Expr:
+    return value if value.dtype == INDEX else E.cast(INDEX, value)
+
+
+@register("aten::index_select", overloads=("",), constant_operands=True)
+def index_select(ctx: Ctx) -> E.Expr:
+    """Output index i along `dim` reads the input at `index[i]`."""
+    source = _source_of_type(ctx)
+    if not source.shape:
+        return _of_scalar(ctx, source)
+    dim = _dim(ctx, 1, len(source.shape))
+    index = _index_arg(ctx, 2, source.shape[dim])
+    if len(index.shape) > 1:
+        raise LoweringError("index_select takes a 1-dim tensor of indices")
+    if not index.numel:
+        return E.cast(ctx.out_dtype, E.imm(0))  # an empty output: never evaluated
+    position = ctx.indices[dim] if index.shape else E.imm(0)
+    read = _as_index(ctx.load_at(index, [position] * len(index.shape)))
+    return _along(ctx, source, dim, read, keep=True)
+
+
+@register("aten::gather", overloads=("",), constant_operands=True)
+def gather(ctx: Ctx) -> E.Expr:
+    """The input at the output's indices, with `index` at them along `dim`."""
+    source = _source_of_type(ctx)
+    if ctx.const(3):
+        raise LoweringError("gather with a sparse gradient")
+    if not source.shape:
+        return _of_scalar(ctx, source)
+    dim = _dim(ctx, 1, len(source.shape))
+    index = _index_arg(ctx, 2, source.shape[dim])
+    if index.shape != ctx.out_shape or len(index.shape) != len(source.shape) or any(
+        n > m for d, (n, m) in enumerate(zip(index.shape, source.shape)) if d != dim
+    ):
+        raise LoweringError("gather's index must fit the input outside `dim`: eager raises")
+    if not index.numel:
+        return E.cast(ctx.out_dtype, E.imm(0))  # an empty output: never evaluated
+    return _along(ctx, source, dim, _as_index(ctx.load(index)), keep=True)

@@ -13,8 +13,9 @@ has read it. Softmax then computes each exponential once, as ATen does
 the two stores sit in common loops (a row-fused nest), every access to `e`
 must stay in the current iteration's row (the outer loops' variables at the
 positions where the store of `e` has them), so no row reads another row's
-element after `out` overwrote it; likewise every read of `e` that shares loops with
-`out`'s store. Run before `flatten_indices`.
+element after `out` overwrote it; so must every read of `e` in a loop it shares
+with `out`'s store (after `fuse_loops`: `out[i] = f(e[i])` next to a read of
+`e[16 - i]`). Run before `flatten_indices`.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ def _candidate(leaves: list, temp: Buf, keep: set[Buf]) -> Buf | None:
         now = [(p, i) for p, i in enumerate(store_b.indices) if any(i is v for v in shared)]
         for ld in _loads(leaves[k][0]):
             if ld.buf.root is temp and any(ld.indices[p] is not v for p, v in rows + now):
+                return None
+        # A reader in a loop it shares with `out`'s store reads `e` in that store's row:
+        # another row (a flip's `16 - i`) may be one that `out` already overwrote.
+        shared = _common(leaves[k][1], loops_b)
+        cols = [(p, i) for p, i in enumerate(store_b.indices) if any(i is v for v in shared)]
+        for ld in _loads(leaves[k][0]):
+            if ld.buf.root is temp and any(ld.indices[p] is not v for p, v in cols):
                 return None
     return out
 

@@ -467,6 +467,7 @@ OPINFO_VIEWS = [
     "view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose",
     "t", "movedim", "contiguous", "narrow", "select", "view_as", "reshape_as", "mT",
     "expand", "cat", "stack", "flip", "roll", "tril", "triu", "nn.functional.pad",
+    "repeat", "index_select", "gather",
 ]
 KINDS = {"nn.functional.pad": ("aten::pad", "aten::constant_pad_nd")}
 
@@ -703,3 +704,98 @@ def test_reshape_indices_agree_with_row_major_order():
             want = [int(i) for i in torch.unravel_index(torch.tensor(flat), dims)]
             want = [0 if d == 1 else w for d, w in zip(dims, want)]
             assert got == want, (dims, out, idx)
+
+
+# -- repeat, index_select, gather -----------------------------------------------------------
+
+
+def repeat_ops(x):
+    return (x * 2).repeat(2, 1, 3) + 1
+
+
+def index_ops(x, idx, g):
+    return (x + 1).index_select(1, idx) * (x * 2).gather(1, g)
+
+
+def index_select_first(x, idx):
+    return (x - 1).index_select(0, idx).relu()
+
+
+def extremal(*shape):
+    x = torch.randn(*shape)
+    x.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0])
+    return x
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_repeat_and_indexed_loads_fuse(use_llvm):
+    x = extremal(4, 6)
+    got, want, fused = run(repeat_ops, x, use_llvm=use_llvm)
+    same(got, want)
+    assert "aten::repeat" in fused
+    for idx, g in [
+        (torch.tensor([5, 0, 0, 3]), torch.randint(0, 6, (4, 4))),
+        (torch.tensor([1, 2, 3, 4], dtype=torch.int32), torch.randint(0, 6, (4, 4),
+                                                                     dtype=torch.int32)),
+        (torch.tensor([5, 4, 3, 2, 1, 0, 2, 2])[::2], torch.randint(0, 6, (4, 8))[:, ::2]),
+    ]:
+        got, want, fused = run(index_ops, x, idx, g, use_llvm=use_llvm)
+        same(got, want)
+        assert {"aten::index_select", "aten::gather"} <= fused, fused
+    got, want, fused = run(index_select_first, x.t(), torch.tensor([2, 2, 0]), use_llvm=use_llvm)
+    same(got, want)
+    assert "aten::index_select" in fused
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_repeat_and_indexed_loads_of_empty_tensors(use_llvm):
+    long = torch.long
+    cases = [
+        (repeat_ops, torch.randn(0, 6)),
+        (index_ops, torch.randn(0, 6), torch.tensor([1, 2, 3, 4]), torch.zeros(0, 4, dtype=long)),
+        (index_ops, torch.randn(3, 6), torch.tensor([], dtype=long), torch.zeros(3, 0, dtype=long)),
+        (index_select_first, torch.randn(4, 6), torch.tensor([], dtype=long)),
+    ]
+    for fn, *args in cases:
+        got, want, _ = run(fn, *args, use_llvm=use_llvm)
+        same(got, want)
+
+
+@pytest.mark.parametrize("bad", [6, -1])
+def test_indexed_loads_out_of_range_raise_as_eager(bad):
+    x, g = torch.randn(4, 6), torch.randint(0, 6, (4, 4))
+    f = nncfuse.jit(index_ops, min_group_size=1)
+    idx = torch.tensor([0, 1, 2, 3])
+    for _ in range(2):
+        same(f(x, idx, g), index_ops(x, idx, g))
+    assert {"aten::index_select", "aten::gather"} <= fused_kinds(f.graph_for(x, idx, g))
+    bad_g = g.index_fill(1, torch.tensor([2]), bad)
+    for wrong_idx, wrong_g in [(torch.tensor([0, bad, 2, 3]), g), (idx, bad_g)]:
+        with pytest.raises((RuntimeError, IndexError)):
+            index_ops(x, wrong_idx, wrong_g)
+        with pytest.raises((RuntimeError, IndexError)):
+            f(x, wrong_idx, wrong_g)
+
+
+# -- returned views of inputs, next to fused work: eager's storage, offset and strides --------
+
+
+def returns_many_views(x):
+    a, b = x.chunk(2, 1)
+    return (x.transpose(0, 1), x[1:], x.select(1, 2), x.unsqueeze(0), x.expand(2, 4, 6),
+            x.narrow(1, 1, 3), x[::2, 1::2], x.t()[1], a, x.reshape(2, 12), b * 2 + 1)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "offset", "transposed"])
+def test_returned_views_keep_eager_storage_offsets_and_strides(layout):
+    x = {"contiguous": rand(4, 6), "offset": rand(6, 9)[1:5, 2:8],
+         "transposed": rand(6, 4).t()}[layout]
+    f = nncfuse.jit(returns_many_views)
+    f(x)
+    got, want = f(x), returns_many_views(x)
+    assert nncfuse.fusion_groups(f.graph_for(x))
+    for g, w in zip(got, want):
+        assert_exact(g, w)
+        if shares_memory(w, x):
+            assert g.data_ptr() == w.data_ptr() and g.stride() == w.stride(), (g.stride(), w)
+        assert shares_memory(g, x) == shares_memory(w, x)

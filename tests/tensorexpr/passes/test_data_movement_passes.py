@@ -1,12 +1,15 @@
 """partition_loops (cat's loops, one per part) and tile_transposes (2-D tiles for transposes)."""
 
+import pytest
 import torch
 
 from nncfuse.tensorexpr import expr as E
+from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.dtype import FLOAT32
 from nncfuse.tensorexpr.ir_visitor import walk
 from nncfuse.tensorexpr.loopnest import compute
 from nncfuse.tensorexpr.passes.flatten_indices import flatten_indices
+from nncfuse.tensorexpr.passes.insert_allocations import insert_allocations
 from nncfuse.tensorexpr.passes.partition_loops import partition_loops
 from nncfuse.tensorexpr.passes.simplify import simplify
 from nncfuse.tensorexpr.passes.tile_transposes import TILE, tile_transposes
@@ -54,11 +57,30 @@ def test_tile_transposes_tiles_a_transposed_read():
     assert loops == [
         f"for (int64_t io = 0; io < {n // TILE}; io++) {{",
         f"for (int64_t jo = 0; jo < {n // TILE}; jo++) {{",
+        f"for (int64_t ji_r = 0; ji_r < {TILE}; ji_r++) {{",  # y's tile, copied row by row
+        f"for (int64_t ii_c = 0; ii_c < {TILE}; ii_c++) {{",
         f"for (int64_t ii = 0; ii < {TILE}; ii++) {{",
         f"for (int64_t ji = 0; ji < {TILE}; ji++) {{",
     ], text(tiled)
-    same_results(flat, tiled, params, lambda: [torch.randn(n, n), torch.randn(n, n),
-                                               torch.empty(n, n)])
+    # The copy reads y along its rows; the sum reads the tile, not y, at a stride of TILE.
+    copy, _ = (s for s in walk(tiled) if isinstance(s, S.Store))
+    assert copy.buf.name == "y_tile"
+    assert f"= y[{TILE * n} * jo + {n} * ji_r + {TILE} * io + ii_c];" in text(copy), text(copy)
+    assert "y_tile[1024 * io + 32 * ji + ii]" in text(tiled) and "y[" not in text(tiled).split(
+        "out[")[1], text(tiled)
+    same_results(flat, insert_allocations(tiled, params), params,
+                 lambda: [torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)])
+
+
+def test_tile_transposes_copies_no_tile_of_a_buffer_the_nest_writes():
+    n = 8 * TILE
+    x, out = buf("x", [n, n]), buf("out", [n, n])
+    # out = x.t() in place of x: the tile would hold stale values; only tiling is safe.
+    _, nest = compute("x", FLOAT32, [n, n], lambda i, j: E.Load(x, (j, i)) + 1.0, out=x)
+    flat = simplify(flatten_indices(nest))
+    tiled = tile_transposes(flat)
+    assert tiled is not flat and "_tile" not in text(tiled), text(tiled)
+    del out
 
 
 def test_tile_transposes_leaves_short_strides_and_odd_extents():
@@ -66,3 +88,21 @@ def test_tile_transposes_leaves_short_strides_and_odd_extents():
     assert tile_transposes(flat) is flat
     flat, _ = transposed_sum(8 * TILE + 1)
     assert tile_transposes(flat) is flat
+
+
+def flip_next_to_a_reuse(x, d):
+    a, _ = x.chunk(2, 0)
+    return torch.div(a, d, rounding_mode="trunc"), torch.sqrt(torch.ceil(a.flip(0)))
+
+
+@pytest.mark.parametrize("use_llvm", [True, False])
+def test_reuse_outputs_keeps_a_temporary_a_fused_loop_reads_at_another_row(use_llvm):
+    """Fuzzer seed 91989: `a` lived in the division's output, whose store shares a loop with
+    the flip's read of `a[16 - i]`; the vector body overwrote what the tail then read."""
+    import nncfuse
+
+    x, d = torch.rand(33) * 3, torch.tensor(-2)
+    f = nncfuse.jit(flip_next_to_a_reuse, min_group_size=1, use_llvm=use_llvm)
+    f(x, d)
+    for got, want in zip(f(x, d), flip_next_to_a_reuse(x, d)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
