@@ -1,0 +1,246 @@
+"""Frozen inference, `nncfuse.jit(module, freeze=True)` (issue 14): folded, fused, and
+guarded so that a changed parameter is seen by the next call."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import nncfuse
+
+
+class ConvBnAct(nn.Module):
+    def __init__(self, cin=8, cout=16, stride=1, groups=1, act=None):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, groups=groups)
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = act or nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+class Block(nn.Module):
+    """A residual block's tail: conv, batch norm, residual add, relu."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)) + x)
+
+
+def _randomize_bn(module):
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_()
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.normal_()
+                m.bias.normal_()
+    return module
+
+
+def _check(fn, module, x):
+    with torch.no_grad():
+        got, want = fn(x), module(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _groups(fn, x):
+    with torch.no_grad():
+        return nncfuse.fusion_groups(fn.graph_for(x))
+
+
+MODULES = [
+    pytest.param(lambda: ConvBnAct(), id="conv_bn_relu"),
+    pytest.param(lambda: ConvBnAct(8, 8, stride=2, groups=8, act=nn.Hardtanh(0.0, 6.0)),
+                 id="dwconv_bn_hardtanh_stride2"),
+    pytest.param(lambda: ConvBnAct(act=nn.Hardswish()), id="conv_bn_hardswish"),
+    pytest.param(lambda: ConvBnAct(act=nn.SiLU()), id="conv_bn_silu"),
+    pytest.param(lambda: Block(), id="conv_bn_add_relu"),
+    pytest.param(lambda: nn.Sequential(nn.Linear(32, 64), nn.GELU()), id="linear_gelu"),
+]
+
+
+@pytest.mark.parametrize("make", MODULES)
+def test_frozen_matches_eager_and_fuses_the_convolution(make):
+    module = _randomize_bn(make()).eval()
+    x = torch.randn(2, 32) if isinstance(module, nn.Sequential) else torch.randn(2, 8, 10, 10)
+    fn = nncfuse.jit(module, freeze=True)
+    for _ in range(3):
+        _check(fn, module, x)
+    groups = _groups(fn, x)
+    assert groups, "the GEMM or convolution and its epilogue form a group"
+    kinds = {n.kind() for g in groups for n in g.g("Subgraph").nodes()}
+    assert kinds & {"aten::conv2d", "aten::linear", "aten::_convolution"}
+    assert "aten::batch_norm" not in kinds  # folded into the convolution by freezing
+    assert fn.freezes == 1
+
+
+def test_scripted_conv2d_fuses_once_frozen():
+    # Unfrozen, a scripted nn.Conv2d's weights, strides and padding are GetAttrs and list
+    # constructs; frozen, they are constants and the convolution joins the group.
+    module = nn.Sequential(nn.Conv2d(4, 8, 3, stride=(2, 1), padding=(1, 2)), nn.ReLU6()).eval()
+    x = torch.randn(3, 4, 9, 11)
+    fn = nncfuse.jit(torch.jit.script(module), freeze=True)
+    _check(fn, module, x)
+    assert len(_groups(fn, x)) == 1
+    with torch.no_grad():
+        report = nncfuse.explain(fn, x)
+    assert report.fused_nodes == report.compute_nodes == 2  # the convolution counts as fused
+
+
+def test_two_frozen_modules_of_one_shape_keep_their_own_weights():
+    # Their groups print alike (weights are `<Tensor>` constants): each needs its own kernel.
+    a, b = _randomize_bn(ConvBnAct()).eval(), _randomize_bn(ConvBnAct()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    fa, fb = nncfuse.jit(a, freeze=True), nncfuse.jit(b, freeze=True)
+    for _ in range(3):
+        _check(fa, a, x)
+        _check(fb, b, x)
+
+
+def test_freezing_leaves_the_module_as_it_was():
+    module = _randomize_bn(ConvBnAct()).eval()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    fn = nncfuse.jit(module, freeze=True)
+    _check(fn, module, torch.randn(1, 8, 6, 6))
+    for k, v in module.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert not isinstance(module, torch.jit.ScriptModule) and not module.training
+
+
+def _step(module):
+    opt = torch.optim.SGD(module.parameters(), lr=0.5, momentum=0.9)
+    for p in module.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+
+
+def _load(module):
+    other = _randomize_bn(type(module)()).eval()
+    module.load_state_dict(other.state_dict())
+
+
+def _data_copy(module):
+    module.conv.weight.data.copy_(torch.randn_like(module.conv.weight))
+
+
+def _new_parameter(module):
+    module.conv.weight = nn.Parameter(torch.randn_like(module.conv.weight))
+
+
+def _buffer(module):
+    with torch.no_grad():
+        module.bn.running_mean.add_(1.0)
+
+
+@pytest.mark.parametrize("change", [_step, _load, _data_copy, _new_parameter, _buffer],
+                         ids=["optimizer_step", "load_state_dict", "data_copy",
+                              "new_parameter", "buffer_in_place"])
+def test_a_changed_parameter_is_seen_by_the_next_call(change):
+    module = _randomize_bn(ConvBnAct()).eval()
+    x = torch.randn(2, 8, 7, 7)
+    fn = nncfuse.jit(module, freeze=True)
+    _check(fn, module, x)
+    _check(fn, module, x)
+    with torch.no_grad():
+        stale = fn(x).clone()
+    change(module)
+    _check(fn, module, x)
+    with torch.no_grad():
+        assert not torch.allclose(fn(x), stale)
+    assert fn.freezes == 2
+    _check(fn, module, x)
+    assert fn.freezes == 2  # unchanged since: no freezing again
+
+
+def test_versions_only_keeps_no_copy_and_sees_in_place_writes():
+    module = _randomize_bn(ConvBnAct()).eval()
+    x = torch.randn(2, 8, 7, 7)
+    fn = nncfuse.jit(module, freeze="versions")
+    _check(fn, module, x)
+    assert fn._frozen.snapshot.values == ()
+    _step(module)
+    _check(fn, module, x)
+    assert fn.freezes == 2
+
+
+def test_training_mode_runs_unfrozen_and_updates_the_users_statistics():
+    module = _randomize_bn(ConvBnAct())
+    reference = _randomize_bn(ConvBnAct())
+    reference.load_state_dict(module.state_dict())
+    x = torch.randn(4, 8, 6, 6)
+    fn = nncfuse.jit(module, freeze=True)
+    for _ in range(2):
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), reference(x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(module.bn.running_mean, reference.bn.running_mean)
+    assert fn.freezes == 0
+    module.eval()
+    reference.eval()
+    _check(fn, reference, x)
+    assert fn.freezes == 1
+    module.bn.train()  # a submodule back in training: unfrozen again
+    with torch.no_grad():
+        fn(x)
+    assert fn.freezes == 1
+
+
+def test_grad_mode_runs_unfrozen_so_gradients_reach_the_parameters():
+    module = _randomize_bn(ConvBnAct()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    fn = nncfuse.jit(module, freeze=True)
+    fn(x).sum().backward()
+    assert module.conv.weight.grad is not None
+    grad = module.conv.weight.grad.clone()
+    module.zero_grad()
+    module(x).sum().backward()
+    torch.testing.assert_close(grad, module.conv.weight.grad)
+
+
+def test_frozen_nan_and_negative_zero_parameters_are_stable():
+    module = ConvBnAct().eval()
+    with torch.no_grad():
+        module.conv.weight[0] = float("nan")
+        module.conv.bias[1] = -0.0
+    x = torch.randn(1, 8, 5, 5)
+    fn = nncfuse.jit(module, freeze=True)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fn(x), module(x), equal_nan=True)
+    assert fn.freezes == 1  # NaN equals itself bit for bit: no freezing on every call
+
+
+def test_frozen_threads():
+    module = _randomize_bn(ConvBnAct()).eval()
+    x = torch.randn(2, 8, 6, 6)
+    fn = nncfuse.jit(module, freeze=True)
+    with torch.no_grad():
+        want = module(x)
+    errors = []
+
+    def run():
+        try:
+            with torch.no_grad():
+                for _ in range(5):
+                    torch.testing.assert_close(fn(x), want, rtol=1e-4, atol=1e-4)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert fn.freezes == 1
+
+
+def test_freeze_option_is_checked():
+    with pytest.raises(ValueError):
+        nncfuse.jit(ConvBnAct(), freeze="sometimes")
