@@ -50,5 +50,5 @@ def jit(fn: Any = None, **options: Any) -> Any:
         return lambda f: jit(f, **options)
     opts = Options.from_env(**options)
     if opts.freeze and isinstance(fn, torch.nn.Module):
-        return FrozenFunction(fn, opts, check_values=opts.freeze is True)
+        return FrozenFunction(fn, opts, check_values=opts.freeze == "checked")
     return FusedFunction(fn, opts)

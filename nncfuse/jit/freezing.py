@@ -7,7 +7,9 @@ convolution before it (and `add`/`mul` by constants into convolutions and
 linears), and constant-propagates what the convolution's strides and padding
 were (GetAttrs and list constructs in a scripted `nn.Conv2d`), so that the
 convolution and what follows it fuse into one group with oneDNN's fused
-routines (`tensorexpr/lowerings/external.py`). nncfuse adds the guard:
+routines (`tensorexpr/lowerings/external.py`). nncfuse then lays the
+convolutions out channels-last (`channels_last`), where oneDNN is fastest and
+takes the weights packed once, and adds the guard:
 
     call ──▶ eval mode, no grad wanted, every parameter and buffer the same object
              │ at the same `_version` as when frozen?
@@ -18,10 +20,10 @@ routines (`tensorexpr/lowerings/external.py`). nncfuse adds the guard:
 An optimizer step and `load_state_dict` write parameters in place, which
 bumps `_version`; assigning a new `nn.Parameter` changes identity. A write
 through `param.data` bypasses the version counter (autograd documents it as
-untracked), so the guard also compares each parameter's values with the
-frozen copy's, bit for bit (the default, `freeze=True`): memory-bound
-comparisons per call, cheap next to the convolutions; `freeze="versions"`
-trusts identity and versions alone (and keeps no copy).
+untracked): `freeze="checked"` also compares each parameter's values with a
+copy taken when freezing, bit for bit, on every call. That sees it, at the
+price of reading every parameter per call (ResNet-18's 45 MB: some 15 ms,
+more than its convolutions save); `freeze=True` trusts identity and versions.
 """
 
 from __future__ import annotations
@@ -102,6 +104,89 @@ def _snapshot(module: torch.nn.Module, check_values: bool) -> _Snapshot:
     return _Snapshot(slots, sizes, tuple(values), requires_grad, modules)
 
 
+_CHANNELS_LAST = 2  # torch.channels_last, as TorchScript's MemoryFormat constants number it
+_CONVOLUTIONS = ("aten::conv2d", "aten::_convolution")
+
+
+def channels_last(graph: torch._C.Graph) -> int:
+    """Run a frozen graph's 2-d convolutions of constant weights channels-last, in place; return
+    how many. The input of each is made channels-last, unless computed from another one's
+    output (oneDNN writes channels-last, elementwise ops keep it; where a view does not, the
+    convolution runs as it is), its weight too, and the graph's tensor outputs computed
+    from them are made contiguous again, as eager returns them:
+
+        %y = aten::conv2d(%x, %w, ...)        %xc = aten::contiguous(%x, 2)
+        %z = aten::relu(%y)              ->   %y = aten::conv2d(%xc, %w_channels_last, ...)
+        return (%z)                           %z = aten::relu(%y)
+                                              %zc = aten::contiguous(%z, 0)
+                                              return (%zc)
+    """
+    converted: set[Any] = set()  # values computed from a converted convolution
+    count = 0
+    for node in list(graph.nodes()):
+        if node.kind() in _CONVOLUTIONS and _constant_weight(node, 4) is not None:
+            if node.kind() == "aten::_convolution" and node.inputsAt(6).toIValue() is not False:
+                continue  # transposed
+            _channels_last_input(graph, node, node.inputsAt(0) not in converted)
+            count += 1
+            converted.add(node.output())
+        elif any(v in converted for v in _uses(node)):
+            converted.update(node.outputs())
+    if count:
+        for k, value in enumerate(graph.return_node().inputs()):
+            _contiguous_outputs(graph, graph.return_node(), k, value, converted)
+    return count
+
+
+def _constant_weight(node: Any, dim: int) -> torch.Tensor | None:
+    w = node.inputsAt(1)
+    if w.node().kind() != "prim::Constant" or not isinstance(w.type(), torch._C.TensorType):
+        return None
+    t = w.toIValue()
+    return t if isinstance(t, torch.Tensor) and t.dim() == dim else None
+
+
+def _uses(node: Any) -> list[Any]:
+    """The values `node` reads, those of the nodes in its blocks included."""
+    values = list(node.inputs())
+    for block in node.blocks():
+        for inner in block.nodes():
+            values += _uses(inner)
+        values += list(block.returnNode().inputs())
+    return values
+
+
+def _channels_last_input(graph: torch._C.Graph, node: Any, convert: bool) -> None:
+    with graph.insert_point_guard(node):
+        if convert:
+            fmt = graph.insertConstant(_CHANNELS_LAST)
+            x = graph.create("aten::contiguous", [node.inputsAt(0), fmt]).insertBefore(node)
+            x.output().setType(torch._C.TensorType.get())
+            node.replaceInput(0, x.output())
+        w = _constant_weight(node, 4).contiguous(memory_format=torch.channels_last)
+        node.replaceInput(1, graph.insertConstant(w))
+
+
+def _contiguous_outputs(graph: torch._C.Graph, user: Any, k: int, value: Any,
+                        converted: set[Any]) -> None:
+    """Make output `value`, input `k` of `user` (the return, or a tuple it returns),
+    contiguous if it was computed from a converted convolution."""
+    if value not in converted:
+        return
+    producer = value.node()
+    if producer.kind() == "prim::TupleConstruct" and len(value.uses()) == 1:
+        for j, item in enumerate(producer.inputs()):
+            _contiguous_outputs(graph, producer, j, item, converted)
+        return
+    if not isinstance(value.type(), torch._C.TensorType):
+        return
+    with graph.insert_point_guard(user):
+        fmt = graph.insertConstant(0)  # torch.contiguous_format
+        out = graph.create("aten::contiguous", [value, fmt]).insertBefore(user)
+        out.output().setType(value.type())
+        user.replaceInput(k, out.output())
+
+
 @dataclasses.dataclass(frozen=True)
 class _Frozen:
     snapshot: _Snapshot
@@ -112,7 +197,7 @@ class FrozenFunction:
     """An eval-mode `nn.Module` run frozen (see the module docstring); `graph_for`,
     `compile_failures` and `graph` as a `FusedFunction`'s, of the frozen module's plans."""
 
-    def __init__(self, module: torch.nn.Module, options: Options, check_values: bool = True):
+    def __init__(self, module: torch.nn.Module, options: Options, check_values: bool = False):
         self.target = module
         self.options = dataclasses.replace(options, freeze=False)
         self.check_values = check_values
@@ -152,6 +237,7 @@ class FrozenFunction:
                 script = torch.jit.script(script)
             # `freeze` clones the module: the user's is left as it was.
             frozen = torch.jit.freeze(script)
+            channels_last(frozen.forward.graph)
         self._frozen = _Frozen(snapshot, FusedFunction(frozen, self.options))
         self.freezes += 1
         return self._frozen

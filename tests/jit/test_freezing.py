@@ -8,6 +8,9 @@ import torch
 from torch import nn
 
 import nncfuse
+from nncfuse.jit.runtime import kernel_of
+from nncfuse.tensorexpr import stmt as S
+from nncfuse.tensorexpr.external import onednn_dtype_ok
 
 
 class ConvBnAct(nn.Module):
@@ -79,6 +82,23 @@ def test_frozen_matches_eager_and_fuses_the_convolution(make):
     assert kinds & {"aten::conv2d", "aten::linear", "aten::_convolution"}
     assert "aten::batch_norm" not in kinds  # folded into the convolution by freezing
     assert fn.freezes == 1
+    with torch.no_grad():
+        assert fn(x).stride() == module(x).stride()  # contiguous, as eager returns it
+
+
+def test_frozen_convolutions_run_channels_last_with_packed_weights():
+    module = _randomize_bn(nn.Sequential(ConvBnAct(8, 16), ConvBnAct(16, 16, groups=16),
+                                         nn.Conv2d(16, 8, 1))).eval()
+    x = torch.randn(2, 8, 10, 10)
+    fn = nncfuse.jit(module, freeze=True)
+    _check(fn, module, x)
+    _check(fn, module, x)
+    calls = [s.fn for g in _groups(fn, x) for s in kernel_of(g).stmt.stmts
+             if isinstance(s, S.ExternalCall)]
+    assert len(calls) == 3
+    if onednn_dtype_ok(torch.float32):
+        # The model's input is made channels-last once; each convolution's output stays so.
+        assert calls == ["nnc_mkldnn_convolution_pointwise_packed"] * 3
 
 
 def test_scripted_conv2d_fuses_once_frozen():
@@ -91,7 +111,11 @@ def test_scripted_conv2d_fuses_once_frozen():
     assert len(_groups(fn, x)) == 1
     with torch.no_grad():
         report = nncfuse.explain(fn, x)
-    assert report.fused_nodes == report.compute_nodes == 2  # the convolution counts as fused
+    # The convolution counts as fused; only the input's change to channels-last stays out.
+    assert [g.ops for g in report.groups] == [("aten::conv2d", "aten::hardtanh",
+                                               "aten::contiguous")]
+    assert report.fused_nodes == 3 and report.external_nodes == 0
+    assert [u.kind for u in report.unfused] == ["aten::contiguous"]
 
 
 def test_two_frozen_modules_of_one_shape_keep_their_own_weights():
@@ -139,13 +163,15 @@ def _buffer(module):
         module.bn.running_mean.add_(1.0)
 
 
-@pytest.mark.parametrize("change", [_step, _load, _data_copy, _new_parameter, _buffer],
-                         ids=["optimizer_step", "load_state_dict", "data_copy",
-                              "new_parameter", "buffer_in_place"])
-def test_a_changed_parameter_is_seen_by_the_next_call(change):
+@pytest.mark.parametrize("change,freeze", [
+    (_step, True), (_load, True), (_new_parameter, True), (_buffer, True),
+    (_step, "checked"), (_data_copy, "checked"),
+], ids=["optimizer_step", "load_state_dict", "new_parameter", "buffer_in_place",
+        "optimizer_step_checked", "data_copy_checked"])
+def test_a_changed_parameter_is_seen_by_the_next_call(change, freeze):
     module = _randomize_bn(ConvBnAct()).eval()
     x = torch.randn(2, 8, 7, 7)
-    fn = nncfuse.jit(module, freeze=True)
+    fn = nncfuse.jit(module, freeze=freeze)
     _check(fn, module, x)
     _check(fn, module, x)
     with torch.no_grad():
@@ -159,15 +185,14 @@ def test_a_changed_parameter_is_seen_by_the_next_call(change):
     assert fn.freezes == 2  # unchanged since: no freezing again
 
 
-def test_versions_only_keeps_no_copy_and_sees_in_place_writes():
+def test_only_checked_freezing_keeps_a_copy_of_the_parameters():
     module = _randomize_bn(ConvBnAct()).eval()
     x = torch.randn(2, 8, 7, 7)
-    fn = nncfuse.jit(module, freeze="versions")
-    _check(fn, module, x)
-    assert fn._frozen.snapshot.values == ()
-    _step(module)
-    _check(fn, module, x)
-    assert fn.freezes == 2
+    fast, checked = nncfuse.jit(module, freeze=True), nncfuse.jit(module, freeze="checked")
+    _check(fast, module, x)
+    _check(checked, module, x)
+    assert fast._frozen.snapshot.values == ()
+    assert len(checked._frozen.snapshot.values) == len(module.state_dict())
 
 
 def test_training_mode_runs_unfrozen_and_updates_the_users_statistics():
@@ -209,7 +234,7 @@ def test_frozen_nan_and_negative_zero_parameters_are_stable():
         module.conv.weight[0] = float("nan")
         module.conv.bias[1] = -0.0
     x = torch.randn(1, 8, 5, 5)
-    fn = nncfuse.jit(module, freeze=True)
+    fn = nncfuse.jit(module, freeze="checked")
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(fn(x), module(x), equal_nan=True)

@@ -146,8 +146,9 @@ class _Plan:
 
 
 def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
-                 other: Callable[[Any], Any]) -> list[_Plan]:
-    """oneDNN routines that compute `node` with its epilogue, best first."""
+                 other: Callable[[Any], Any], constant: frozenset[Buf]) -> list[_Plan]:
+    """oneDNN routines that compute `node` with its epilogue, best first; `constant`: the
+    buffers of the group's constant tensors."""
     kind, value = node.kind(), node.output()
     meta = TensorMeta.from_type(value.type())
     if meta is None or not onednn_dtype_ok(meta.dtype):
@@ -172,18 +173,22 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     if conv is not None:
         x, w, b, stride, padding, dilation, groups = conv
         geometry = (padding, stride, dilation, groups)
+        # A constant weight (a frozen module's) is packed once for a channels-last input.
+        packed = ("_packed",) if w in constant and _channels_last(x) else ()
         if unary is not None:
-            plans.append(_Plan("nnc_mkldnn_convolution_pointwise", (x, w, b, *geometry, *unary),
-                               _reference(aten, value, user), user.output(), (user,)))
+            for suffix in (*packed, ""):
+                plans.append(_Plan(f"nnc_mkldnn_convolution_pointwise{suffix}",
+                                   (x, w, b, *geometry, *unary),
+                                   _reference(aten, value, user), user.output(), (user,)))
         if residual is not None:
             binary = (x, other(residual), w, b, *geometry, "add", None)
-            if then is not None:
-                plans.append(_Plan("nnc_mkldnn_convolution_pointwise_binary", (*binary, *then),
-                                   _reference(aten, value, user, after), after.output(),
-                                   (user, after)))
-            plans.append(_Plan("nnc_mkldnn_convolution_pointwise_binary",
-                               (*binary, None, (), None),
-                               _reference(aten, value, user), user.output(), (user,)))
+            for suffix in (*packed, ""):
+                fn = f"nnc_mkldnn_convolution_pointwise_binary{suffix}"
+                if then is not None:
+                    plans.append(_Plan(fn, (*binary, *then), _reference(aten, value, user, after),
+                                       after.output(), (user, after)))
+                plans.append(_Plan(fn, (*binary, None, (), None),
+                                   _reference(aten, value, user), user.output(), (user,)))
         bn = _batch_norm(user, value, meta, other) if FOLD_BATCH_NORM else None
         if bn is not None:
             after = _single_user(user.output(), outputs)
@@ -195,7 +200,21 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
                                    (user, after)))
             plans.append(_Plan(fn, (x, w, b, *bn, *geometry, "none", (), None),
                                _reference(aten, value, user), user.output(), (user,)))
+        if packed:  # no post-op fuses: still the packed weight
+            plans.append(_Plan("nnc_mkldnn_convolution_pointwise_packed",
+                               (x, w, b, *geometry, "none", (), None), _reference(aten, value),
+                               value, ()))
     return plans
+
+
+def _channels_last(buf: Any) -> bool:
+    """Whether `buf` is a 4-d buffer of static sizes laid out channels-last."""
+    sizes = buf.static_dims() if isinstance(buf, Buf) else None
+    strides = tuple(getattr(s, "value", None) for s in buf.strides) if sizes else ()
+    if sizes is None or len(sizes) != 4 or None in strides:
+        return False
+    meta = torch.empty_strided(sizes, strides, device="meta")
+    return meta.is_contiguous(memory_format=torch.channels_last) and not meta.is_contiguous()
 
 
 def _batch_norm(node: Any | None, value: Any, meta: TensorMeta,
@@ -288,7 +307,7 @@ def lower_external(
         raise LoweringError(f"no type for the output of {kind}")
     gen = torch.Generator().manual_seed(0)
     examples = {b: _example(b, constants, gen) for b in sources if b in set(_bufs(operands))}
-    plans = _fused_plans(node, operands, outputs, env_buf)
+    plans = _fused_plans(node, operands, outputs, env_buf, frozenset(constants))
     for plan in plans:
         for b in _bufs(plan.args):
             examples.setdefault(b, _example(b, constants, gen))
