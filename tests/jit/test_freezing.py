@@ -269,3 +269,35 @@ def test_frozen_threads():
 def test_freeze_option_is_checked():
     with pytest.raises(ValueError):
         nncfuse.jit(ConvBnAct(), freeze="sometimes")
+
+
+class PadConv(nn.Module):
+    """MobileNetV2's TensorFlow padding in transformers: F.pad, then an unpadded conv."""
+
+    def __init__(self, pad, value=0.0, stride=1):
+        super().__init__()
+        self.pad, self.value = pad, value
+        self.conv = nn.Conv2d(8, 8, 3, stride=stride, groups=8)
+
+    def forward(self, x):
+        return torch.relu(self.conv(torch.nn.functional.pad(x, self.pad, value=self.value)))
+
+
+@pytest.mark.parametrize("pad,value,stride,folded", [
+    ((1, 1, 1, 1), 0.0, 1, True),
+    ((2, 2, 1, 1), 0.0, 1, True),
+    ((0, 1, 0, 1), 0.0, 2, False),  # asymmetric: stays a pad
+    ((1, 1, 1, 1), 1.0, 1, False),  # not zero
+    ((1, 1, 1, 1), -0.0, 1, False),
+])
+def test_a_symmetric_zero_pad_becomes_the_convolutions_padding(pad, value, stride, folded):
+    module = PadConv(pad, value, stride).eval()
+    x = torch.randn(2, 8, 10, 10)
+    fn = nncfuse.jit(module, freeze=True)
+    _check(fn, module, x)
+    _check(fn, module, x)
+    with torch.no_grad():
+        graph = fn.graph_for(x)
+    nodes = [n.kind() for n in graph.nodes()]
+    nodes += [n.kind() for g in nncfuse.fusion_groups(graph) for n in g.g("Subgraph").nodes()]
+    assert ("aten::pad" in nodes) != folded
