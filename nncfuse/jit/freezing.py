@@ -227,7 +227,21 @@ def _contiguous_outputs(graph: torch._C.Graph, user: Any, k: int, value: Any,
 @dataclasses.dataclass(frozen=True)
 class _Frozen:
     snapshot: _Snapshot
-    fn: FusedFunction | None  # of the frozen ScriptModule; None if a module is training
+    fn: FusedFunction | None  # of the frozen ScriptModule; None: training, or not freezable
+
+
+def _frozen_module(module: torch.nn.Module) -> torch.jit.ScriptModule:
+    """`module` scripted (unless it is), frozen by TorchScript, its convolutions channels-last."""
+    with torch.no_grad(), scripting.compile_lock, warnings.catch_warnings():
+        # TorchScript warns that freeze and script are deprecated: they are our substrate.
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.jit")
+        script = module
+        if not isinstance(script, torch.jit.ScriptModule):
+            script = torch.jit.script(script)
+        # `freeze` clones the module: the user's is left as it was.
+        frozen = torch.jit.freeze(script)
+        channels_last(frozen.forward.graph)
+    return frozen
 
 
 class FrozenFunction:
@@ -254,7 +268,7 @@ class FrozenFunction:
                 if frozen is None or not frozen.snapshot.fresh():
                     frozen = self._freeze()
         if frozen.fn is None:
-            return self._eager_path("a module is in training mode")
+            return self._eager_path("a module is in training mode, or freezing failed")
         if frozen.snapshot.requires_grad and torch.is_grad_enabled():
             return self._eager_path("grad mode is on and parameters require grad")
         return frozen.fn
@@ -266,15 +280,13 @@ class FrozenFunction:
         if snapshot.training:  # TorchScript freezes only eval modules
             self._frozen = _Frozen(snapshot, None)
             return self._frozen
-        with torch.no_grad(), scripting.compile_lock, warnings.catch_warnings():
-            # TorchScript warns that freeze and script are deprecated: they are our substrate.
-            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.jit")
-            script = self.target
-            if not isinstance(script, torch.jit.ScriptModule):
-                script = torch.jit.script(script)
-            # `freeze` clones the module: the user's is left as it was.
-            frozen = torch.jit.freeze(script)
-            channels_last(frozen.forward.graph)
+        try:
+            frozen = _frozen_module(self.target)
+        except Exception as e:  # noqa: BLE001 - TorchScript cannot freeze it: run it unfrozen
+            warnings.warn(f"nncfuse: cannot freeze {type(self.target).__name__}, running it "
+                          f"unfrozen: {e}", stacklevel=4)
+            self._frozen = _Frozen(snapshot, None)
+            return self._frozen
         self._frozen = _Frozen(snapshot, FusedFunction(frozen, self.options))
         self.freezes += 1
         return self._frozen

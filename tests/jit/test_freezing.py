@@ -334,3 +334,21 @@ def test_a_symmetric_zero_pad_becomes_the_convolutions_padding(pad, value, strid
     nodes = [n.kind() for n in graph.nodes()]
     nodes += [n.kind() for g in nncfuse.fusion_groups(graph) for n in g.g("Subgraph").nodes()]
     assert ("aten::pad" in nodes) != folded
+
+
+class Unscriptable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) * len({id(x)})  # a set: TorchScript has none
+
+
+def test_a_module_torchscript_cannot_freeze_runs_unfrozen_with_a_warning():
+    module = Unscriptable().eval()
+    x = torch.randn(1, 4, 6, 6)
+    fn = nncfuse.jit(module, freeze=True)
+    with pytest.warns(UserWarning, match="cannot"):
+        _check(fn, module, x)
+    assert fn.freezes == 0
