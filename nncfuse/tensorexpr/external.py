@@ -20,12 +20,7 @@ its result. Two families:
   layout (`mkldnn._reorder_convolution_weight`, what torch.compile's freezing
   does), packed on the first call and kept while the weight is the same
   tensor at the same `_version` (`packed_conv_weight`); for a channels-last
-  input, whose output oneDNN writes channels-last;
-- `nnc_mkldnn_conv1x1_linear_*`: a 1x1 convolution of a channels-last input
-  is a GEMM of its pixels (rows) by its channels: oneDNN's linear with the
-  post-op on that matrix (no copy: a view), the result viewed back as the
-  channels-last image; at MobileNetV2's 28x28 and 14x14 1x1 convolutions
-  (1 thread) it took 55-65 us where the packed convolution took 75-90.
+  input, whose output oneDNN writes channels-last.
 
 oneDNN takes float32 and bfloat16 (this torch: not float64; bfloat16 only where
 `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); `onednn_dtype_ok` says so.
@@ -135,26 +130,6 @@ def _conv_binary_packed(x, other, w, b, padding, stride, dilation, groups, *post
     return _conv_binary(x, other, packed, b, padding, stride, dilation, groups, *post)
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """A channels-last (n, c, h, w) tensor as the (n*h*w, c) matrix it is in memory."""
-    return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
-
-
-def _image(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The (n*h*w, k) rows `y` as the channels-last (n, k, h, w) image they are."""
-    n, _, h, w = like.shape
-    return y.view(n, h, w, -1).permute(0, 3, 1, 2)
-
-
-def _conv1x1_linear(x, w, b, attr, scalars, algorithm):  # noqa: ANN001, ANN202
-    return _image(_linear_pointwise(_rows(x), w.reshape(w.shape[0], -1), b, attr, scalars,
-                                    algorithm), x)
-
-
-def _conv1x1_linear_binary(x, other, w, b, attr):  # noqa: ANN001, ANN202
-    return _image(_linear_binary(_rows(x), _rows(other), w.reshape(w.shape[0], -1), b, attr), x)
-
-
 def _conv_bn_pointwise(x, w, b, gamma, beta, mean, var, eps, padding, stride, dilation,  # noqa: ANN001, ANN202, E501
                        groups, attr, scalars, algorithm):
     # An inference batch norm after the convolution, folded into its weights and bias on
@@ -180,8 +155,6 @@ ROUTINES: dict[str, Callable[..., torch.Tensor]] = {
     "nnc_mkldnn_convolution_pointwise_binary": _conv_binary,
     "nnc_mkldnn_convolution_bn_pointwise": _conv_bn_pointwise,
     "nnc_mkldnn_convolution_pointwise_packed": _conv_pointwise_packed,
-    "nnc_mkldnn_conv1x1_linear_pointwise": _conv1x1_linear,
-    "nnc_mkldnn_conv1x1_linear_pointwise_binary": _conv1x1_linear_binary,
     "nnc_mkldnn_convolution_pointwise_binary_packed": _conv_binary_packed,
 }
 

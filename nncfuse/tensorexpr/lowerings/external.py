@@ -184,15 +184,6 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
         geometry = (padding, stride, dilation, groups)
         # A constant weight (a frozen module's) is packed once for a channels-last input.
         packed = ("_packed",) if w in constant and _channels_last(x) else ()
-        pointwise = _channels_last(x) and geometry == ((0, 0), (1, 1), (1, 1), 1) and (
-            isinstance(w, Buf) and w.static_dims() is not None and w.static_dims()[2:] == (1, 1))
-        if pointwise and unary is not None:
-            plans.append(_Plan("nnc_mkldnn_conv1x1_linear_pointwise", (x, w, b, *unary),
-                               _reference(aten, value, user), user.output(), (user,)))
-        if pointwise and residual is not None and then is None:
-            plans.append(_Plan("nnc_mkldnn_conv1x1_linear_pointwise_binary",
-                               (x, other(residual), w, b, "add"),
-                               _reference(aten, value, user), user.output(), (user,)))
         if unary is not None:
             for suffix in (*packed, ""):
                 plans.append(_Plan(f"nnc_mkldnn_convolution_pointwise{suffix}",
@@ -219,10 +210,7 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
                                    (user, after)))
             plans.append(_Plan(fn, (x, w, b, *bn, *geometry, "none", (), None),
                                _reference(aten, value, user), user.output(), (user,)))
-        if packed and pointwise:  # no post-op fuses: still oneDNN's GEMM or packed convolution
-            plans.append(_Plan("nnc_mkldnn_conv1x1_linear_pointwise", (x, w, b, "none", (), None),
-                               _reference(aten, value), value, ()))
-        if packed:
+        if packed:  # no post-op fuses: still the packed weight
             plans.append(_Plan("nnc_mkldnn_convolution_pointwise_packed",
                                (x, w, b, *geometry, "none", (), None), _reference(aten, value),
                                value, ()))
