@@ -101,6 +101,37 @@ def test_frozen_convolutions_run_channels_last_with_packed_weights():
         assert calls == ["nnc_mkldnn_convolution_pointwise_packed"] * 3
 
 
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: expand 1x1 + relu6, depthwise 3x3 + relu6, project 1x1, add."""
+
+    def __init__(self, c=8, hidden=24):
+        super().__init__()
+        self.expand = ConvBnAct(c, hidden, act=nn.ReLU6())
+        self.expand.conv = nn.Conv2d(c, hidden, 1)
+        self.depthwise = ConvBnAct(hidden, hidden, groups=hidden, act=nn.ReLU6())
+        self.project = nn.Conv2d(hidden, c, 1)
+
+    def forward(self, x):
+        return x + self.project(self.depthwise(self.expand(x)))
+
+
+def test_inverted_residual_is_oneDNN_calls_with_their_post_ops():
+    module = _randomize_bn(nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), InvertedResidual(),
+                                         InvertedResidual())).eval()
+    x = torch.randn(2, 4, 9, 9)
+    fn = nncfuse.jit(module, freeze=True)
+    _check(fn, module, x)
+    _check(fn, module, x)
+    kernels = [kernel_of(g) for g in _groups(fn, x)]
+    calls = [s.fn for k in kernels for s in k.stmt.stmts if isinstance(s, S.ExternalCall)]
+    assert len(calls) == 6  # the first convolution, of two users, is a group of one: unfused
+    if onednn_dtype_ok(torch.float32):
+        # expand + relu6, depthwise + relu6, project + the residual add: packed weights
+        assert calls == ["nnc_mkldnn_convolution_pointwise_packed",
+                         "nnc_mkldnn_convolution_pointwise_packed",
+                         "nnc_mkldnn_convolution_pointwise_binary_packed"] * 2
+
 def test_scripted_conv2d_fuses_once_frozen():
     # Unfrozen, a scripted nn.Conv2d's weights, strides and padding are GetAttrs and list
     # constructs; frozen, they are constants and the convolution joins the group.
