@@ -350,3 +350,44 @@ def test_a_module_torchscript_cannot_freeze_runs_unfrozen_with_a_warning():
     with pytest.warns(UserWarning, match="cannot"):
         _check(fn, module, x)
     assert fn.freezes == 0
+
+
+def _scripted(module, x):
+    return torch.jit.script(module)
+
+
+def _traced(module, x):
+    with torch.no_grad():
+        return torch.jit.trace(module, (x,))
+
+
+@pytest.mark.parametrize("wrap", [_scripted, _traced], ids=["scripted", "traced"])
+@pytest.mark.parametrize("change", [_step, _load, _buffer],
+                         ids=["optimizer_step", "load_state_dict", "buffer_in_place"])
+def test_a_script_modules_changed_parameter_is_seen(wrap, change):
+    x = torch.randn(2, 8, 7, 7)
+    module = _randomize_bn(ConvBnAct()).eval()
+    script = wrap(module, x)
+    fn = nncfuse.jit(script, freeze=True)
+    _check(fn, script, x)
+    _check(fn, script, x)
+    if change is _load:
+        script.load_state_dict(_randomize_bn(ConvBnAct()).state_dict())
+    else:
+        change(script)
+    _check(fn, script, x)
+    assert fn.freezes == 2
+
+
+def test_a_scripted_submodule_in_training_runs_unfrozen():
+    x = torch.randn(4, 8, 6, 6)
+    module = _randomize_bn(ConvBnAct()).eval()
+    script, reference = torch.jit.script(module), torch.jit.script(module)
+    fn = nncfuse.jit(script, freeze=True)
+    _check(fn, script, x)
+    script.bn.train()  # its batch norm now uses the batch's statistics, and updates its own
+    reference.bn.train()
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), reference(x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(script.bn.running_mean, reference.bn.running_mean)
+    assert fn.freezes == 1
