@@ -3,13 +3,14 @@ ScriptModule.
 
 Freezing is TorchScript's own: `torch.jit.freeze` inlines the module's
 parameters and attributes as constants, folds batch norm into the
-convolution before it (and `add`/`mul` by constants into convolutions and
-linears), and constant-propagates what the convolution's strides and padding
+convolution before it (and adds and multiplications by constants into
+convolutions), and constant-propagates what the convolution's strides and padding
 were (GetAttrs and list constructs in a scripted `nn.Conv2d`), so that the
 convolution and what follows it fuse into one group with oneDNN's fused
 routines (`tensorexpr/lowerings/external.py`). nncfuse then lays the
 convolutions out channels-last (`channels_last`), where oneDNN is fastest and
-takes the weights packed once, and adds the guard:
+takes the weights packed once, turns a symmetric zero pad before one into its
+padding (`_fold_padding`), and adds the guard:
 
     call ──▶ eval mode, no grad wanted, every parameter and buffer the same object
              │ at the same `_version` as when frozen?
