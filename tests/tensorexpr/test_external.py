@@ -216,15 +216,13 @@ class ConvBnRelu(torch.nn.Module):
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
 @pytest.mark.parametrize("affine", [True, False])
-@pytest.mark.parametrize("fold,channels_last", [(False, False), (True, False), (False, True)])
-def test_conv_batch_norm_relu_is_one_group(affine, use_llvm, fold, channels_last, monkeypatch):
+@pytest.mark.parametrize("fold", [False, True])
+def test_conv_batch_norm_relu_is_one_group(affine, use_llvm, fold, monkeypatch):
     import nncfuse.tensorexpr.lowerings.external as lowering
 
     monkeypatch.setattr(lowering, "FOLD_BATCH_NORM", fold)
     model = ConvBnRelu(affine).eval()
     x = torch.randn(2, 8, 10 + fold, 10)  # another shape: kernels are cached by their graph
-    if channels_last:  # folded whatever FOLD_BATCH_NORM says
-        x, fold = x.contiguous(memory_format=torch.channels_last), True
     with torch.no_grad():
         fused = nncfuse.jit(torch.jit.trace(model, (x,)), use_llvm=use_llvm)
         for _ in range(3):

@@ -49,12 +49,10 @@ __all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem"]
 
 EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 
-#: Fold an inference batch norm (and the activation after it) into a oneDNN convolution of
-#: any input; a channels-last one's always is. Off: on transformers' ResNet and MobileNetV2
-#: (NCHW, batch 1, 1 thread) the folded un-prepacked oneDNN call measured slower (38 -> 43 ms,
-#: 16 -> 22 ms; depthwise convolutions alone: 16.4 -> 17.9 ms) than ATen's convolution and
-#: nncfuse's loops for batch norm and activation. Channels-last (workload conv_bn_relu_cl,
-#: 8x64x56x56): 9.6 -> 9.0 ms. Frozen modules have batch norm folded by TorchScript.
+#: Fold an inference batch norm (and the activation after it) into a oneDNN convolution.
+#: Off: on transformers' ResNet and MobileNetV2 (1 thread, quiet machine) the folded
+#: un-prepacked oneDNN call measured slower (0.86x / 1.04x eager) than ATen's convolution
+#: followed by nncfuse's loops for batch norm and activation; it wants prepacked weights.
 FOLD_BATCH_NORM = False
 
 
@@ -198,8 +196,7 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
                                        after.output(), (user, after)))
                 plans.append(_Plan(fn, (*binary, None, (), None),
                                    _reference(aten, value, user), user.output(), (user,)))
-        fold = FOLD_BATCH_NORM or _channels_last(x)
-        bn = _batch_norm(user, value, meta, other) if fold else None
+        bn = _batch_norm(user, value, meta, other) if FOLD_BATCH_NORM else None
         if bn is not None:
             after = _single_user(user.output(), outputs)
             then = _unary(after, user.output())
