@@ -53,6 +53,9 @@ EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 #: Off: on transformers' ResNet and MobileNetV2 (1 thread, quiet machine) the folded
 #: un-prepacked oneDNN call measured slower (0.86x / 1.04x eager) than ATen's convolution
 #: followed by nncfuse's loops for batch norm and activation; it wants prepacked weights.
+#: Channels-last (8x64x56x56) it was faster (9.6 -> 9.0 ms) but folding reassociates: 1.4e-5
+#: off eager near zero, outside `assert_close`'s float32 default. Frozen modules
+#: (`nncfuse.jit(m, freeze=True)`, an opt-in) have batch norm folded by TorchScript.
 FOLD_BATCH_NORM = False
 
 
