@@ -16,6 +16,8 @@ in one process, interleaved rounds (`harness.measure`), medians:
 - TorchScript:   the traced module run plainly (not frozen; the profiling executor);
 - torch.compile: `torch.compile(model)` (Inductor, default mode);
 - nncfuse:       `nncfuse.jit(traced)`;
+- nncfuse-frozen: `nncfuse.jit(traced, freeze=True)` (TorchScript's freezing: batch norm
+                 folded into convolutions; guarded by parameter identity, version, value);
 - nncfuse-backend: `torch.compile(model, backend="nncfuse")` (Dynamo's graphs, AOTAutograd's
                  inference graphs, through nncfuse: `nncfuse/backend.py`).
 
@@ -53,7 +55,7 @@ from report import LABELS, draw_speedups, machine_info
 import nncfuse
 from nncfuse.explain import EXTERNAL_KINDS
 
-CONTENDERS = ("eager", "script", "compile", "nncfuse", "nncfuse-backend")
+CONTENDERS = ("eager", "script", "compile", "nncfuse", "nncfuse-frozen", "nncfuse-backend")
 WARM_CACHE = Path(__file__).resolve().parent / "results" / "inductor-cache"
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -203,6 +205,8 @@ def _build(contender: str, model: torch.nn.Module, traced: Any) -> Callable[...,
     if contender == "nncfuse-backend":
         importlib.import_module("nncfuse.backend")  # registers "nncfuse" (as the entry point does)
         return torch.compile(model, backend="nncfuse")
+    if contender == "nncfuse-frozen":
+        return nncfuse.jit(traced, freeze=True)
     return nncfuse.jit(traced)
 
 

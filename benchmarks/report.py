@@ -24,7 +24,8 @@ from harness import fmt_time, geomean
 
 LARGE = 1 << 20  # workloads at least this big enter the "speedup over eager" average
 LABELS = {"eager": "eager", "script": "TorchScript", "compile": "torch.compile",
-          "nncfuse": "nncfuse", "nncfuse-backend": "nncfuse backend"}
+          "nncfuse": "nncfuse", "nncfuse-frozen": "nncfuse frozen",
+          "nncfuse-backend": "nncfuse backend"}
 
 
 def _cpu_model() -> str:

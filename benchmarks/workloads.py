@@ -190,6 +190,19 @@ def dwconv_hardtanh(x, w, b):
     return torch.nn.functional.hardtanh(torch.nn.functional.conv2d(x, w, b, 1, 1, 1, 96), 0.0, 6.0)
 
 
+def conv_bn_relu(x, w, b, mean, var, gamma, beta):
+    # ResNet's conv, inference batch norm, relu (the parameters are arguments, not frozen).
+    y = torch.nn.functional.conv2d(x, w, b, 1, 1)
+    return torch.relu(torch.nn.functional.batch_norm(y, mean, var, gamma, beta, False, 0.1, 1e-5))
+
+
+def dwconv_bn_hardtanh(x, w, b, mean, var, gamma, beta):
+    # MobileNetV2's depthwise conv, batch norm and relu6.
+    y = torch.nn.functional.conv2d(x, w, b, 1, 1, 1, 96)
+    y = torch.nn.functional.batch_norm(y, mean, var, gamma, beta, False, 0.1, 1e-5)
+    return torch.nn.functional.hardtanh(y, 0.0, 6.0)
+
+
 def conv_add_relu(x, w, b, r):
     # ResNet's basic block tail: conv, residual add, relu.
     return torch.relu(torch.nn.functional.conv2d(x, w, b, 1, 1) + r)
@@ -262,6 +275,24 @@ def _conv(shape: tuple[int, ...]) -> Inputs:
 def _dwconv(shape: tuple[int, ...]) -> Inputs:
     n, c, h, w = shape
     return torch.randn(shape), torch.randn(c, 1, 3, 3) / 3, torch.randn(c)
+
+
+def _bn(c: int) -> Inputs:
+    return torch.randn(c), torch.rand(c) + 0.5, torch.randn(c), torch.randn(c)
+
+
+def _conv_bn(shape: tuple[int, ...]) -> Inputs:
+    return (*_conv(shape), *_bn(shape[1]))
+
+
+def _conv_bn_channels_last(shape: tuple[int, ...]) -> Inputs:
+    x, w, *rest = _conv_bn(shape)
+    cl = torch.channels_last
+    return (x.contiguous(memory_format=cl), w.contiguous(memory_format=cl), *rest)
+
+
+def _dwconv_bn(shape: tuple[int, ...]) -> Inputs:
+    return (*_dwconv(shape), *_bn(shape[1]))
 
 
 def _conv_residual(shape: tuple[int, ...]) -> Inputs:
@@ -338,6 +369,11 @@ WORKLOADS: list[Workload] = [
     Workload("conv_relu", conv_relu, _conv, (8, 64, 56, 56), (1, 8, 8, 8)),
     Workload("dwconv_hardtanh", dwconv_hardtanh, _dwconv, (8, 96, 56, 56), (1, 96, 8, 8)),
     Workload("conv_add_relu", conv_add_relu, _conv_residual, (8, 64, 56, 56), (1, 8, 8, 8)),
+    Workload("conv_bn_relu", conv_bn_relu, _conv_bn, (8, 64, 56, 56), (1, 8, 8, 8)),
+    Workload("conv_bn_relu_cl", conv_bn_relu, _conv_bn_channels_last, (8, 64, 56, 56),
+             (1, 8, 8, 8)),
+    Workload("dwconv_bn_hardtanh", dwconv_bn_hardtanh, _dwconv_bn, (8, 96, 56, 56),
+             (1, 96, 8, 8)),
 ]
 
 

@@ -24,14 +24,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from .config import VERSION, Options
 from .explain import Report, StrictFusionError, explain
+from .jit.freezing import FrozenFunction
 from .jit.function import FusedFunction
 from .jit.tensorexpr_fuser import fusion_groups
 from .tensorexpr.kernel import TensorExprKernel
 
-__all__ = ["jit", "explain", "fusion_groups", "FusedFunction", "TensorExprKernel", "Options",
-           "Report", "StrictFusionError"]
+__all__ = ["jit", "explain", "fusion_groups", "FusedFunction", "FrozenFunction",
+           "TensorExprKernel", "Options", "Report", "StrictFusionError"]
 __version__ = VERSION
 
 
@@ -39,9 +42,13 @@ def jit(fn: Any = None, **options: Any) -> Any:
     """Fuse `fn`: a Python function, a ScriptFunction (scripted or traced) or a module.
 
     Options (see `Options`): min_group_size (2), profiling_runs (1),
-    max_specializations (12), verify (False), strict (False: see `nncfuse.explain`).
+    max_specializations (12), verify (False), strict (False: see `nncfuse.explain`),
+    freeze (False: for an eval-mode nn.Module, True runs it frozen: `jit/freezing.py`).
     Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
     """
     if fn is None:
         return lambda f: jit(f, **options)
-    return FusedFunction(fn, Options.from_env(**options))
+    opts = Options.from_env(**options)
+    if opts.freeze and isinstance(fn, torch.nn.Module):
+        return FrozenFunction(fn, opts, check_values=opts.freeze == "checked")
+    return FusedFunction(fn, opts)

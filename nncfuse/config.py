@@ -29,6 +29,9 @@ class Options:
                          at the end, naming the pass that broke it (NNCFUSE_VERIFY=1).
     strict:              raise StrictFusionError from calls whose optimized graph leaves a
                          fusible-looking node unfused (NNCFUSE_STRICT=1; see nncfuse.explain).
+    freeze:              for an eval-mode nn.Module: run it frozen (`jit/freezing.py`), its
+                         parameters constants, guarded by their identity and version (True),
+                         and also their values ("checked": sees writes through `.data`).
     """
 
     min_group_size: int = 2
@@ -38,6 +41,7 @@ class Options:
     disable: bool = False
     verify: bool = False
     strict: bool = False
+    freeze: bool | str = False
 
     def __post_init__(self) -> None:
         if self.min_group_size < 1:
@@ -46,6 +50,8 @@ class Options:
             raise ValueError("profiling_runs must be at least 1")
         if self.max_specializations < 0:
             raise ValueError("max_specializations must be non-negative")
+        if self.freeze not in (False, True, "checked"):
+            raise ValueError("freeze must be False, True or 'checked'")
 
     @staticmethod
     def from_env(**overrides: object) -> Options:

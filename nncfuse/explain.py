@@ -60,6 +60,7 @@ import torch
 
 from .config import Options
 from .jit import policy
+from .jit.freezing import FrozenFunction
 from .jit.function import FusedFunction
 from .jit.guard import CompileFailure, is_fused_op
 from .jit.subgraph import is_group
@@ -376,8 +377,11 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> Report:
     `fn` is anything `nncfuse.jit` takes (a function, ScriptFunction, traced
     function or module, ScriptModule) or a FusedFunction, which is then used
     (and optimized for these arguments) as it is; anything else gets a fresh
-    FusedFunction with the environment's options, strict fusion off.
+    FusedFunction with the environment's options, strict fusion off. A frozen module
+    (`nncfuse.jit(m, freeze=True)`) reports the plans its next call in this grad mode runs.
     """
+    if isinstance(fn, FrozenFunction):
+        fn = fn.current()
     fused = fn if isinstance(fn, FusedFunction) else FusedFunction(
         fn, Options.from_env(strict=False))
     try:

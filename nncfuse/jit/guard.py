@@ -63,6 +63,10 @@ def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool, b
 def _compile(group: Any, options: Options) -> str | Exception:
     """The op kind running `group`'s kernel, or the exception that compiling it raised."""
     subgraph = group.g("Subgraph")
+    if _has_tensor_constants(subgraph):
+        # The text does not show a tensor constant's values (a frozen module's weights):
+        # such a kernel is its own.
+        return _compile_uncached(group, subgraph, options)
     key = _cache_key(subgraph, options)
     with _table_lock:
         lock = _compiling.setdefault(key, threading.Lock())
@@ -70,15 +74,22 @@ def _compile(group: Any, options: Options) -> str | Exception:
         if key in _compiled:
             _log.update("Reusing the kernel of an identical group: ", _compiled[key])
             return _compiled[key]
-        try:
-            kernel = TensorExprKernel(subgraph.copy(), options)
-            kind: str | Exception = runtime.register_kernel(
-                kernel, list(group.inputs()), group.outputsSize()
-            )
-        except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
-            kind = e
+        kind = _compile_uncached(group, subgraph, options)
         _compiled[key] = kind
         return kind
+
+
+def _compile_uncached(group: Any, subgraph: torch._C.Graph, options: Options) -> str | Exception:
+    try:
+        kernel = TensorExprKernel(subgraph.copy(), options)
+        return runtime.register_kernel(kernel, list(group.inputs()), group.outputsSize())
+    except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
+        return e
+
+
+def _has_tensor_constants(subgraph: torch._C.Graph) -> bool:
+    return any(n.kind() == "prim::Constant" and isinstance(n.output().type(), torch._C.TensorType)
+               for n in subgraph.nodes())
 
 
 @dataclass(frozen=True)

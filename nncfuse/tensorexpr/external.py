@@ -15,7 +15,12 @@ its result. Two families:
   residual (`add`) and then, optionally, a unary post-op;
 - `nnc_mkldnn_convolution_bn_pointwise`: an inference batch norm folded into
   the convolution's weights and bias (on every call: they may change), then
-  `_convolution_pointwise`.
+  `_convolution_pointwise`;
+- `..._packed`: the convolution routines with the weight in oneDNN's blocked
+  layout (`mkldnn._reorder_convolution_weight`, what torch.compile's freezing
+  does), packed on the first call and kept while the weight is the same
+  tensor at the same `_version` (`packed_conv_weight`); for a channels-last
+  input, whose output oneDNN writes channels-last.
 
 oneDNN takes float32 and bfloat16 (this torch: not float64; bfloat16 only where
 `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); `onednn_dtype_ok` says so.
@@ -23,7 +28,10 @@ oneDNN takes float32 and bfloat16 (this torch: not float64; bfloat16 only where
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -78,6 +86,50 @@ def _conv_binary(x, other, w, b, padding, stride, dilation, groups, binary_attr,
         unary_attr, list(unary_scalars), unary_algorithm)
 
 
+#: id(weight) -> (a weak reference to it, {(version, geometry): its packed form})
+_packed: dict[int, tuple[weakref.ref, dict[tuple[Any, ...], torch.Tensor]]] = {}
+_packed_lock = threading.Lock()
+
+
+def packed_conv_weight(w: torch.Tensor, padding: Any, stride: Any, dilation: Any, groups: int,
+                       input_size: Any) -> torch.Tensor:
+    """`w` in oneDNN's blocked layout for this convolution, packed once per weight tensor
+    and `_version` (an in-place write is seen) and forgotten with the tensor."""
+    key = (w._version, tuple(w.shape), w.stride(), w.dtype, tuple(padding), tuple(stride),
+           tuple(dilation), groups, tuple(input_size))
+    entry = _packed.get(id(w))
+    if entry is not None and entry[0]() is w and key in entry[1]:
+        return entry[1][key]
+    packed = torch.ops.mkldnn._reorder_convolution_weight(
+        w.detach(), list(padding), list(stride), list(dilation), groups, list(input_size))
+    with _packed_lock:
+        entry = _packed.get(id(w))
+        if entry is None or entry[0]() is not w:
+            entry = (weakref.ref(w, partial(_forget, id(w))), {})
+            _packed[id(w)] = entry
+        entry[1].clear()  # an older version, or another geometry: keep one packed form
+        entry[1][key] = packed
+    return packed
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    with _packed_lock:
+        if key in _packed and _packed[key][0] is ref:
+            del _packed[key]
+
+
+def _conv_pointwise_packed(x, w, b, padding, stride, dilation, groups, attr, scalars,  # noqa: ANN001, ANN202, E501
+                           algorithm):
+    packed = packed_conv_weight(w, padding, stride, dilation, groups, x.shape)
+    return _conv_pointwise(x, packed, b, padding, stride, dilation, groups, attr, scalars,
+                           algorithm)
+
+
+def _conv_binary_packed(x, other, w, b, padding, stride, dilation, groups, *post):  # noqa: ANN001, ANN002, ANN202, E501
+    packed = packed_conv_weight(w, padding, stride, dilation, groups, x.shape)
+    return _conv_binary(x, other, packed, b, padding, stride, dilation, groups, *post)
+
+
 def _conv_bn_pointwise(x, w, b, gamma, beta, mean, var, eps, padding, stride, dilation,  # noqa: ANN001, ANN202, E501
                        groups, attr, scalars, algorithm):
     # An inference batch norm after the convolution, folded into its weights and bias on
@@ -102,6 +154,8 @@ ROUTINES: dict[str, Callable[..., torch.Tensor]] = {
     "nnc_mkldnn_convolution_pointwise": _conv_pointwise,
     "nnc_mkldnn_convolution_pointwise_binary": _conv_binary,
     "nnc_mkldnn_convolution_bn_pointwise": _conv_bn_pointwise,
+    "nnc_mkldnn_convolution_pointwise_packed": _conv_pointwise_packed,
+    "nnc_mkldnn_convolution_pointwise_binary_packed": _conv_binary_packed,
 }
 
 

@@ -53,7 +53,17 @@ EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 #: Off: on transformers' ResNet and MobileNetV2 (1 thread, quiet machine) the folded
 #: un-prepacked oneDNN call measured slower (0.86x / 1.04x eager) than ATen's convolution
 #: followed by nncfuse's loops for batch norm and activation; it wants prepacked weights.
+#: Channels-last (8x64x56x56) it was faster (9.6 -> 9.0 ms) but folding reassociates: 1.4e-5
+#: off eager near zero, outside `assert_close`'s float32 default. Frozen modules
+#: (`nncfuse.jit(m, freeze=True)`, an opt-in) have batch norm folded by TorchScript.
 FOLD_BATCH_NORM = False
+
+
+#: oneDNN's linear with a fused post-op for at least this many rows, else ATen's linear (MKL)
+#: and nncfuse's loops after it. oneDNN reorders an unpacked weight on every call: at 1 row,
+#: 768 -> 3072 (1 thread) it took 395-415 us where ATen's linear and the epilogue took
+#: 375-380 us, as eager; at 8 rows 735-745 vs 690-730 us; from 32 rows on, the same.
+ONEDNN_LINEAR_ROWS = 32
 
 
 @register(tuple(ATEN_EXTERNALS), overloads=("",), constant_operands=True)
@@ -146,8 +156,9 @@ class _Plan:
 
 
 def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
-                 other: Callable[[Any], Any]) -> list[_Plan]:
-    """oneDNN routines that compute `node` with its epilogue, best first."""
+                 other: Callable[[Any], Any], constant: frozenset[Buf]) -> list[_Plan]:
+    """oneDNN routines that compute `node` with its epilogue, best first; `constant`: the
+    buffers of the group's constant tensors."""
     kind, value = node.kind(), node.output()
     meta = TensorMeta.from_type(value.type())
     if meta is None or not onednn_dtype_ok(meta.dtype):
@@ -159,7 +170,7 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     after = _single_user(user.output(), outputs) if residual is not None else None
     then = _unary(after, user.output()) if after is not None else None
     plans: list[_Plan] = []
-    if kind == "aten::linear" and len(meta.sizes) >= 2:
+    if kind == "aten::linear" and len(meta.sizes) >= 2 and _rows(meta) >= ONEDNN_LINEAR_ROWS:
         x, w, b = operands
         if unary is not None:
             plans.append(_Plan("nnc_mkldnn_linear_pointwise", (x, w, b, *unary),
@@ -172,18 +183,22 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     if conv is not None:
         x, w, b, stride, padding, dilation, groups = conv
         geometry = (padding, stride, dilation, groups)
+        # A constant weight (a frozen module's) is packed once for a channels-last input.
+        packed = ("_packed",) if w in constant and _channels_last(x) else ()
         if unary is not None:
-            plans.append(_Plan("nnc_mkldnn_convolution_pointwise", (x, w, b, *geometry, *unary),
-                               _reference(aten, value, user), user.output(), (user,)))
+            for suffix in (*packed, ""):
+                plans.append(_Plan(f"nnc_mkldnn_convolution_pointwise{suffix}",
+                                   (x, w, b, *geometry, *unary),
+                                   _reference(aten, value, user), user.output(), (user,)))
         if residual is not None:
             binary = (x, other(residual), w, b, *geometry, "add", None)
-            if then is not None:
-                plans.append(_Plan("nnc_mkldnn_convolution_pointwise_binary", (*binary, *then),
-                                   _reference(aten, value, user, after), after.output(),
-                                   (user, after)))
-            plans.append(_Plan("nnc_mkldnn_convolution_pointwise_binary",
-                               (*binary, None, (), None),
-                               _reference(aten, value, user), user.output(), (user,)))
+            for suffix in (*packed, ""):
+                fn = f"nnc_mkldnn_convolution_pointwise_binary{suffix}"
+                if then is not None:
+                    plans.append(_Plan(fn, (*binary, *then), _reference(aten, value, user, after),
+                                       after.output(), (user, after)))
+                plans.append(_Plan(fn, (*binary, None, (), None),
+                                   _reference(aten, value, user), user.output(), (user,)))
         bn = _batch_norm(user, value, meta, other) if FOLD_BATCH_NORM else None
         if bn is not None:
             after = _single_user(user.output(), outputs)
@@ -195,7 +210,28 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
                                    (user, after)))
             plans.append(_Plan(fn, (x, w, b, *bn, *geometry, "none", (), None),
                                _reference(aten, value, user), user.output(), (user,)))
+        if packed:  # no post-op fuses: still the packed weight
+            plans.append(_Plan("nnc_mkldnn_convolution_pointwise_packed",
+                               (x, w, b, *geometry, "none", (), None), _reference(aten, value),
+                               value, ()))
     return plans
+
+
+def _channels_last(buf: Any) -> bool:
+    """Whether `buf` is a 4-d buffer of static sizes laid out channels-last."""
+    sizes = buf.static_dims() if isinstance(buf, Buf) else None
+    strides = tuple(getattr(s, "value", None) for s in buf.strides) if sizes else ()
+    if sizes is None or len(sizes) != 4 or None in strides:
+        return False
+    meta = torch.empty_strided(sizes, strides, device="meta")
+    return meta.is_contiguous(memory_format=torch.channels_last) and not meta.is_contiguous()
+
+
+def _rows(meta: TensorMeta) -> int:
+    rows = 1
+    for d in meta.sizes[:-1]:
+        rows *= d
+    return rows
 
 
 def _batch_norm(node: Any | None, value: Any, meta: TensorMeta,
@@ -288,7 +324,7 @@ def lower_external(
         raise LoweringError(f"no type for the output of {kind}")
     gen = torch.Generator().manual_seed(0)
     examples = {b: _example(b, constants, gen) for b in sources if b in set(_bufs(operands))}
-    plans = _fused_plans(node, operands, outputs, env_buf)
+    plans = _fused_plans(node, operands, outputs, env_buf, frozenset(constants))
     for plan in plans:
         for b in _bufs(plan.args):
             examples.setdefault(b, _example(b, constants, gen))
