@@ -36,6 +36,7 @@ from .ir_visitor import substitute
 from .loopnest import compute, definition
 from .lowerings import (
     EXTERNAL_KINDS,
+    VIEWS,
     Arg,
     ConstArg,
     Ctx,
@@ -49,6 +50,7 @@ from .lowerings import (
     scalar_dtype,
 )
 from .meta import TensorMeta, infer_types, is_tensor
+from .size_symbols import InputGuard, SizeSymbol, SizeSymbols
 
 _log = log.get_logger(__file__)
 
@@ -75,6 +77,8 @@ class Lowered:
     written: tuple[int, ...] = ()  # graph inputs the kernel stores into (write-backs)
     write_sources: tuple[Buf, ...] = ()  # what write-backs store: kept buffers, not inlined
     externals: tuple[S.ExternalCall, ...] = ()  # run before the loops, from the entry
+    symbols: tuple[SizeSymbol, ...] = ()  # a dynamic kernel's sizes, bound from its inputs
+    guards: tuple[InputGuard, ...] = ()  # what a dynamic kernel relies on, per tensor input
 
 
 def _sanitize(name: str) -> str:
@@ -137,8 +141,14 @@ def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
 class _GraphLowering:
     """What lowering a graph has built so far: the value of each graph value, and the rest."""
 
-    def __init__(self, graph: torch._C.Graph):
+    def __init__(self, graph: torch._C.Graph, dynamic: bool = False):
         self.metas = graph_metas(graph)
+        #: a dynamic kernel's size symbols (`size_symbols`), or None for a static one
+        self.symbols: SizeSymbols | None = None
+        if dynamic:
+            self.symbols = SizeSymbols([
+                (k, self.metas[v.unique()]) for k, v in enumerate(graph.inputs()) if is_tensor(v)
+            ])
         self.env: dict[int, Arg] = {}  # graph value (unique) -> its operand
         self.names: set[str] = set()
         self.checks: list[RuntimeCheck] = []
@@ -151,6 +161,10 @@ class _GraphLowering:
         self.write_sources: list[Buf] = []
         self.externals: list[S.ExternalCall] = []
         self.folded: set[int] = set()  # outputs of nodes an external call computes
+
+    def sizes(self, meta: TensorMeta) -> tuple[int | E.Expr, ...]:
+        """`meta`'s sizes: ints, or in a dynamic kernel each 1 or its size symbol."""
+        return meta.sizes if self.symbols is None else self.symbols.sizes(meta)
 
     def unique(self, base: str) -> str:
         """`base`, or `base_<n>` if that name is taken."""
@@ -174,9 +188,25 @@ def _lower_list(state: _GraphLowering, node: Any) -> None:
         raise LoweringError("a list of something other than tensors or constants")
 
 
-def lower_graph(graph: torch._C.Graph) -> Lowered:
-    """One loop nest per node of `graph`; see the module docstring."""
-    state = _GraphLowering(graph)
+#: Op families (lowering modules) whose output sizes are broadcasts of their inputs': the
+#: ops a dynamic kernel takes (`registry` holds the `pointwise` ones).
+_DYNAMIC_FAMILIES = frozenset(
+    f"{__package__}.lowerings.{m}"
+    for m in ("registry", "arithmetic", "activation", "unary", "compare", "bitwise", "casts")
+)
+
+
+def _check_dynamic(node: Any, lowering: Any) -> None:
+    """LoweringError unless `node` can take symbolic sizes (a dynamic kernel)."""
+    if (lowering.fn.__module__ not in _DYNAMIC_FAMILIES or lowering.constant_operands
+            or node.kind() in VIEWS):
+        raise LoweringError(f"{node.kind()} does not take symbolic sizes")
+
+
+def lower_graph(graph: torch._C.Graph, dynamic: bool = False) -> Lowered:
+    """One loop nest per node of `graph`; see the module docstring. `dynamic`: sizes are
+    symbols bound at run time (`size_symbols`), or LoweringError."""
+    state = _GraphLowering(graph, dynamic)
     inputs = _bind_inputs(state, graph)
     kernel_inputs = frozenset(inputs)
     graph_outputs = {v.unique() for v in graph.outputs()}
@@ -185,6 +215,8 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
             _lower_constant(state, node)
         elif node.kind() == "prim::ListConstruct":
             _lower_list(state, node)
+        elif dynamic and node.kind() in ("aten::copy_", *EXTERNAL_KINDS):
+            raise LoweringError(f"{node.kind()} in a dynamic kernel")
         elif node.kind() == "aten::copy_":
             _lower_write_back(state, node, inputs)
         elif node.kind() in EXTERNAL_KINDS:
@@ -196,9 +228,11 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
     outputs = _collect_outputs(state, graph)
     out_bufs = tuple(dict.fromkeys(o.buf for o in outputs if isinstance(o, ComputedOutput)))
     results = tuple(c.buf for c in state.externals)
+    symbols = tuple(state.symbols.symbols) if state.symbols is not None else ()
     return Lowered(
         stmt=S.Block((*state.nests, *state.write_backs)),
-        params=(*inputs, *(b for b, _ in state.constants), *results, *out_bufs),
+        params=(*inputs, *(b for b, _ in state.constants), *results, *out_bufs,
+                *(s.var for s in symbols)),
         inputs=inputs,
         constants=tuple(state.constants),
         outputs=outputs,
@@ -210,6 +244,8 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         written=tuple(sorted(set(state.written.values()))),
         write_sources=tuple(state.write_sources),
         externals=tuple(state.externals),
+        symbols=symbols,
+        guards=tuple(state.symbols.guards) if state.symbols is not None else (),
     )
 
 
@@ -258,6 +294,7 @@ def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.
     """A parameter per graph input: a buffer for a tensor (on the CPU), a variable for a
     number."""
     params: list[Buf | E.Var] = []
+    guards = {g.position: g for g in state.symbols.guards} if state.symbols else {}
     for k, value in enumerate(graph.inputs()):
         debug = value.debugName()
         name = state.unique(f"t{k}" if debug.isdigit() else _sanitize(debug))
@@ -265,8 +302,10 @@ def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.
             meta = state.metas[value.unique()]
             if meta.device.type != "cpu":
                 raise LoweringError(f"input {name} is on {meta.device}, not the CPU")
-            buf = Buf.make(name, from_torch(meta.dtype), meta.sizes, meta.strides)
-            state.env[value.unique()] = TensorArg(buf, meta.sizes)
+            sizes, strides = (guards[k].sizes, guards[k].strides) if guards else (
+                meta.sizes, meta.strides)
+            buf = Buf.make(name, from_torch(meta.dtype), sizes, strides)
+            state.env[value.unique()] = TensorArg(buf, sizes)  # type: ignore[arg-type]
             params.append(buf)
         else:
             var = _scalar_var(value, name)
@@ -282,6 +321,8 @@ def _lower_constant(state: _GraphLowering, node: Any) -> None:
     ivalue = value.toIValue()
     if isinstance(ivalue, torch.Tensor):
         meta = TensorMeta.of(ivalue)
+        if state.symbols is not None and any(size != 1 for size in meta.sizes):
+            raise LoweringError("a tensor constant of fixed sizes in a dynamic kernel")
         buf = Buf.make(state.unique("const"), from_torch(meta.dtype), meta.sizes, meta.strides)
         state.constants.append((buf, ivalue))
         state.env[value.unique()] = TensorArg(buf, meta.sizes)
@@ -299,6 +340,8 @@ def _lower_node(
     lowering, reason = lowering_for(node)
     if lowering is None:
         raise LoweringError(reason)
+    if state.symbols is not None:
+        _check_dynamic(node, lowering)
     if node.outputsSize() != 1 or not is_tensor(node.output()):
         raise LoweringError(f"{node.kind()} must have one tensor output")
     out = node.output()
@@ -307,20 +350,23 @@ def _lower_node(
     if meta is None:
         raise LoweringError(f"no type for the output of {node.kind()}")
     args = [state.env[v.unique()] for v in node.inputs()]
-    ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes, (), kernel_inputs, state.checks)
+    sizes = state.sizes(meta)
+    ctx = Ctx(node, args, from_torch(meta.dtype), sizes, (), kernel_inputs,  # type: ignore
+              state.checks)
     op = node.kind().split("::")[-1]
     state.ops.append(op)
+    strides = meta.strides if state.symbols is None else state.symbols.contiguous(meta)
     buf, nest = compute(
         state.unique(f"aten_{op}"),
         ctx.out_dtype,
-        meta.sizes,
+        sizes,
         lambda *idx: lowering.fn(replace(ctx, indices=idx)),
-        strides=meta.strides if is_output else None,
+        strides=strides if is_output else None,
         order=_layout_order(meta) if is_output else None,
     )
     if is_output:
         state.output_metas[buf] = meta
-    state.env[out.unique()] = TensorArg(buf, meta.sizes)
+    state.env[out.unique()] = TensorArg(buf, sizes)  # type: ignore[arg-type]
     state.nests.extend(ctx.nests)  # the node's intermediates (a reduction's row statistics)
     state.nests.append(nest)
 

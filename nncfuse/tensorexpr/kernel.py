@@ -51,6 +51,7 @@ from .codegen.entry import (
     Param,
     ReturnList,
     Returns,
+    SizeParam,
     Source,
     TensorParam,
     make_entry,
@@ -150,11 +151,15 @@ def _external_steps(lowered: Lowered, position: Mapping[Any, int]) -> tuple[Exte
 class TensorExprKernel:
     """A fusion group's graph compiled to one loop nest program; see the module docstring."""
 
-    def __init__(self, graph: torch._C.Graph, options: Options | None = None):
+    def __init__(
+        self, graph: torch._C.Graph, options: Options | None = None, dynamic: bool = False
+    ):
         self.graph = graph
         self.options = options or Options.from_env()
         _log.debug("TensorExprKernel graph:\n", graph)
-        self.lowered = lowered = lower_graph(graph)
+        #: sizes are symbols bound from the inputs on each call (`size_symbols`)
+        self.dynamic = dynamic
+        self.lowered = lowered = lower_graph(graph, dynamic)
         _log.debug("Original Stmt:\n", _with_externals(lowered, lowered.stmt))
         if self.options.verify:
             self._verify("lower_graph", lowered.stmt, allocated=False)
@@ -170,7 +175,7 @@ class TensorExprKernel:
         elif self.options.use_llvm:
             streaming = frozenset(
                 b for b, meta in lowered.output_metas.items()
-                if meta.nbytes >= STREAMING_BYTES
+                if meta.nbytes >= STREAMING_BYTES and not dynamic
             )
             self.jit = compile_stmt(
                 stmt, list(lowered.params), lowered.name, _long_running(stmt), streaming
@@ -228,15 +233,19 @@ class TensorExprKernel:
         constants = dict(lowered.constants)
         number: dict[Buf | E.Var, int] = {}  # output buffer -> its place among the outputs
         params: list[Param] = []
+        symbols = {s.var for s in lowered.symbols}
         for p in lowered.params:
-            if p in position:
+            if p in symbols:
+                params.append(SizeParam(p.name))
+            elif p in position:
                 k = position[p]
                 params.append(TensorParam(k) if isinstance(p, Buf) else NumberParam(k))
             elif p in constants:
                 params.append(ConstParam(constants[p]))  # type: ignore[index]
             else:
                 number[p] = len(number)
-                params.append(OutputParam(lowered.output_metas[p]))  # type: ignore[index]
+                dims = p.dims if self.dynamic else None  # type: ignore[union-attr]
+                params.append(OutputParam(lowered.output_metas[p], dims))  # type: ignore
         outputs = tuple(
             BufOutput(number[o.buf]) if isinstance(o, ComputedOutput) else o
             for o in lowered.outputs
@@ -251,6 +260,9 @@ class TensorExprKernel:
             run=self.evaluator.run if self.evaluator is not None else None,
             written=lowered.written,
             fallback=self._fallback_list if lowered.written else None,
+            symbols=lowered.symbols,
+            guards=lowered.guards,
+            dynamic_fallback=self._fallback_list if lowered.guards else None,
         )
 
     def _fallback_list(self, inputs: Sequence[Any]) -> list[Any]:
@@ -275,7 +287,8 @@ class TensorExprKernel:
                     raise ValueError(f"input {k} must be a number")
             elif not isinstance(x, torch.Tensor) or (
                 (x.dtype, x.shape, x.stride(), x.device) != want
-            ):
+                and not (self.dynamic and (x.dtype, x.device) == (want[0], want[3]))
+            ):  # a dynamic kernel's entry checks its guard (else it runs the fallback)
                 raise ValueError(f"input {k} does not match the type the kernel was built for")
 
     def run(self, inputs: Sequence[Any]) -> Any:

@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
+from .. import expr as E
 from ..meta import TensorMeta
+from ..size_symbols import InputGuard, SizeSymbol
 
 #: Outputs of at least this many bytes ask the kernel for transparent huge pages.
 #: A fresh 64 MB output costs 16,384 page faults when first written (about 25 ms
@@ -107,12 +109,21 @@ class ConstParam:
 
 @dataclass(frozen=True)
 class OutputParam:
-    """An output buffer, allocated fresh on every call with this metadata."""
+    """An output buffer, allocated fresh on every call with this metadata; in a dynamic
+    kernel with sizes `dims`, expressions of the size symbols (row-major)."""
 
     meta: TensorMeta
+    dims: tuple[E.Expr, ...] | None = None
 
 
-Param = TensorParam | NumberParam | ConstParam | OutputParam
+@dataclass(frozen=True)
+class SizeParam:
+    """A size symbol of a dynamic kernel (`size_symbols`): passed as the int it is bound to."""
+
+    name: str
+
+
+Param = TensorParam | NumberParam | ConstParam | OutputParam | SizeParam
 
 
 # -- what the kernel returns, and what the entry returns ----------------------------
@@ -199,6 +210,9 @@ class KernelInterface:
     written: tuple[int, ...] = ()  # kernel inputs the kernel stores into (`written`)
     fallback: Callable[[list[Any]], list[Any]] | None = None  # when one overlaps an input
     externals: tuple[ExternalStep, ...] = ()
+    symbols: tuple[SizeSymbol, ...] = ()  # a dynamic kernel's sizes, read from its inputs
+    guards: tuple[InputGuard, ...] = ()  # checked first; `dynamic_fallback` runs otherwise
+    dynamic_fallback: Callable[[list[Any]], list[Any]] | None = None
 
 
 class _Code:
@@ -206,7 +220,7 @@ class _Code:
 
     def __init__(self) -> None:
         self.lines = ["def entry(args):"]
-        self.env: dict[str, Any] = {"empty_strided": torch.empty_strided}
+        self.env: dict[str, Any] = {"empty_strided": torch.empty_strided, "empty": torch.empty}
 
     def line(self, text: str) -> None:
         self.lines.append("    " + text)
@@ -226,6 +240,7 @@ def make_entry(
     does not check again."""
     code = _Code()
     _bind_inputs(code, sources)
+    _bind_symbols(code, kernel, len(sources), returns)
     _argument_checks(code, kernel.checks)
     if not overlap_guarded:
         _overlap_check(code, kernel, len(sources), returns)
@@ -282,16 +297,25 @@ def _arguments(code: _Code, params: Sequence[Param]) -> list[str]:
                 names.append(f"a{position}")
             case ConstParam(tensor):
                 names.append(code.bind(f"t{j}", tensor))
-            case OutputParam(meta):
-                names.append(_allocate(code, n_out, meta))
+            case OutputParam(meta, dims):
+                names.append(_allocate(code, n_out, meta, dims))
                 n_out += 1
+            case SizeParam(name):
+                names.append(name)
     return names
 
 
-def _allocate(code: _Code, n: int, meta: TensorMeta) -> str:
+def _allocate(code: _Code, n: int, meta: TensorMeta, dims: tuple[E.Expr, ...] | None) -> str:
     """Allocate output buffer `o<n>`, in huge pages when it is large; return its name."""
     name = f"o{n}"
     dtype = code.bind(f"dt{n}", meta.dtype)
+    if dims is not None:  # row-major, as eager lays out outputs of that layout class
+        sizes = "".join(f"{python(d)}, " for d in dims)
+        code.line(f"{name} = empty(({sizes}), dtype={dtype})")
+        code.bind("huge_pages", huge_pages)
+        code.line(f"if {name}.nbytes >= {HUGE_PAGE_BYTES}:")
+        code.line(f"    huge_pages({name}.data_ptr(), {name}.nbytes)")
+        return name
     code.line(f"{name} = empty_strided({meta.sizes}, {meta.strides}, dtype={dtype})")
     if meta.nbytes >= HUGE_PAGE_BYTES:
         code.bind("huge_pages", huge_pages)
@@ -303,12 +327,62 @@ def _call(code: _Code, kernel: KernelInterface, arguments: Sequence[str]) -> Non
     """Call the machine code with pointers and numbers, or the interpreter with values."""
     if kernel.cfunc is not None:
         pointers = [
-            name if isinstance(param, NumberParam) else f"{name}.data_ptr()"
+            name if isinstance(param, (NumberParam, SizeParam)) else f"{name}.data_ptr()"
             for param, name in zip(kernel.params, arguments)
         ]
         code.line(f"{code.bind('cfunc', kernel.cfunc)}({', '.join(pointers)})")
     elif kernel.run is not None:
         code.line(f"{code.bind('run', kernel.run)}([{', '.join(arguments)}])")
+
+
+_PY_OPS = {E.Add: "+", E.Sub: "-", E.Mul: "*", E.Div: "//"}
+
+
+def python(e: E.Expr | int) -> str:
+    """A size expression (ints, symbols, + - * //) as Python source."""
+    if isinstance(e, int):
+        return str(e)
+    if isinstance(e, E.Imm):
+        return str(e.value)
+    if isinstance(e, E.Var):
+        return e.name
+    op = _PY_OPS.get(type(e))
+    if op is None:
+        raise TypeError(f"size expression {e} has no Python form")
+    return f"({python(e.a)} {op} {python(e.b)})"  # type: ignore[attr-defined]
+
+
+def _bind_symbols(code: _Code, kernel: KernelInterface, n_inputs: int, returns: Returns) -> None:
+    """A dynamic kernel's guard, then its size symbols: `s<k> = a<p>.shape[d]`. Inputs that
+    fail the guard (rank, dims of 1, sizes that must be equal, strides) run the fallback."""
+    if not kernel.guards:
+        return
+    rank = []
+    for g in kernel.guards:
+        code.line(f"sh{g.position} = a{g.position}.shape")
+        code.line(f"st{g.position} = a{g.position}.stride()")
+        rank.append(f"len(sh{g.position}) != {len(g.sizes)}")
+    conds = []
+    for g in kernel.guards:
+        for d, (size, stride) in enumerate(zip(g.sizes, g.strides)):
+            here = f"sh{g.position}[{d}]"
+            if isinstance(size, int):
+                conds.append(f"{here} != {size}")
+            else:
+                conds.append(f"{here} == 1")
+                first = next(s for s in kernel.symbols if s.var is size)
+                if (first.position, first.dim) != (g.position, d):
+                    conds.append(f"{here} != {python(size)}")
+                conds.append(f"({here} > 1 and st{g.position}[{d}] != {python(stride)})")
+    code.bind("dynamic_fallback", kernel.dynamic_fallback)
+    names = [f"a{k}" for k in range(n_inputs)]
+    for test in (rank, conds):
+        if test is conds:
+            for sym in kernel.symbols:
+                code.line(f"{sym.var.name} = sh{sym.position}[{sym.dim}]")
+        code.line(f"if {' or '.join(test) or 'False'}:")
+        code.line(f"    r = dynamic_fallback([{', '.join(names)}])")
+        _return(code, [f"r[{j}]" for j in range(len(kernel.outputs))], returns, "    ")
 
 
 def _results(outputs: Sequence[KernelOutput]) -> list[str]:
