@@ -29,6 +29,13 @@ class Options:
                          at the end, naming the pass that broke it (NNCFUSE_VERIFY=1).
     strict:              raise StrictFusionError from calls whose optimized graph leaves a
                          fusible-looking node unfused (NNCFUSE_STRICT=1; see nncfuse.explain).
+    dynamic:             symbolic sizes, as torch.compile's option: None (default) compiles
+                         a static kernel first and a dynamic one (sizes bound at run time)
+                         when a signature differs only in its sizes; True dynamic kernels
+                         from the first call; False static kernels only. NNC's fusion
+                         strategy, e.g. `[("STATIC", 2), ("DYNAMIC", 10)]`, is accepted
+                         too: that many static signatures, then that many dynamic kernels.
+                         Either way at most `max_specializations` kernels per function.
     """
 
     min_group_size: int = 2
@@ -38,8 +45,16 @@ class Options:
     disable: bool = False
     verify: bool = False
     strict: bool = False
+    dynamic: bool | None | tuple[tuple[str, int], ...] = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.dynamic, list | tuple):  # a fusion strategy
+            strategy = tuple((str(kind).upper(), int(n)) for kind, n in self.dynamic)
+            if any(kind not in ("STATIC", "DYNAMIC") or n < 0 for kind, n in strategy):
+                raise ValueError(f"fusion strategy {self.dynamic!r}: (STATIC|DYNAMIC, n>=0)")
+            object.__setattr__(self, "dynamic", strategy)
+        elif self.dynamic not in (None, True, False):
+            raise ValueError("dynamic must be None, True, False or a fusion strategy")
         if self.min_group_size < 1:
             raise ValueError("min_group_size must be at least 1")
         if self.profiling_runs < 1:

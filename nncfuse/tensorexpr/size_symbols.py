@@ -12,10 +12,11 @@ layout class is row-major over its dims that are not broadcast (stride 0).
     out : Float(8, 1000)                     out : [s0, s1] strides [s1, 1]
 
 What the kernel relies on is its guard (`InputGuard`, one per tensor input):
-the rank, which dims are 1, which dims equal which symbol, and the strides
-as expressions of the symbols (checked on dims longer than 1, the only ones
-whose stride matters). Not the sizes. `codegen/entry.py` checks it on every
-call, binds the symbols and passes them to the compiled code.
+the dtype, the CPU, requires_grad, the rank, which dims are 1, which dims
+equal which symbol, and the strides as expressions of the symbols (checked on
+dims longer than 1, the only ones whose stride matters). Not the sizes.
+`codegen/entry.py` checks it on every call, binds the symbols and passes
+them to the compiled code.
 
 Only ops whose output sizes are broadcasts of their inputs' (elementwise ops,
 casts) can be lowered this way; `graph_lowering` checks that, and any size
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
 
 from . import expr as E
 from .dtype import INDEX
@@ -54,6 +57,8 @@ class InputGuard:
     position: int
     sizes: tuple[Size, ...]
     strides: tuple[Size, ...]
+    dtype: torch.dtype
+    requires_grad: bool
 
 
 def _mul(a: Size, b: Size) -> Size:
@@ -97,7 +102,8 @@ class SizeSymbols:
                     self.symbols.append(SizeSymbol(var, position, d))
         self.values = {s: v for v, s in self._by_value.items()}
         for position, meta in inputs:
-            self.guards.append(InputGuard(position, self.sizes(meta), self._strides(meta)))
+            self.guards.append(InputGuard(position, self.sizes(meta), self._strides(meta),
+                                          meta.dtype, meta.requires_grad))
 
     def sizes(self, meta: TensorMeta) -> tuple[Size, ...]:
         """`meta`'s sizes, each 1 or its symbol (LoweringError for a size no input has)."""

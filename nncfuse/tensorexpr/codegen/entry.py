@@ -220,7 +220,8 @@ class _Code:
 
     def __init__(self) -> None:
         self.lines = ["def entry(args):"]
-        self.env: dict[str, Any] = {"empty_strided": torch.empty_strided, "empty": torch.empty}
+        self.env: dict[str, Any] = {
+            "empty_strided": torch.empty_strided, "empty": torch.empty, "Tensor": torch.Tensor}
 
     def line(self, text: str) -> None:
         self.lines.append("    " + text)
@@ -358,10 +359,14 @@ def _bind_symbols(code: _Code, kernel: KernelInterface, n_inputs: int, returns: 
     if not kernel.guards:
         return
     rank = []
+    code.bind("grad_enabled", torch.is_grad_enabled)
     for g in kernel.guards:
-        code.line(f"sh{g.position} = a{g.position}.shape")
-        code.line(f"st{g.position} = a{g.position}.stride()")
-        rank.append(f"len(sh{g.position}) != {len(g.sizes)}")
+        a = f"a{g.position}"
+        dtype = code.bind(f"gd{g.position}", g.dtype)
+        rank.append(f"not isinstance({a}, Tensor) or {a}.dtype is not {dtype}"
+                    f" or {a}.device.type != 'cpu' or len({a}.shape) != {len(g.sizes)}")
+        if not g.requires_grad:
+            rank.append(f"({a}.requires_grad and grad_enabled())")
     conds = []
     for g in kernel.guards:
         for d, (size, stride) in enumerate(zip(g.sizes, g.strides)):
@@ -378,6 +383,9 @@ def _bind_symbols(code: _Code, kernel: KernelInterface, n_inputs: int, returns: 
     names = [f"a{k}" for k in range(n_inputs)]
     for test in (rank, conds):
         if test is conds:
+            for g in kernel.guards:
+                code.line(f"sh{g.position} = a{g.position}.shape")
+                code.line(f"st{g.position} = a{g.position}.stride()")
             for sym in kernel.symbols:
                 code.line(f"{sym.var.name} = sh{sym.position}[{sym.dim}]")
         code.line(f"if {' or '.join(test) or 'False'}:")
