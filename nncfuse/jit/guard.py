@@ -29,6 +29,7 @@ kernel serves every size of the class.
 
 from __future__ import annotations
 
+import contextvars
 import re
 import threading
 from dataclasses import dataclass
@@ -52,6 +53,11 @@ is_fused_op = runtime.is_fused_op
 # Kernels by the text of their graph, names aside: identical groups compile once per process,
 # also when two threads (two functions, or two signatures of one) meet them at the same time:
 # one compiles while the other waits on the key's lock. Different keys compile in parallel.
+#: Sizes that dynamic kernels keep static (the dims that did not change), set by the policy
+#: while it optimizes a signature.
+STATIC_SIZES: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "STATIC_SIZES", default=frozenset())
+
 _Key = tuple[str, bool, bool, str]
 _compiled: dict[_Key, str | Exception] = {}
 _compiling: dict[_Key, threading.Lock] = {}
@@ -84,8 +90,9 @@ def _cache_key(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Ke
         metas = [(k, TensorMeta.from_type(v.type())) for k, v in enumerate(inputs)]
         if any(m is None for k, m in metas if is_tensor(inputs[k])):
             raise LoweringError("incomplete input types")
+        symbols = SizeSymbols([(k, m) for k, m in metas if m is not None], STATIC_SIZES.get())
         guards = repr([(g.position, [str(s) for s in g.sizes], [str(s) for s in g.strides])
-                       for g in SizeSymbols([(k, m) for k, m in metas if m is not None]).guards])
+                       for g in symbols.guards])
     return text, options.use_llvm, options.verify, guards
 
 
@@ -114,7 +121,8 @@ def _compile_as(group: Any, options: Options, dynamic: bool) -> str | Exception:
             _log.update("Reusing the kernel of an identical group: ", _compiled[key])
             return _compiled[key]
         try:
-            kernel = TensorExprKernel(subgraph.copy(), options, dynamic)
+            static = STATIC_SIZES.get() if dynamic else frozenset()
+            kernel = TensorExprKernel(subgraph.copy(), options, dynamic, static)
             kind: str | Exception = runtime.register_kernel(
                 kernel, list(group.inputs()), group.outputsSize()
             )

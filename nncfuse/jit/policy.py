@@ -64,10 +64,11 @@ from ..config import Options
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
 from ..tensorexpr.meta import infer_types
 from . import runtime, scripting
-from .guard import CompileFailure, is_fused_op
+from .guard import STATIC_SIZES, CompileFailure, is_fused_op
 from .inplace import written_inputs
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
+from .size_classes import ClassState, Shapes, shapes, size_class
 from .tensorexpr_fuser import fuse_tensor_exprs
 
 _log = log.get_logger(__file__)
@@ -77,35 +78,6 @@ _log = log.get_logger(__file__)
 strict_check: Callable[..., Any] | None = None
 
 Signature = tuple[Any, ...]
-
-
-def size_class(args: tuple[Any, ...]) -> Signature | None:
-    """What a dynamic plan is valid for: the signature without the sizes. Per tensor its
-    dtype, device, requires_grad, and per dim: 1, or a number shared by the dims of equal
-    size, broadcast (stride 0) or row-major over the non-broadcast dims. None when a tensor
-    has another layout (it gets static plans)."""
-    numbers: dict[int, int] = {}
-    out: list[Any] = [torch.is_grad_enabled()]
-    for a in args:
-        if not isinstance(a, torch.Tensor):
-            out.append(scripting.annotation(a) if type(a) in (list, tuple, dict) else type(a))
-            continue
-        dims: list[Any] = []
-        expect = 1
-        for size, stride in zip(reversed(a.shape), reversed(a.stride())):
-            if size == 1:
-                dims.append("one")
-                continue
-            number = numbers.setdefault(size, len(numbers))
-            if stride == 0:
-                dims.append(("broadcast", number))
-                continue
-            if size > 1 and stride != expect:
-                return None
-            dims.append(number)
-            expect *= size
-        out.append((a.dtype, a.device, a.requires_grad, tuple(reversed(dims))))
-    return tuple(out)
 
 
 def signature(args: tuple[Any, ...]) -> Signature:
@@ -176,9 +148,8 @@ class Policy:
         self.compile_failures: list[CompileFailure] = []
         self._profiles: dict[Signature, tuple[Profiler, Any]] = {}
         self._optimized = 0  # signatures optimized, up to options.max_specializations
-        #: (program id, size class) -> the dynamic plan serving all its signatures
-        self._dynamic: dict[tuple[int, Signature], Plan] = {}
-        self._seen: set[tuple[int, Signature | None]] = set()  # classes with static plans
+        #: (program id, size class) -> its first shapes, varied dims and dynamic plan
+        self._classes: dict[tuple[int, Signature | None], ClassState] = {}
         self._lock = threading.RLock()
 
     def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
@@ -210,8 +181,16 @@ class Policy:
         `dynamic` option says (`_kind`); past the bound the unfused program.
         """
         cls = (id(prog), size_class(args))
-        plan: Plan | None = self._dynamic.get(cls)  # type: ignore[arg-type]
-        kind = "reuse" if plan is not None else self._kind(cls)
+        now = shapes(args)
+        state = self._classes.get(cls)
+        seen = state is not None
+        if state is None:
+            state = self._classes[cls] = ClassState(now)
+        state.note(now)
+        plan: Plan | None = state.plan if state.serves(now) else None
+        kind = "reuse" if plan is not None else self._kind(cls, seen)
+        choice = (kind == "dynamic",
+                  frozenset() if self.options.dynamic is True else state.static_sizes(now), now)
         if plan is not None:
             _log.update("A new signature of a size class with a dynamic plan: reusing it")
             self._profiles.pop(key, None)
@@ -222,14 +201,14 @@ class Policy:
         else:
             graph = self._typed_on_meta(prog, key, args)
             if graph is None:
-                return None, self._profile(prog, key, args, cls, kind == "dynamic")
-            plan = self._optimize_class(graph, prog, cls, kind == "dynamic")
+                return None, self._profile(prog, key, args, cls, choice)
+            plan = self._optimize_class(graph, prog, cls, choice)
         self.plans[key] = plan
         return plan, None
 
-    def _kind(self, cls: tuple[int, Signature | None]) -> str | None:
-        """"static" or "dynamic": how to optimize the next signature of size class `cls`; or
-        None past the bounds."""
+    def _kind(self, cls: tuple[int, Signature | None], seen: bool) -> str | None:
+        """"static" or "dynamic": how to optimize the next signature of size class `cls`
+        (`seen` before); or None past the bounds."""
         n = self._optimized
         if n >= self.options.max_specializations:
             return None
@@ -243,20 +222,24 @@ class Policy:
             else:
                 return None
         else:
-            kind = "dynamic" if choice or (choice is None and cls in self._seen) else "static"
+            kind = "dynamic" if choice or (choice is None and seen) else "static"
         return "static" if cls[1] is None else kind
 
     def _optimize_class(
         self, graph: torch._C.Graph, prog: Program, cls: tuple[int, Signature | None],
-        dynamic: bool,
+        choice: tuple[bool, frozenset[int], Shapes],
     ) -> Plan:
-        """`optimize`, and record the plan for its size class: the class's dynamic plan when
-        only dynamic kernels compute (then it holds for every signature of the class)."""
-        plan = self.optimize(graph, prog, dynamic)
+        """`optimize`, dynamically or not and keeping which sizes static (`choice`); the
+        plan becomes the class's dynamic plan when only dynamic kernels compute (then it
+        holds for every signature of the class with those static sizes)."""
+        dynamic, static, now = choice
+        token = STATIC_SIZES.set(static)
+        try:
+            plan = self.optimize(graph, prog, dynamic)
+        finally:
+            STATIC_SIZES.reset(token)
         if dynamic and _dynamic_only(plan):
-            self._dynamic[cls] = plan  # type: ignore[index]
-        else:
-            self._seen.add(cls)
+            self._classes[cls].adopt(plan, now, static)
         return plan
 
     def _typed_on_meta(
@@ -270,7 +253,7 @@ class Policy:
 
     def _profile(
         self, prog: Program, key: Signature, args: tuple[Any, ...],
-        cls: tuple[int, Signature | None], dynamic: bool,
+        cls: tuple[int, Signature | None], choice: tuple[bool, frozenset[int], Shapes],
     ) -> Any:
         """Run `args` through `prog`'s graph with profile nodes; optimize it after the last
         run. Under the lock."""
@@ -286,7 +269,7 @@ class Policy:
         if profiler.runs >= self.options.profiling_runs and self._profiles.get(key) is entry:
             del self._profiles[key]
             profiler.finish()
-            self.plans[key] = self._optimize_class(profiler.graph, prog, cls, dynamic)
+            self.plans[key] = self._optimize_class(profiler.graph, prog, cls, choice)
         return result
 
     def optimize(self, graph: torch._C.Graph, prog: Program, dynamic: bool = False) -> Plan:

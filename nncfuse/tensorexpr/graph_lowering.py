@@ -141,14 +141,16 @@ def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
 class _GraphLowering:
     """What lowering a graph has built so far: the value of each graph value, and the rest."""
 
-    def __init__(self, graph: torch._C.Graph, dynamic: bool = False):
+    def __init__(
+        self, graph: torch._C.Graph, dynamic: bool = False, static: frozenset[int] = frozenset()
+    ):
         self.metas = graph_metas(graph)
         #: a dynamic kernel's size symbols (`size_symbols`), or None for a static one
         self.symbols: SizeSymbols | None = None
         if dynamic:
             self.symbols = SizeSymbols([
                 (k, self.metas[v.unique()]) for k, v in enumerate(graph.inputs()) if is_tensor(v)
-            ])
+            ], static)
         self.env: dict[int, Arg] = {}  # graph value (unique) -> its operand
         self.names: set[str] = set()
         self.checks: list[RuntimeCheck] = []
@@ -188,25 +190,38 @@ def _lower_list(state: _GraphLowering, node: Any) -> None:
         raise LoweringError("a list of something other than tensors or constants")
 
 
-#: Op families (lowering modules) whose output sizes are broadcasts of their inputs': the
-#: ops a dynamic kernel takes (`registry` holds the `pointwise` ones).
+#: Op families (lowering modules) whose output sizes follow from their inputs' whatever the
+#: sizes: the ops a dynamic kernel takes (`registry` holds the `pointwise` ones). Reductions
+#: raise where a size they need is symbolic (the policy keeps the dims that do not change
+#: static, such as the extent of a softmax or a layer_norm).
 _DYNAMIC_FAMILIES = frozenset(
     f"{__package__}.lowerings.{m}"
-    for m in ("registry", "arithmetic", "activation", "unary", "compare", "bitwise", "casts")
+    for m in ("registry", "arithmetic", "activation", "unary", "compare", "bitwise", "casts",
+              "reductions")
 )
+#: Views whose constant operands are dims, not sizes: the same for every size.
+_DYNAMIC_VIEWS = frozenset((
+    "aten::permute", "aten::transpose", "aten::t", "aten::movedim", "aten::swapaxes",
+    "aten::swapdims", "aten::mT", "aten::numpy_T", "aten::adjoint", "aten::unsqueeze",
+    "aten::squeeze", "aten::contiguous",
+))
 
 
 def _check_dynamic(node: Any, lowering: Any) -> None:
     """LoweringError unless `node` can take symbolic sizes (a dynamic kernel)."""
+    if node.kind() in _DYNAMIC_VIEWS:
+        return
     if (lowering.fn.__module__ not in _DYNAMIC_FAMILIES or lowering.constant_operands
             or node.kind() in VIEWS):
         raise LoweringError(f"{node.kind()} does not take symbolic sizes")
 
 
-def lower_graph(graph: torch._C.Graph, dynamic: bool = False) -> Lowered:
+def lower_graph(
+    graph: torch._C.Graph, dynamic: bool = False, static: frozenset[int] = frozenset()
+) -> Lowered:
     """One loop nest per node of `graph`; see the module docstring. `dynamic`: sizes are
-    symbols bound at run time (`size_symbols`), or LoweringError."""
-    state = _GraphLowering(graph, dynamic)
+    symbols bound at run time (`size_symbols`) except those in `static`, or LoweringError."""
+    state = _GraphLowering(graph, dynamic, static)
     inputs = _bind_inputs(state, graph)
     kernel_inputs = frozenset(inputs)
     graph_outputs = {v.unique() for v in graph.outputs()}
@@ -223,6 +238,11 @@ def lower_graph(graph: torch._C.Graph, dynamic: bool = False) -> Lowered:
             _lower_external(state, node, kernel_inputs, graph_outputs)
         elif node.output().unique() in state.folded:
             continue
+        elif dynamic:
+            try:
+                _lower_node(state, node, kernel_inputs, graph_outputs)
+            except TypeError as e:  # a lowering that computes with a size a symbol stands for
+                raise LoweringError(f"{node.kind()} with symbolic sizes: {e}") from e
         else:
             _lower_node(state, node, kernel_inputs, graph_outputs)
     outputs = _collect_outputs(state, graph)
@@ -355,7 +375,7 @@ def _lower_node(
               state.checks)
     op = node.kind().split("::")[-1]
     state.ops.append(op)
-    strides = meta.strides if state.symbols is None else state.symbols.contiguous(meta)
+    strides = meta.strides if state.symbols is None else state.symbols.dense(meta)
     buf, nest = compute(
         state.unique(f"aten_{op}"),
         ctx.out_dtype,

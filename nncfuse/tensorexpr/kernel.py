@@ -78,6 +78,7 @@ from .passes.split_reductions import split_reductions
 from .passes.tile_transposes import tile_transposes
 from .passes.vectorize import vectorize_inner_loops
 from .passes.vectorize_reductions import vectorize_reductions
+from .size_symbols import row_major
 
 _log = log.get_logger(__file__)
 
@@ -152,14 +153,16 @@ class TensorExprKernel:
     """A fusion group's graph compiled to one loop nest program; see the module docstring."""
 
     def __init__(
-        self, graph: torch._C.Graph, options: Options | None = None, dynamic: bool = False
+        self, graph: torch._C.Graph, options: Options | None = None, dynamic: bool = False,
+        static_sizes: frozenset[int] = frozenset(),
     ):
         self.graph = graph
         self.options = options or Options.from_env()
         _log.debug("TensorExprKernel graph:\n", graph)
-        #: sizes are symbols bound from the inputs on each call (`size_symbols`)
+        #: sizes are symbols bound from the inputs on each call (`size_symbols`), except the
+        #: `static_sizes`
         self.dynamic = dynamic
-        self.lowered = lowered = lower_graph(graph, dynamic)
+        self.lowered = lowered = lower_graph(graph, dynamic, static_sizes)
         _log.debug("Original Stmt:\n", _with_externals(lowered, lowered.stmt))
         if self.options.verify:
             self._verify("lower_graph", lowered.stmt, allocated=False)
@@ -245,7 +248,9 @@ class TensorExprKernel:
             else:
                 number[p] = len(number)
                 dims = p.dims if self.dynamic else None  # type: ignore[union-attr]
-                params.append(OutputParam(lowered.output_metas[p], dims))  # type: ignore
+                meta = lowered.output_metas[p]  # type: ignore[index]
+                steps = None if not self.dynamic or row_major(meta) else p.strides  # type: ignore
+                params.append(OutputParam(meta, dims, steps))  # type: ignore
         outputs = tuple(
             BufOutput(number[o.buf]) if isinstance(o, ComputedOutput) else o
             for o in lowered.outputs

@@ -4,8 +4,10 @@ A dynamic kernel is lowered from a graph typed for one example signature,
 with every size other than 1 replaced by a symbol `s0, s1, ...` (an INDEX
 `Var`): one symbol per distinct size value among the tensor inputs, so that
 inputs whose sizes were equal share a symbol. Sizes of 1 stay immediates
-(they broadcast). Strides become expressions of the symbols: an input's
-layout class is row-major over its dims that are not broadcast (stride 0).
+(they broadcast), and so do the sizes the policy keeps static (the dims that
+did not change, such as the extent of a reduction). Strides become
+expressions of the symbols: an input's layout class is row-major over its
+dims that are not broadcast (stride 0).
 
     x : Float(8, 1000), y : Float(1000)      x : [s0, s1] strides [s1, 1]
                                      ->      y : [s1] strides [1]
@@ -87,16 +89,32 @@ def evaluate(size: Size, values: dict[E.Var, int]) -> int:
     raise LoweringError(f"size expression {size} is not supported")
 
 
+def row_major(meta: TensorMeta) -> bool:
+    """Whether `meta`'s strides are row-major where they matter (dims above 1, elements)."""
+    expect = 1
+    for size, stride in zip(reversed(meta.sizes), reversed(meta.strides)):
+        if size == 0:
+            return True
+        if size > 1 and stride != expect:
+            return False
+        expect *= size
+    return True
+
+
 class SizeSymbols:
     """The symbols of one kernel, made from its tensor inputs' example metadata."""
 
-    def __init__(self, inputs: Sequence[tuple[int, TensorMeta]]):
+    def __init__(
+        self, inputs: Sequence[tuple[int, TensorMeta]], static: frozenset[int] = frozenset()
+    ):
+        """`static`: sizes that stay ints (dims that did not change: a reduction's extent)."""
         self._by_value: dict[int, E.Var] = {}
+        self.static = static
         self.symbols: list[SizeSymbol] = []
         self.guards: list[InputGuard] = []
         for position, meta in inputs:
             for d, size in enumerate(meta.sizes):
-                if size != 1 and size not in self._by_value:
+                if size != 1 and size not in static and size not in self._by_value:
                     var = E.Var(f"s{len(self.symbols)}")
                     self._by_value[size] = var
                     self.symbols.append(SizeSymbol(var, position, d))
@@ -109,8 +127,8 @@ class SizeSymbols:
         """`meta`'s sizes, each 1 or its symbol (LoweringError for a size no input has)."""
         out: list[Size] = []
         for size in meta.sizes:
-            if size == 1:
-                out.append(1)
+            if size == 1 or size in self.static:
+                out.append(size)
             elif size in self._by_value:
                 out.append(self._by_value[size])
             else:
@@ -123,25 +141,29 @@ class SizeSymbols:
         sizes = self.sizes(meta)
         out: list[Size] = []
         acc: Size = 1
+        empty = 0 in meta.sizes  # no element is read: any strides will do
         for size, sym, stride in zip(reversed(meta.sizes), reversed(sizes), reversed(meta.strides)):
-            if size != 1 and stride == 0:
+            if size != 1 and stride == 0 and not empty:
                 out.append(0)
                 continue
-            if size > 1 and stride != evaluate(acc, self.values):
+            if size > 1 and stride != evaluate(acc, self.values) and not empty:
                 raise LoweringError("an input's layout is not row-major over its dims")
             out.append(acc)
             acc = _mul(acc, sym)
         return tuple(reversed(out))
 
-    def contiguous(self, meta: TensorMeta) -> tuple[Size, ...]:
-        """Row-major strides of `meta`'s symbolic sizes, if `meta` (an output) is row-major
-        (else LoweringError)."""
+    def dense(self, meta: TensorMeta) -> tuple[Size, ...]:
+        """`meta`'s strides (an output's) as expressions of its symbolic sizes: dense in the
+        order of its strides (row-major, or permuted as eager lays out the result of a
+        transpose); else LoweringError."""
         sizes = self.sizes(meta)
-        out: list[Size] = []
+        order = sorted(range(len(sizes)), key=lambda d: (meta.strides[d], -d))
+        out: list[Size] = [1] * len(sizes)
         acc: Size = 1
-        for size, sym, stride in zip(reversed(meta.sizes), reversed(sizes), reversed(meta.strides)):
-            if size > 1 and stride != evaluate(acc, self.values):
-                raise LoweringError("an output's layout is not row-major")
-            out.append(acc)
-            acc = _mul(acc, sym)
-        return tuple(reversed(out))
+        empty = 0 in meta.sizes
+        for d in order:  # innermost first
+            if meta.sizes[d] > 1 and meta.strides[d] != evaluate(acc, self.values) and not empty:
+                raise LoweringError("an output's layout is not dense")
+            out[d] = acc
+            acc = _mul(acc, sizes[d])
+        return tuple(out)

@@ -97,3 +97,53 @@ def test_groups_that_cannot_be_dynamic_get_static_kernels(monkeypatch):
         a = torch.randn(n, 3)
         torch.testing.assert_close(f(a), reduce(a))
     assert compiled == [False] * 3  # no dynamic kernel: a static one per size
+
+
+def _layer_norm(x, w, b):
+    return torch.nn.functional.layer_norm(x * 2.0, (64,), w, b, 1e-5) + 1.0
+
+
+def _softmax(x):
+    return torch.softmax(x * 2.0, -1) + 1.0
+
+
+def _sum(x):
+    return (x * 2).sum(-1, keepdim=True) - x
+
+
+def _transpose(x, y):
+    return (x + 1).transpose(0, 1) + y
+
+
+def _views(x, y):
+    return (x * 2).unsqueeze(1) + y.unsqueeze(0).sin()
+
+
+def _permute(x):
+    return (x.sin().permute(2, 0, 1) * 3).relu().squeeze(1)
+
+
+ROWS = [8, 13, 5, 0, 40, 1, 2, 77]
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_layer_norm, lambda n: (torch.randn(n, 64), torch.randn(64), torch.randn(64))),
+    (_softmax, lambda n: (torch.randn(n, 48),)),
+    (_sum, lambda n: (torch.randn(n, 3, 33),)),
+    (_transpose, lambda n: (torch.randn(n, 24), torch.randn(24, n))),
+    (_views, lambda n: (torch.randn(n, 6), torch.randn(n + 3, 6))),
+    (_permute, lambda n: (torch.randn(n, 1, n + 2),)),
+], ids=["layer_norm", "softmax", "sum", "transpose", "unsqueeze", "permute_squeeze"])
+def test_reductions_and_views_over_dynamic_rows(monkeypatch, fn, make):
+    """Static first; then the dims that changed are symbols and the others (a reduction's
+    extent) stay static: one dynamic kernel runs all later sizes, 0 included (1 is another
+    size class)."""
+    compiled = count_compiles(monkeypatch)
+    f = nncfuse.jit(fn)
+    for n in ROWS:
+        args = make(n)
+        want, got = fn(*args), f(*args)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got.stride() == want.stride() or want.numel() == 0
+    assert compiled.count(True) == 1
+    assert len(compiled) <= 3  # the first size, the dynamic kernel, the class with a 1

@@ -114,6 +114,7 @@ class OutputParam:
 
     meta: TensorMeta
     dims: tuple[E.Expr, ...] | None = None
+    strides: tuple[E.Expr, ...] | None = None  # where not row-major
 
 
 @dataclass(frozen=True)
@@ -298,21 +299,28 @@ def _arguments(code: _Code, params: Sequence[Param]) -> list[str]:
                 names.append(f"a{position}")
             case ConstParam(tensor):
                 names.append(code.bind(f"t{j}", tensor))
-            case OutputParam(meta, dims):
-                names.append(_allocate(code, n_out, meta, dims))
+            case OutputParam(meta, dims, strides):
+                names.append(_allocate(code, n_out, meta, dims, strides))
                 n_out += 1
             case SizeParam(name):
                 names.append(name)
     return names
 
 
-def _allocate(code: _Code, n: int, meta: TensorMeta, dims: tuple[E.Expr, ...] | None) -> str:
+def _allocate(
+    code: _Code, n: int, meta: TensorMeta, dims: tuple[E.Expr, ...] | None,
+    strides: tuple[E.Expr, ...] | None,
+) -> str:
     """Allocate output buffer `o<n>`, in huge pages when it is large; return its name."""
     name = f"o{n}"
     dtype = code.bind(f"dt{n}", meta.dtype)
-    if dims is not None:  # row-major, as eager lays out outputs of that layout class
+    if dims is not None:  # symbolic, laid out as eager lays out outputs of that layout class
         sizes = "".join(f"{python(d)}, " for d in dims)
-        code.line(f"{name} = empty(({sizes}), dtype={dtype})")
+        if strides is None:
+            code.line(f"{name} = empty(({sizes}), dtype={dtype})")
+        else:
+            steps = "".join(f"{python(s)}, " for s in strides)
+            code.line(f"{name} = empty_strided(({sizes}), ({steps}), dtype={dtype})")
         code.bind("huge_pages", huge_pages)
         code.line(f"if {name}.nbytes >= {HUGE_PAGE_BYTES}:")
         code.line(f"    huge_pages({name}.data_ptr(), {name}.nbytes)")
@@ -369,16 +377,21 @@ def _bind_symbols(code: _Code, kernel: KernelInterface, n_inputs: int, returns: 
             rank.append(f"({a}.requires_grad and grad_enabled())")
     conds = []
     for g in kernel.guards:
+        layout = []  # stride checks: where the size is above 1, of a tensor with elements
         for d, (size, stride) in enumerate(zip(g.sizes, g.strides)):
             here = f"sh{g.position}[{d}]"
             if isinstance(size, int):
                 conds.append(f"{here} != {size}")
+                if size > 1:
+                    layout.append(f"st{g.position}[{d}] != {python(stride)}")
             else:
                 conds.append(f"{here} == 1")
                 first = next(s for s in kernel.symbols if s.var is size)
                 if (first.position, first.dim) != (g.position, d):
                     conds.append(f"{here} != {python(size)}")
-                conds.append(f"({here} > 1 and st{g.position}[{d}] != {python(stride)})")
+                layout.append(f"({here} > 1 and st{g.position}[{d}] != {python(stride)})")
+        if layout:
+            conds.append(f"(a{g.position}.numel() and ({' or '.join(layout)}))")
     code.bind("dynamic_fallback", kernel.dynamic_fallback)
     names = [f"a{k}" for k in range(n_inputs)]
     for test in (rank, conds):
