@@ -51,6 +51,7 @@ import torch
 import nncfuse
 from nncfuse.tensorexpr.lowerings import LoweringError
 
+from . import resize
 from .inputs import clone_input, describe, storage_of
 from .program import Case, generate
 
@@ -344,7 +345,10 @@ def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
         out.failures.append(Failure("torchscript", "invalid", 0, f"{type(e).__name__}: {e}"))
         return out
     for backend in backends:
-        _run_backend(case, backend, script, wants, out, after)
+        if backend == "sizes":  # the same dynamic kernels at other sizes (`resize`)
+            resize.check_sizes(case, script, out)
+        else:
+            _run_backend(case, backend, script, wants, out, after)
     out.fused = bool(out.fused_kinds)
     kinds = {f.kind for f in out.failures}
     out.status = "crash" if "crash" in kinds else "mismatch" if "mismatch" in kinds else "ok"
