@@ -17,7 +17,9 @@ included. Contenders:
 Then, at one size of at least 64K elements, the steady state: the dynamic
 kernel against the static one (the goal: within 10%) and torch.compile's,
 timed side by side in interleaved rounds (`harness.measure`); ratios are to
-the static kernel.
+the static kernel. "dynamic" is the default policy's kernel after two other
+sizes (the dims that changed are symbols, the others static), "dynamic-all"
+that of dynamic=True (every size a symbol).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from workloads import (
     cat_relu,
     gelu_tanh,
     layer_norm_affine,
+    residual_layer_norm,
+    rms_norm,
     silu,
     softmax_rows,
     sum_rows,
@@ -75,6 +79,10 @@ CASES = [
     Case("softmax_rows", softmax_rows, _rows(1024), 1, 512, 67),
     Case("layer_norm_affine", layer_norm_affine,
          _rows(768, lambda n: torch.randn(768), lambda n: torch.randn(768)), 1, 512, 87),
+    Case("residual_layer_norm", residual_layer_norm,
+         _rows(768, lambda n: torch.randn(n, 768), lambda n: torch.randn(768),
+               lambda n: torch.randn(768)), 1, 512, 87),
+    Case("rms_norm", rms_norm, _rows(768, lambda n: torch.randn(768)), 1, 512, 87),
     Case("sum_rows", sum_rows, _rows(1024), 1, 512, 67),
     Case("transpose_add", transpose_add,
          lambda n: (torch.randn(n, 256), torch.randn(256, n)), 1, 2048, 300),
@@ -151,7 +159,11 @@ def sweep(case: Case, sizes: list[int], contenders: list[str]) -> dict[str, Any]
 def steady(case: Case, built: dict[str, Any], clock: str) -> dict[str, float]:
     """Median seconds per call at `case.steady`, each contender warmed up at that size."""
     args = case.build(case.steady)
-    fns = {"static": _build("nncfuse-static", case.fn), "dynamic": _build("nncfuse-dyn", case.fn)}
+    auto = _build("nncfuse", case.fn)
+    for n in (case.steady + 3, case.steady + 5):  # two other sizes: the rows become a symbol
+        auto(*case.build(n))
+    fns = {"static": _build("nncfuse-static", case.fn), "dynamic": auto,
+           "dynamic-all": _build("nncfuse-dyn", case.fn)}
     if built.get("compile-dyn") is not None:
         fns["compile-dyn"] = built["compile-dyn"]
     fns["eager"] = case.fn

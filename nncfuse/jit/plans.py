@@ -84,7 +84,9 @@ class KernelPlan:
         returns: Returns,
     ):
         self.graph = graph
-        self.run = kernel.entry(sources, returns, overlap_guarded=True)
+        # A dynamic kernel's guard too: the policy puts a dynamic plan only under signatures
+        # of its size class (`size_classes`), which is what the guard checks.
+        self.run = kernel.entry(sources, returns, overlap_guarded=True, size_guarded=True)
 
 
 class UnfusedPlan:

@@ -26,6 +26,7 @@ parameters, outputs and checks of `Lowered` by input position. With
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -56,7 +57,7 @@ from .codegen.entry import (
     TensorParam,
     make_entry,
 )
-from .codegen.llvm_codegen import compile_stmt
+from .codegen.llvm_codegen import compile_stmt, param_ctype
 from .codegen.llvm_jit import vector_bits
 from .external import ROUTINES
 from .graph_lowering import ComputedOutput, Lowered, lower_graph
@@ -70,7 +71,7 @@ from .passes.flatten_indices import flatten_indices
 from .passes.fuse_loops import fuse_loops
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
-from .passes.parallelize import GRAIN, parallelize_outer_loops, work
+from .passes.parallelize import GRAIN, parallelize_outer_loops, symbolic_work, work
 from .passes.partition_loops import partition_loops
 from .passes.reuse_outputs import reuse_outputs
 from .passes.simplify import simplify
@@ -149,6 +150,22 @@ def _external_steps(lowered: Lowered, position: Mapping[Any, int]) -> tuple[Exte
     return tuple(steps)
 
 
+def _quick_call(jit: Any, stmt: S.Stmt, lowered: Lowered) -> tuple[Any, E.Expr] | None:
+    """For a dynamic kernel that releases the GIL: the same code through a wrapper that keeps
+    it, and when not to use that one (its estimated work at run time reaches GRAIN, where it
+    may run parallel loops). None if the work has no estimate."""
+    if not isinstance(stmt, S.Block) or not stmt.stmts:
+        return None
+    parts = [symbolic_work(s) for s in stmt.stmts]
+    if None in parts or jit.cfunc._flags_ & ctypes._FUNCFLAG_PYTHONAPI:  # keeps the GIL
+        return None
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p  # type: ignore[operator]
+    quick = ctypes.PYFUNCTYPE(None, *[param_ctype(p) for p in lowered.params])(jit.address)
+    return quick, E.cmp(">=", simplify(total), GRAIN)  # type: ignore[arg-type]
+
+
 class TensorExprKernel:
     """A fusion group's graph compiled to one loop nest program; see the module docstring."""
 
@@ -183,6 +200,7 @@ class TensorExprKernel:
             self.jit = compile_stmt(
                 stmt, list(lowered.params), lowered.name, _long_running(stmt), streaming
             )
+            self._quick = _quick_call(self.jit, stmt, lowered) if dynamic else None
         else:
             self.evaluator = IREvaluator(stmt, list(lowered.params))
         #: how the compiled code is called, for `entry`
@@ -268,6 +286,7 @@ class TensorExprKernel:
             symbols=lowered.symbols,
             guards=lowered.guards,
             dynamic_fallback=self._fallback_list if lowered.guards else None,
+            quick=getattr(self, "_quick", None),
         )
 
     def _fallback_list(self, inputs: Sequence[Any]) -> list[Any]:
@@ -303,10 +322,11 @@ class TensorExprKernel:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def entry(
-        self, sources: Sequence[Source], returns: Returns, overlap_guarded: bool = False
+        self, sources: Sequence[Source], returns: Returns, overlap_guarded: bool = False,
+        size_guarded: bool = False,
     ) -> Callable[[Sequence[Any]], Any]:
         """A generated function that calls this kernel; see `codegen/entry.py`."""
-        return make_entry(self.interface, sources, returns, overlap_guarded)
+        return make_entry(self.interface, sources, returns, overlap_guarded, size_guarded)
 
     def fallback(self, inputs: Sequence[Any]) -> Any:
         """The graph's outputs computed by the TorchScript interpreter, unfused."""

@@ -214,6 +214,9 @@ class KernelInterface:
     symbols: tuple[SizeSymbol, ...] = ()  # a dynamic kernel's sizes, read from its inputs
     guards: tuple[InputGuard, ...] = ()  # checked first; `dynamic_fallback` runs otherwise
     dynamic_fallback: Callable[[list[Any]], list[Any]] | None = None
+    #: a dynamic kernel's `cfunc` that keeps the GIL (cheaper to call), and when to call
+    #: `cfunc` instead: a bool of the size symbols (much work, or parallel loops)
+    quick: tuple[Callable[..., Any], E.Expr] | None = None
 
 
 class _Code:
@@ -234,15 +237,16 @@ class _Code:
 
 def make_entry(
     kernel: KernelInterface, sources: Sequence[Source], returns: Returns,
-    overlap_guarded: bool = False,
+    overlap_guarded: bool = False, size_guarded: bool = False,
 ) -> Callable[[Sequence[Any]], Any]:
     """Generate `entry(args)` for one way of calling `kernel`: its k-th input comes from
     `sources[k]`, and it returns `returns`. `overlap_guarded`: the caller already sends
     calls whose written inputs overlap another elsewhere (the plan's guard), so the entry
-    does not check again."""
+    does not check again. `size_guarded`: likewise for a dynamic kernel's guard (the
+    caller's signatures imply it), so the entry only binds the size symbols."""
     code = _Code()
     _bind_inputs(code, sources)
-    _bind_symbols(code, kernel, len(sources), returns)
+    _bind_symbols(code, kernel, len(sources), returns, size_guarded)
     _argument_checks(code, kernel.checks)
     if not overlap_guarded:
         _overlap_check(code, kernel, len(sources), returns)
@@ -316,14 +320,21 @@ def _allocate(
     dtype = code.bind(f"dt{n}", meta.dtype)
     if dims is not None:  # symbolic, laid out as eager lays out outputs of that layout class
         sizes = "".join(f"{python(d)}, " for d in dims)
-        if strides is None:
-            code.line(f"{name} = empty(({sizes}), dtype={dtype})")
+        if strides is None:  # row-major as torch computes it: empty dims count as 1
+            steps, acc = [], "1"
+            for d in reversed(dims):
+                steps.append(acc)
+                factor = str(max(d.value, 1)) if isinstance(d, E.Imm) else f"max({python(d)}, 1)"
+                acc = factor if acc == "1" else f"{acc} * {factor}"
+            code.line(f"{name} = empty_strided(({sizes}), ({', '.join(reversed(steps))},), "
+                      f"dtype={dtype})")
         else:
             steps = "".join(f"{python(s)}, " for s in strides)
             code.line(f"{name} = empty_strided(({sizes}), ({steps}), dtype={dtype})")
         code.bind("huge_pages", huge_pages)
-        code.line(f"if {name}.nbytes >= {HUGE_PAGE_BYTES}:")
-        code.line(f"    huge_pages({name}.data_ptr(), {name}.nbytes)")
+        nbytes = " * ".join([str(meta.dtype.itemsize), *(python(d) for d in dims)])
+        code.line(f"if {nbytes} >= {HUGE_PAGE_BYTES}:")
+        code.line(f"    huge_pages({name}.data_ptr(), {nbytes})")
         return name
     code.line(f"{name} = empty_strided({meta.sizes}, {meta.strides}, dtype={dtype})")
     if meta.nbytes >= HUGE_PAGE_BYTES:
@@ -339,7 +350,15 @@ def _call(code: _Code, kernel: KernelInterface, arguments: Sequence[str]) -> Non
             name if isinstance(param, (NumberParam, SizeParam)) else f"{name}.data_ptr()"
             for param, name in zip(kernel.params, arguments)
         ]
-        code.line(f"{code.bind('cfunc', kernel.cfunc)}({', '.join(pointers)})")
+        call = f"{code.bind('cfunc', kernel.cfunc)}({', '.join(pointers)})"
+        if kernel.quick is None:
+            code.line(call)
+        else:
+            quick, slow_if = kernel.quick
+            code.line(f"if {python(slow_if)}:")
+            code.line(f"    {call}")
+            code.line("else:")
+            code.line(f"    {code.bind('quick', quick)}({', '.join(pointers)})")
     elif kernel.run is not None:
         code.line(f"{code.bind('run', kernel.run)}([{', '.join(arguments)}])")
 
@@ -348,23 +367,32 @@ _PY_OPS = {E.Add: "+", E.Sub: "-", E.Mul: "*", E.Div: "//"}
 
 
 def python(e: E.Expr | int) -> str:
-    """A size expression (ints, symbols, + - * //) as Python source."""
+    """A size expression (ints, symbols, + - * //, comparisons) as Python source."""
     if isinstance(e, int):
         return str(e)
     if isinstance(e, E.Imm):
         return str(e.value)
     if isinstance(e, E.Var):
         return e.name
+    if isinstance(e, E.Cmp):
+        return f"({python(e.a)} {e.op} {python(e.b)})"
     op = _PY_OPS.get(type(e))
     if op is None:
         raise TypeError(f"size expression {e} has no Python form")
     return f"({python(e.a)} {op} {python(e.b)})"  # type: ignore[attr-defined]
 
 
-def _bind_symbols(code: _Code, kernel: KernelInterface, n_inputs: int, returns: Returns) -> None:
-    """A dynamic kernel's guard, then its size symbols: `s<k> = a<p>.shape[d]`. Inputs that
-    fail the guard (rank, dims of 1, sizes that must be equal, strides) run the fallback."""
+def _bind_symbols(
+    code: _Code, kernel: KernelInterface, n_inputs: int, returns: Returns, guarded: bool
+) -> None:
+    """A dynamic kernel's guard (unless `guarded`), then its size symbols: `s<k> =
+    a<p>.shape[d]`. Inputs that fail the guard (rank, dims of 1, sizes that must be equal,
+    strides) run the fallback."""
     if not kernel.guards:
+        return
+    if guarded:
+        for sym in kernel.symbols:
+            code.line(f"{sym.var.name} = a{sym.position}.shape[{sym.dim}]")
         return
     rank = []
     code.bind("grad_enabled", torch.is_grad_enabled)
