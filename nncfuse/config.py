@@ -19,9 +19,10 @@ class Options:
 
     min_group_size:      fusion groups with fewer nodes stay unfused.
     profiling_runs:      calls profiled per input signature before optimizing.
-    max_specializations: input signatures optimized per function; others run unfused.
-                         12, as many as PyTorch's profiling executor makes by default
-                         (2 static + 10 dynamic); here each one is static.
+    max_specializations: plans optimized per function (static or dynamic, see `dynamic`);
+                         calls of further size classes run unfused. 12, as many as
+                         PyTorch's profiling executor makes by default (2 static + 10
+                         dynamic).
     use_llvm:            compile kernels with LLVM (else the IR interpreter runs them);
                          NNCFUSE_DONT_USE_LLVM=1 turns it off.
     disable:             run everything unfused (NNCFUSE_DISABLE=1).

@@ -1,6 +1,7 @@
 """resize: one fuzz case at several sizes, against the same dynamic kernels.
 
-`python -m nncfuse.fuzz --backend llvm,sizes` adds this check to each case:
+`python -m nncfuse.fuzz --backend llvm,sizes` adds this check to each case
+(`oracle.check_sizes`):
 the program goes through `nncfuse.jit(..., dynamic=True)` and is called on
 input set A, then on copies of it at other sizes (`resized`): each distinct
 size of the inputs is mapped to another (consistently, so broadcasts stay
@@ -14,15 +15,11 @@ them; a size where eager raises must raise in nncfuse too.
 from __future__ import annotations
 
 import random
-import warnings
 from dataclasses import replace
 from typing import Any
 
 import torch
 
-import nncfuse
-
-from . import oracle
 from .inputs import make_tensor
 from .program import Case
 
@@ -54,38 +51,5 @@ def resized(case: Case, rng: random.Random, gen: torch.Generator) -> list[tuple[
     return sets
 
 
-def check_sizes(case: Case, script: Any, out: oracle.Outcome) -> None:
-    """Call one dynamic `nncfuse.jit` of `script` on set A and on `resized` sets; record
-    failures in `out` (backend "sizes")."""
-    rng = random.Random(case.seed)
-    gen = torch.Generator().manual_seed(case.seed or 0)
-    try:
-        sets = [case.inputs[0], *resized(case, rng, gen)]
-    except Exception:  # noqa: BLE001 - a layout that does not fit the new sizes: skip
-        return
-    eager = case.program.eager()
-    fused = nncfuse.jit(script, min_group_size=case.min_group_size, dynamic=True)
-    for inputs in sets:
-        after: list[Any] = []
-        want = oracle._quiet_call(eager, inputs, after)
-        args = oracle._fresh(inputs)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                got = oracle._as_tuple(fused(*args))
-        except Exception as e:  # noqa: BLE001
-            got = oracle._Raised(e)
-            if not isinstance(want, oracle._Raised):
-                out.failures.append(oracle.Failure("sizes", "crash", 2, f"{_sizes(inputs)}: "
-                                                   f"{type(e).__name__}: {e}"))
-                return
-        message = oracle.compare(got, want)
-        if message:
-            sized = replace(case, inputs=(case.inputs[0], inputs))
-            kind = oracle._classify(sized, 1, script, got, want)
-            out.failures.append(oracle.Failure("sizes", kind, 2, f"{_sizes(inputs)}: {message}"))
-            return
-
-
-def _sizes(inputs: tuple[Any, ...]) -> str:
+def describe_sizes(inputs: tuple[Any, ...]) -> str:
     return "sizes " + ", ".join(str(tuple(v.shape)) for v in inputs if isinstance(v, torch.Tensor))
