@@ -164,9 +164,9 @@ class _GraphLowering:
         self.externals: list[S.ExternalCall] = []
         self.folded: set[int] = set()  # outputs of nodes an external call computes
 
-    def sizes(self, meta: TensorMeta) -> tuple[int | E.Expr, ...]:
-        """`meta`'s sizes: ints, or in a dynamic kernel each 1 or its size symbol."""
-        return meta.sizes if self.symbols is None else self.symbols.sizes(meta)
+    def sizes(self, meta: TensorMeta, derived: bool = False) -> tuple[int | E.Expr, ...]:
+        """`meta`'s sizes: ints, or in a dynamic kernel each 1, static or its size symbol."""
+        return meta.sizes if self.symbols is None else self.symbols.sizes(meta, derived)
 
     def unique(self, base: str) -> str:
         """`base`, or `base_<n>` if that name is taken."""
@@ -199,12 +199,30 @@ _DYNAMIC_FAMILIES = frozenset(
     for m in ("registry", "arithmetic", "activation", "unary", "compare", "bitwise", "casts",
               "reductions")
 )
-#: Views whose constant operands are dims, not sizes: the same for every size.
+#: Views and cat, whose constant operands are dims, not sizes: the same for every size (a
+#: cat whose lengths along its dim are symbols raises: they may be 0).
 _DYNAMIC_VIEWS = frozenset((
     "aten::permute", "aten::transpose", "aten::t", "aten::movedim", "aten::swapaxes",
     "aten::swapdims", "aten::mT", "aten::numpy_T", "aten::adjoint", "aten::unsqueeze",
-    "aten::squeeze", "aten::contiguous",
+    "aten::squeeze", "aten::contiguous", "aten::cat", "aten::concat", "aten::concatenate",
 ))
+
+
+_CATS = ("aten::cat", "aten::concat", "aten::concatenate")
+
+
+def _check_cat(node: Any, args: Sequence[Arg], sizes: Sequence[int | E.Expr]) -> None:
+    """In a dynamic kernel, a cat's parts must have static lengths along its dim, adding up
+    to the output's (an int: not a symbol that its value happened to equal)."""
+    dim = node.inputsAt(1).toIValue()
+    parts = args[0].items if isinstance(args[0], ListArg) else ()
+    if not isinstance(dim, int) or not parts:
+        raise LoweringError("a cat of a list not built in the group")
+    dim %= len(sizes)
+    lengths = [p.shape[dim] for p in parts if isinstance(p, TensorArg) and len(p.shape) > dim]
+    if (len(lengths) != len(parts) or not all(isinstance(n, int) for n in lengths)
+            or sizes[dim] != sum(lengths) or not isinstance(sizes[dim], int)):
+        raise LoweringError("a cat along a dim of symbolic sizes")
 
 
 def _check_dynamic(node: Any, lowering: Any) -> None:
@@ -370,7 +388,10 @@ def _lower_node(
     if meta is None:
         raise LoweringError(f"no type for the output of {node.kind()}")
     args = [state.env[v.unique()] for v in node.inputs()]
-    sizes = state.sizes(meta)
+    is_cat = node.kind() in _CATS
+    sizes = state.sizes(meta, derived=is_cat)
+    if is_cat and state.symbols is not None:
+        _check_cat(node, args, sizes)
     ctx = Ctx(node, args, from_torch(meta.dtype), sizes, (), kernel_inputs,  # type: ignore
               state.checks)
     op = node.kind().split("::")[-1]

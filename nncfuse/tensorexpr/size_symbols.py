@@ -123,14 +123,19 @@ class SizeSymbols:
             self.guards.append(InputGuard(position, self.sizes(meta), self._strides(meta),
                                           meta.dtype, meta.requires_grad))
 
-    def sizes(self, meta: TensorMeta) -> tuple[Size, ...]:
-        """`meta`'s sizes, each 1 or its symbol (LoweringError for a size no input has)."""
+    def sizes(self, meta: TensorMeta, derived: bool = False) -> tuple[Size, ...]:
+        """`meta`'s sizes, each 1, static or its symbol; with `derived` (a cat's output, whose
+        lengths along its dim are static: the cat checks), a size no input has stays an int,
+        else it is a LoweringError."""
         out: list[Size] = []
         for size in meta.sizes:
             if size == 1 or size in self.static:
                 out.append(size)
             elif size in self._by_value:
                 out.append(self._by_value[size])
+            elif derived:  # static from now on, for the nodes that use the cat's output
+                self.static = self.static | {size}
+                out.append(size)
             else:
                 raise LoweringError(f"size {size} is not the size of an input")
         return tuple(out)

@@ -119,6 +119,10 @@ def _views(x, y):
     return (x * 2).unsqueeze(1) + y.unsqueeze(0).sin()
 
 
+def _cat(x, y):
+    return torch.cat([x + 1, y * 2], 1).relu()
+
+
 def _permute(x):
     return (x.sin().permute(2, 0, 1) * 3).relu().squeeze(1)
 
@@ -133,7 +137,8 @@ ROWS = [8, 13, 5, 0, 40, 1, 2, 77]
     (_transpose, lambda n: (torch.randn(n, 24), torch.randn(24, n))),
     (_views, lambda n: (torch.randn(n, 6), torch.randn(n + 3, 6))),
     (_permute, lambda n: (torch.randn(n, 1, n + 2),)),
-], ids=["layer_norm", "softmax", "sum", "transpose", "unsqueeze", "permute_squeeze"])
+    (_cat, lambda n: (torch.randn(n, 24), torch.randn(n, 9))),
+], ids=["layer_norm", "softmax", "sum", "transpose", "unsqueeze", "permute_squeeze", "cat"])
 def test_reductions_and_views_over_dynamic_rows(monkeypatch, fn, make):
     """Static first; then the dims that changed are symbols and the others (a reduction's
     extent) stay static: one dynamic kernel runs all later sizes, 0 included (1 is another
@@ -147,3 +152,17 @@ def test_reductions_and_views_over_dynamic_rows(monkeypatch, fn, make):
         assert got.stride() == want.stride() or want.numel() == 0
     assert compiled.count(True) == 1
     assert len(compiled) <= 3  # the first size, the dynamic kernel, the class with a 1
+
+
+def test_a_cat_along_a_dim_that_changes_gets_static_kernels(monkeypatch):
+    """Its parts' lengths would be symbols, which may be 0 (and a symbol whose value equals
+    the output's length must not stand for it): the group compiles statically, correctly."""
+    def cat0(x, y):
+        return torch.cat([x + 1, y * 2], 0).relu()
+
+    compiled = count_compiles(monkeypatch)
+    f = nncfuse.jit(cat0)
+    for n in (8, 13, 16, 5, 0):
+        x, y = torch.randn(n, 16), torch.randn(n, 16)  # 16 rows: 2 * 8, the first output's
+        torch.testing.assert_close(f(x, y), cat0(x, y))
+    assert True not in compiled
