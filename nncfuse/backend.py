@@ -23,7 +23,9 @@ This is the conversion PyTorch's own `ts_compile` (torch/_functorch/compilers.py
 does, without freezing: parameters stay inputs. Dynamo's guards decide
 recompiles; within one graph, nncfuse's TypeCheck guards still protect every
 kernel, and a new input signature (Dynamo's `dynamic=True` passes varying
-sizes to one graph) gets its own static plan, up to `max_specializations`,
+sizes to one graph) is a size class of the policy: a graph with symbolic sizes (SymInt
+inputs or sizes) gets dynamic kernels from the first call, one per size class (see
+`jit/policy.py`); otherwise each signature its own static plan, up to `max_specializations`,
 then runs unfused. A graph that cannot be converted (an op TorchScript does
 not know, symbolic sizes it cannot type) runs as the FX graph would, and the
 reason is logged; it never raises where eager would not.
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import itertools
 import operator
 import threading
@@ -99,6 +102,8 @@ class CompiledGraph:
         self.id = next(_ids)
         self.kind = kind  # "dynamo" (nncfuse_ts), "forward", "backward" or "inference"
         self.gm = gm
+        if options.dynamic is None and _symbolic(example_inputs):
+            options = dataclasses.replace(options, dynamic=True)  # Dynamo's dynamic sizes
         self.options = options
         self.policy = Policy(options)
         self.reason: str | None = None  # why the FX graph runs instead, if it does
@@ -164,6 +169,16 @@ class CompiledGraph:
         self.program = None
         _log.dump(f"Graph {self.id} ({self.kind}) runs as the FX graph from now on: ", self.reason)
         return result
+
+
+def _symbolic(example_inputs: Sequence[Any]) -> bool:
+    """Whether Dynamo made sizes symbolic (`dynamic=True`, or a dim that changed): SymInt
+    inputs, or tensors with symbolic sizes. The graph then gets dynamic kernels at once."""
+    return any(
+        isinstance(x, torch.SymInt)
+        or isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in x.shape)
+        for x in example_inputs
+    )
 
 
 def compiled_graphs() -> list[CompiledGraph]:

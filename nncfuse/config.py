@@ -19,9 +19,10 @@ class Options:
 
     min_group_size:      fusion groups with fewer nodes stay unfused.
     profiling_runs:      calls profiled per input signature before optimizing.
-    max_specializations: input signatures optimized per function; others run unfused.
-                         12, as many as PyTorch's profiling executor makes by default
-                         (2 static + 10 dynamic); here each one is static.
+    max_specializations: plans optimized per function (static or dynamic, see `dynamic`);
+                         calls of further size classes run unfused. 12, as many as
+                         PyTorch's profiling executor makes by default (2 static + 10
+                         dynamic).
     use_llvm:            compile kernels with LLVM (else the IR interpreter runs them);
                          NNCFUSE_DONT_USE_LLVM=1 turns it off.
     disable:             run everything unfused (NNCFUSE_DISABLE=1).
@@ -32,6 +33,13 @@ class Options:
     freeze:              for an eval-mode nn.Module: run it frozen (`jit/freezing.py`), its
                          parameters constants, guarded by their identity and version (True),
                          and also their values ("checked": sees writes through `.data`).
+    dynamic:             symbolic sizes, as torch.compile's option: None (default) compiles
+                         a static kernel first and a dynamic one (sizes bound at run time)
+                         when a signature differs only in its sizes; True dynamic kernels
+                         from the first call; False static kernels only. NNC's fusion
+                         strategy, e.g. `[("STATIC", 2), ("DYNAMIC", 10)]`, is accepted
+                         too: that many static signatures, then that many dynamic kernels.
+                         Either way at most `max_specializations` kernels per function.
     """
 
     min_group_size: int = 2
@@ -42,8 +50,16 @@ class Options:
     verify: bool = False
     strict: bool = False
     freeze: bool | str = False
+    dynamic: bool | None | tuple[tuple[str, int], ...] = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.dynamic, list | tuple):  # a fusion strategy
+            strategy = tuple((str(kind).upper(), int(n)) for kind, n in self.dynamic)
+            if any(kind not in ("STATIC", "DYNAMIC") or n < 0 for kind, n in strategy):
+                raise ValueError(f"fusion strategy {self.dynamic!r}: (STATIC|DYNAMIC, n>=0)")
+            object.__setattr__(self, "dynamic", strategy)
+        elif self.dynamic not in (None, True, False):
+            raise ValueError("dynamic must be None, True, False or a fusion strategy")
         if self.min_group_size < 1:
             raise ValueError("min_group_size must be at least 1")
         if self.profiling_runs < 1:

@@ -287,3 +287,29 @@ def test_nncfuse_disable_runs_the_fx_graphs(backend, monkeypatch):
     _run(chain, torch.randn(8), torch.randn(8))
     (compiled,) = backend.compiled_graphs()
     assert compiled.graphs() == []  # no signature was optimized
+
+
+def test_dynamo_symbolic_sizes_reuse_one_dynamic_kernel(backend, monkeypatch):
+    """With dynamic=True Dynamo hands over one graph with SymInt sizes: nncfuse gives it a
+    dynamic kernel at once and runs every size with it."""
+    from nncfuse.jit import guard
+
+    compiled = []
+    real = guard.TensorExprKernel
+
+    def kernel(*args):
+        k = real(*args)
+        compiled.append(k.dynamic)
+        return k
+
+    monkeypatch.setattr(guard, "TensorExprKernel", kernel)
+    guard.clear_kernel_cache()
+
+    def fn(x, b):
+        return torch.nn.functional.gelu(x + b) * 2.0 + x.shape[0]
+
+    f = torch.compile(fn, backend="nncfuse", dynamic=True)
+    for n in [8, 13, 5, 40, 300, 2]:
+        x, b = torch.randn(n, 16), torch.randn(16)
+        torch.testing.assert_close(f(x, b), fn(x, b))
+    assert compiled == [True]

@@ -40,10 +40,11 @@ the process (SIGSEGV, SIGFPE) is a counted crash and the run goes on.
 
 from __future__ import annotations
 
+import random
 import traceback
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ import torch
 import nncfuse
 from nncfuse.tensorexpr.lowerings import LoweringError
 
+from . import resize
 from .inputs import clone_input, describe, storage_of
 from .program import Case, generate
 
@@ -327,6 +329,41 @@ def _run_backend(case: Case, backend: str, script: Any, wants: list[Any], out: O
         out.failures.append(Failure(backend, "crash", 0, f"graph_for raised {e!r}"))
 
 
+def check_sizes(case: Case, script: Any, out: Outcome) -> None:
+    """Call one dynamic `nncfuse.jit` of `script` on set A and on `resized` sets; record
+    failures in `out` (backend "sizes")."""
+    rng = random.Random(case.seed)
+    gen = torch.Generator().manual_seed(case.seed or 0)
+    try:
+        sets = [case.inputs[0], *resize.resized(case, rng, gen)]
+    except Exception:  # noqa: BLE001 - a layout that does not fit the new sizes: skip
+        return
+    eager = case.program.eager()
+    fused = nncfuse.jit(script, min_group_size=case.min_group_size, dynamic=True)
+    for inputs in sets:
+        after: list[Any] = []
+        want = _quiet_call(eager, inputs, after)
+        args = _fresh(inputs)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = _as_tuple(fused(*args))
+        except Exception as e:  # noqa: BLE001
+            got = _Raised(e)
+            if not isinstance(want, _Raised):
+                where = resize.describe_sizes(inputs)
+                out.failures.append(Failure("sizes", "crash", 2,
+                                            f"{where}: {type(e).__name__}: {e}"))
+                return
+        message = compare(got, want)
+        if message:
+            sized = replace(case, inputs=(case.inputs[0], inputs))
+            kind = _classify(sized, 1, script, got, want)
+            where = resize.describe_sizes(inputs)
+            out.failures.append(Failure("sizes", kind, 2, f"{where}: {message}"))
+            return
+
+
 def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
     """Run `case` eagerly and through nncfuse with each backend; see the module docstring."""
     out = Outcome()
@@ -344,7 +381,10 @@ def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
         out.failures.append(Failure("torchscript", "invalid", 0, f"{type(e).__name__}: {e}"))
         return out
     for backend in backends:
-        _run_backend(case, backend, script, wants, out, after)
+        if backend == "sizes":  # the same dynamic kernels at other sizes (`resize`)
+            check_sizes(case, script, out)
+        else:
+            _run_backend(case, backend, script, wants, out, after)
     out.fused = bool(out.fused_kinds)
     kinds = {f.kind for f in out.failures}
     out.status = "crash" if "crash" in kinds else "mismatch" if "mismatch" in kinds else "ok"

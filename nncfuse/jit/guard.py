@@ -15,10 +15,21 @@
 compiled kernel runs; otherwise the group's original nodes (the fallback)
 do. Numbers are kernel arguments and need no guard. A group whose kernel
 fails to lower or compile is logged and replaced by its nodes, unguarded.
+
+With the `dynamic` option True, a group gets a dynamic kernel where it can
+(sizes bound at run time: `tensorexpr/size_symbols.py`), else a static one.
+A dynamic kernel's node stands alone, without TypeCheck and If: its entry
+checks its own guard (dtype, rank, dims of 1, equal sizes, layout class) on
+every call and runs the group's nodes when it fails. Dynamic kernels are
+cached by that guard class and the graph's text without its sizes, so one
+kernel serves every size of the class.
+
+    %z.3 : Float(8, 1000) = nncfuse::fused_mul_sin_mul_0(%b.1)
 """
 
 from __future__ import annotations
 
+import contextvars
 import re
 import threading
 from dataclasses import dataclass
@@ -29,7 +40,9 @@ import torch
 from .. import log
 from ..config import Options
 from ..tensorexpr.kernel import TensorExprKernel
-from ..tensorexpr.meta import is_tensor
+from ..tensorexpr.lowerings import LoweringError
+from ..tensorexpr.meta import TensorMeta, is_tensor
+from ..tensorexpr.size_symbols import SizeSymbols
 from . import runtime
 from .subgraph import unmerge
 
@@ -40,8 +53,14 @@ is_fused_op = runtime.is_fused_op
 # Kernels by the text of their graph, names aside: identical groups compile once per process,
 # also when two threads (two functions, or two signatures of one) meet them at the same time:
 # one compiles while the other waits on the key's lock. Different keys compile in parallel.
-_compiled: dict[tuple[str, bool, bool], str | Exception] = {}
-_compiling: dict[tuple[str, bool, bool], threading.Lock] = {}
+#: Sizes that dynamic kernels keep static (the dims that did not change), set by the policy
+#: while it optimizes a signature.
+STATIC_SIZES: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "STATIC_SIZES", default=frozenset())
+
+_Key = tuple[str, bool, bool, str]
+_compiled: dict[_Key, str | Exception] = {}
+_compiling: dict[_Key, threading.Lock] = {}
 _table_lock = threading.Lock()  # guards `_compiling`
 
 
@@ -52,36 +71,70 @@ def clear_kernel_cache() -> None:
         _compiling.clear()
 
 
-def _cache_key(subgraph: torch._C.Graph, options: Options) -> tuple[str, bool, bool]:
+#: The sizes and strides in a printed tensor type: `Float(8, 1000, strides=[1000, 1], ...`.
+_SIZES = re.compile(r"\(([-\d, ]*)strides=\[[-\d, ]*\], ")
+
+
+def _cache_key(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Key:
+    """The graph's text with its own value names; for a dynamic kernel without sizes and
+    with the guard class of its inputs (`SizeSymbols`) instead. LoweringError when a dynamic
+    kernel cannot guard its inputs' layout."""
     names: dict[str, str] = {}
     text = re.sub(
         r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), subgraph.str(False)
     )
-    return text, options.use_llvm, options.verify
+    guards = ""
+    if dynamic:
+        text = _SIZES.sub("(", text)
+        inputs = list(subgraph.inputs())
+        metas = [(k, TensorMeta.from_type(v.type())) for k, v in enumerate(inputs)]
+        if any(m is None for k, m in metas if is_tensor(inputs[k])):
+            raise LoweringError("incomplete input types")
+        symbols = SizeSymbols([(k, m) for k, m in metas if m is not None], STATIC_SIZES.get())
+        guards = repr([(g.position, [str(s) for s in g.sizes], [str(s) for s in g.strides])
+                       for g in symbols.guards])
+    return text, options.use_llvm, options.verify, guards
 
 
 def _compile(group: Any, options: Options) -> str | Exception:
-    """The op kind running `group`'s kernel, or the exception that compiling it raised."""
+    """The op kind running `group`'s kernel, or the exception that compiling it raised: with
+    the `dynamic` option, a dynamic kernel where the group can have one."""
+    if options.dynamic is True:
+        kind = _compile_as(group, options, dynamic=True)
+        if not isinstance(kind, Exception):
+            return kind
+        _log.update("No dynamic kernel, compiling a static one: ", type(kind).__name__, ": ",
+                    kind)
+    return _compile_as(group, options, dynamic=False)
+
+
+def _compile_as(group: Any, options: Options, dynamic: bool) -> str | Exception:
     subgraph = group.g("Subgraph")
     if _has_tensor_constants(subgraph):
         # The text does not show a tensor constant's values (a frozen module's weights):
         # such a kernel is its own.
-        return _compile_uncached(group, subgraph, options)
-    key = _cache_key(subgraph, options)
+        return _compile_uncached(group, subgraph, options, dynamic)
+    try:
+        key = _cache_key(subgraph, options, dynamic)
+    except LoweringError as e:
+        return e
     with _table_lock:
         lock = _compiling.setdefault(key, threading.Lock())
     with lock:
         if key in _compiled:
             _log.update("Reusing the kernel of an identical group: ", _compiled[key])
             return _compiled[key]
-        kind = _compile_uncached(group, subgraph, options)
+        kind = _compile_uncached(group, subgraph, options, dynamic)
         _compiled[key] = kind
         return kind
 
 
-def _compile_uncached(group: Any, subgraph: torch._C.Graph, options: Options) -> str | Exception:
+def _compile_uncached(
+    group: Any, subgraph: torch._C.Graph, options: Options, dynamic: bool
+) -> str | Exception:
     try:
-        kernel = TensorExprKernel(subgraph.copy(), options)
+        static = STATIC_SIZES.get() if dynamic else frozenset()
+        kernel = TensorExprKernel(subgraph.copy(), options, dynamic, static)
         return runtime.register_kernel(kernel, list(group.inputs()), group.outputsSize())
     except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
         return e
@@ -123,8 +176,22 @@ def guard_fusion_groups(
             failures.append(CompileFailure(group.g("Subgraph").copy(), kind))
             unmerge(graph, group)
             continue
-        _guard(graph, group, kind)
+        if runtime.kernel_of_kind(kind).dynamic:
+            _unguarded(graph, group, kind)
+        else:
+            _guard(graph, group, kind)
     return failures
+
+
+def _unguarded(graph: torch._C.Graph, group: Any, kind: str) -> None:
+    """The group's node becomes a dynamic kernel's, which guards itself (its entry)."""
+    fused = graph.create(kind, list(group.inputs()), group.outputsSize())
+    fused.g_("Subgraph", group.g("Subgraph"))
+    fused.insertBefore(group)
+    for new, old in zip(fused.outputs(), group.outputs()):
+        new.setType(old.type())
+        old.replaceAllUsesWith(new)
+    group.destroy()
 
 
 def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:

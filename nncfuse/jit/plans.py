@@ -84,7 +84,9 @@ class KernelPlan:
         returns: Returns,
     ):
         self.graph = graph
-        self.run = kernel.entry(sources, returns, overlap_guarded=True)
+        # A dynamic kernel's guard too: the policy puts a dynamic plan only under signatures
+        # of its size class (`size_classes`), which is what the guard checks.
+        self.run = kernel.entry(sources, returns, overlap_guarded=True, size_guarded=True)
 
 
 class UnfusedPlan:
@@ -126,20 +128,25 @@ def optimized_plan(graph: torch._C.Graph, receiver: Any) -> KernelPlan | GraphPl
 
 
 def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
-    """A KernelPlan if `graph` is TypeCheck + If(kernel) over its inputs, else None."""
+    """A KernelPlan if `graph` is TypeCheck + If(kernel) over its inputs, or a dynamic
+    kernel's node alone (it guards itself), else None."""
     nodes = [n for n in graph.nodes() if n.kind() != "prim::Constant"]
     tuple_out = None
     if nodes and nodes[-1].kind() == "prim::TupleConstruct":
         tuple_out = nodes.pop()
-    if [n.kind() for n in nodes] != ["prim::TypeCheck", "prim::If"]:
+    checked: dict[int, Any] = {}
+    if len(nodes) == 1 and runtime.is_fused_op(nodes[0]) and runtime.kernel_of(nodes[0]).dynamic:
+        fused = branch = nodes[0]
+    elif [n.kind() for n in nodes] == ["prim::TypeCheck", "prim::If"]:
+        check, branch = nodes
+        fused_nodes = list(next(iter(branch.blocks())).nodes())
+        if len(fused_nodes) != 1 or not runtime.is_fused_op(fused_nodes[0]):
+            return None
+        fused = fused_nodes[0]
+        checked = {out.unique(): inp for inp, out in zip(check.inputs(), check.outputs())}
+    else:
         return None
-    check, branch = nodes
-    fused_nodes = list(next(iter(branch.blocks())).nodes())
-    if len(fused_nodes) != 1 or not runtime.is_fused_op(fused_nodes[0]):
-        return None
-    fused = fused_nodes[0]
     position = {v.unique(): k for k, v in enumerate(graph.inputs())}
-    checked = {out.unique(): inp for inp, out in zip(check.inputs(), check.outputs())}
     sources: list[Source] = []
     for v in fused.inputs():
         v = checked.get(v.unique(), v)

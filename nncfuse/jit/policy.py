@@ -21,12 +21,20 @@ kernel arguments. For a new signature the policy
    fusion groups are formed, compiled and guarded (`tensorexpr_fuser`), and
    `plans.optimized_plan` picks how to run the result.
 
-At most `max_specializations` signatures are optimized (each one static:
-exact sizes and strides); calls with further signatures run unfused.
+Static or dynamic. A static plan's kernels are specialized to exact sizes
+and strides. A dynamic plan's kernels take their sizes as run-time arguments
+(`tensorexpr/size_symbols.py`); when every computation of the optimized graph
+runs in dynamic kernels, the plan serves every signature of its size class
+(`size_class`: the signature without its sizes) and is put under each such
+key as calls arrive, without compiling again. The `dynamic` option decides:
+None (default, as torch.compile's automatic dynamic) optimizes a signature
+statically the first time its size class is seen and dynamically the second
+time (a dim changed); True dynamically at once; False never; a fusion
+strategy (NNC's `[("STATIC", 2), ("DYNAMIC", 10)]`) takes its kinds in turn.
+At most `max_specializations` plans are optimized; calls of a further size
+class run unfused (a size class that has a dynamic plan keeps running it).
 Failures to optimize are logged and also run unfused: a call is never wrong
-and never crashes where the unfused program would not. A later dynamic-shapes
-policy (NNC's `[("STATIC", 2), ("DYNAMIC", 10)]`) changes what `_specialize`
-does past the static bound, and may put one symbolic plan under many keys.
+and never crashes where the unfused program would not.
 
 Threads. `plans` maps each signature to a plan valid for every call with
 that signature; only the policy writes it, and callers read it without a
@@ -55,11 +63,12 @@ from .. import log
 from ..config import Options
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
 from ..tensorexpr.meta import infer_types
-from . import scripting
-from .guard import CompileFailure
+from . import runtime, scripting
+from .guard import STATIC_SIZES, CompileFailure, is_fused_op
 from .inplace import written_inputs
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
+from .size_classes import ClassState, Shapes, shapes, size_class
 from .tensorexpr_fuser import fuse_tensor_exprs
 
 _log = log.get_logger(__file__)
@@ -139,6 +148,8 @@ class Policy:
         self.compile_failures: list[CompileFailure] = []
         self._profiles: dict[Signature, tuple[Profiler, Any]] = {}
         self._optimized = 0  # signatures optimized, up to options.max_specializations
+        #: (program id, size class) -> its first shapes, varied dims and dynamic plan
+        self._classes: dict[tuple[int, Signature | None], ClassState] = {}
         self._lock = threading.RLock()
 
     def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
@@ -166,20 +177,70 @@ class Policy:
         """The plan for a new signature; or None and the result, when this call was one of
         its profiling runs. Under the lock.
 
-        Static specializations up to the bound, then the unfused program: a dynamic-shapes
-        policy changes what happens past it (symbolic sizes for the dims that varied).
+        The size class's dynamic plan if it has one; else a static or dynamic plan as the
+        `dynamic` option says (`_kind`); past the bound the unfused program.
         """
-        if self._optimized >= self.options.max_specializations:
+        cls = (id(prog), size_class(args))
+        now = shapes(args)
+        state = self._classes.get(cls)
+        seen = state is not None
+        if state is None:
+            state = self._classes[cls] = ClassState(now)
+        state.note(now)
+        plan: Plan | None = state.plan if state.serves(now) else None
+        kind = "reuse" if plan is not None else self._kind(cls, seen)
+        choice = (kind == "dynamic",
+                  frozenset() if self.options.dynamic is True else state.static_sizes(now), now)
+        if plan is not None:
+            _log.update("A new signature of a size class with a dynamic plan: reusing it")
+            self._profiles.pop(key, None)
+        elif kind is None:
             _log.update("Too many input signatures; running unfused")
             self._profiles.pop(key, None)
-            plan: Plan = UnfusedPlan(prog.unfused, prog.graph)
+            plan = UnfusedPlan(prog.unfused, prog.graph)
         else:
             graph = self._typed_on_meta(prog, key, args)
             if graph is None:
-                return None, self._profile(prog, key, args)
-            plan = self.optimize(graph, prog)
+                return None, self._profile(prog, key, args, cls, choice)
+            plan = self._optimize_class(graph, prog, cls, choice)
         self.plans[key] = plan
         return plan, None
+
+    def _kind(self, cls: tuple[int, Signature | None], seen: bool) -> str | None:
+        """"static" or "dynamic": how to optimize the next signature of size class `cls`
+        (`seen` before); or None past the bounds."""
+        n = self._optimized
+        if n >= self.options.max_specializations:
+            return None
+        choice = self.options.dynamic
+        if isinstance(choice, tuple):  # a fusion strategy: its kinds in turn
+            for name, count in choice:
+                if n < count:
+                    kind = name.lower()
+                    break
+                n -= count
+            else:
+                return None
+        else:
+            kind = "dynamic" if choice or (choice is None and seen) else "static"
+        return "static" if cls[1] is None else kind
+
+    def _optimize_class(
+        self, graph: torch._C.Graph, prog: Program, cls: tuple[int, Signature | None],
+        choice: tuple[bool, frozenset[int], Shapes],
+    ) -> Plan:
+        """`optimize`, dynamically or not and keeping which sizes static (`choice`); the
+        plan becomes the class's dynamic plan when only dynamic kernels compute (then it
+        holds for every signature of the class with those static sizes)."""
+        dynamic, static, now = choice
+        token = STATIC_SIZES.set(static)
+        try:
+            plan = self.optimize(graph, prog, dynamic)
+        finally:
+            STATIC_SIZES.reset(token)
+        if dynamic and _dynamic_only(plan):
+            self._classes[cls].adopt(plan, now, static)
+        return plan
 
     def _typed_on_meta(
         self, prog: Program, key: Signature, args: tuple[Any, ...]
@@ -190,7 +251,10 @@ class Policy:
             return _infer_types(prog.graph, args)
         return None
 
-    def _profile(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
+    def _profile(
+        self, prog: Program, key: Signature, args: tuple[Any, ...],
+        cls: tuple[int, Signature | None], choice: tuple[bool, frozenset[int], Shapes],
+    ) -> Any:
         """Run `args` through `prog`'s graph with profile nodes; optimize it after the last
         run. Under the lock."""
         entry = self._profiles.get(key)
@@ -205,16 +269,18 @@ class Policy:
         if profiler.runs >= self.options.profiling_runs and self._profiles.get(key) is entry:
             del self._profiles[key]
             profiler.finish()
-            self.plans[key] = self.optimize(profiler.graph, prog)
+            self.plans[key] = self._optimize_class(profiler.graph, prog, cls, choice)
         return result
 
-    def optimize(self, graph: torch._C.Graph, prog: Program) -> Plan:
+    def optimize(self, graph: torch._C.Graph, prog: Program, dynamic: bool = False) -> Plan:
         """The plan for one signature from `graph`, `prog`'s graph typed for it (profiled, or
-        on meta tensors): fuse, compile and guard its groups; the unfused program if that
-        fails. Counts toward `max_specializations`. Under the lock."""
+        on meta tensors): fuse, compile and guard its groups (`dynamic`: into dynamic kernels
+        where they can be); the unfused program if that fails. Counts toward
+        `max_specializations`. Under the lock."""
         self._optimized += 1
+        options = dataclasses.replace(self.options, dynamic=dynamic)
         try:
-            failures = fuse_tensor_exprs(graph, self.options)
+            failures = fuse_tensor_exprs(graph, options)
             self.compile_failures += failures
             plan = optimized_plan(graph, prog.receiver)
             written = written_inputs(graph, skip=0 if prog.receiver is None else 1)
@@ -227,6 +293,18 @@ class Policy:
             _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
             warnings.warn(f"nncfuse: optimization failed, running unfused: {e}", stacklevel=2)
             return UnfusedPlan(prog.unfused, graph)
+
+
+def _dynamic_only(plan: Plan) -> bool:
+    """Whether every computation of `plan`'s graph runs in dynamic kernels (which check their
+    inputs themselves): then nothing in it depends on the sizes it was typed with."""
+    if plan.graph is None or isinstance(plan, UnfusedPlan):
+        return False
+    nodes = [n for n in plan.graph.nodes()
+             if n.kind() not in ("prim::Constant", "prim::TupleConstruct")]
+    return bool(nodes) and all(
+        is_fused_op(n) and runtime.kernel_of(n).dynamic for n in nodes
+    )
 
 
 def _all_contiguous(args: tuple[Any, ...]) -> bool:

@@ -38,6 +38,11 @@ def kernel_of(node: Any) -> TensorExprKernel:
     return _kernels[node.kind()]
 
 
+def kernel_of_kind(kind: str) -> TensorExprKernel:
+    """The kernel that fused-op nodes of `kind` run."""
+    return _kernels[kind]
+
+
 def register_kernel(kernel: TensorExprKernel, inputs: Sequence[Any], n_outputs: int) -> str:
     """Register an op running `kernel` on values typed like `inputs`; return its node kind."""
     with _lock:

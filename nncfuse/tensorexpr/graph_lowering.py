@@ -36,6 +36,7 @@ from .ir_visitor import substitute
 from .loopnest import compute, definition
 from .lowerings import (
     EXTERNAL_KINDS,
+    VIEWS,
     Arg,
     ConstArg,
     Ctx,
@@ -49,6 +50,7 @@ from .lowerings import (
     scalar_dtype,
 )
 from .meta import TensorMeta, infer_types, is_tensor
+from .size_symbols import InputGuard, SizeSymbol, SizeSymbols
 
 _log = log.get_logger(__file__)
 
@@ -75,6 +77,8 @@ class Lowered:
     written: tuple[int, ...] = ()  # graph inputs the kernel stores into (write-backs)
     write_sources: tuple[Buf, ...] = ()  # what write-backs store: kept buffers, not inlined
     externals: tuple[S.ExternalCall, ...] = ()  # run before the loops, from the entry
+    symbols: tuple[SizeSymbol, ...] = ()  # a dynamic kernel's sizes, bound from its inputs
+    guards: tuple[InputGuard, ...] = ()  # what a dynamic kernel relies on, per tensor input
 
 
 def _sanitize(name: str) -> str:
@@ -137,8 +141,16 @@ def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
 class _GraphLowering:
     """What lowering a graph has built so far: the value of each graph value, and the rest."""
 
-    def __init__(self, graph: torch._C.Graph):
+    def __init__(
+        self, graph: torch._C.Graph, dynamic: bool = False, static: frozenset[int] = frozenset()
+    ):
         self.metas = graph_metas(graph)
+        #: a dynamic kernel's size symbols (`size_symbols`), or None for a static one
+        self.symbols: SizeSymbols | None = None
+        if dynamic:
+            self.symbols = SizeSymbols([
+                (k, self.metas[v.unique()]) for k, v in enumerate(graph.inputs()) if is_tensor(v)
+            ], static)
         self.env: dict[int, Arg] = {}  # graph value (unique) -> its operand
         self.names: set[str] = set()
         self.checks: list[RuntimeCheck] = []
@@ -151,6 +163,10 @@ class _GraphLowering:
         self.write_sources: list[Buf] = []
         self.externals: list[S.ExternalCall] = []
         self.folded: set[int] = set()  # outputs of nodes an external call computes
+
+    def sizes(self, meta: TensorMeta, derived: bool = False) -> tuple[int | E.Expr, ...]:
+        """`meta`'s sizes: ints, or in a dynamic kernel each 1, static or its size symbol."""
+        return meta.sizes if self.symbols is None else self.symbols.sizes(meta, derived)
 
     def unique(self, base: str) -> str:
         """`base`, or `base_<n>` if that name is taken."""
@@ -174,9 +190,56 @@ def _lower_list(state: _GraphLowering, node: Any) -> None:
         raise LoweringError("a list of something other than tensors or constants")
 
 
-def lower_graph(graph: torch._C.Graph) -> Lowered:
-    """One loop nest per node of `graph`; see the module docstring."""
-    state = _GraphLowering(graph)
+#: Op families (lowering modules) whose output sizes follow from their inputs' whatever the
+#: sizes: the ops a dynamic kernel takes (`registry` holds the `pointwise` ones). Reductions
+#: raise where a size they need is symbolic (the policy keeps the dims that do not change
+#: static, such as the extent of a softmax or a layer_norm).
+_DYNAMIC_FAMILIES = frozenset(
+    f"{__package__}.lowerings.{m}"
+    for m in ("registry", "arithmetic", "activation", "unary", "compare", "bitwise", "casts",
+              "reductions", "normalization")
+)
+#: Views and cat, whose constant operands are dims, not sizes: the same for every size (a
+#: cat whose lengths along its dim are symbols raises: they may be 0).
+_DYNAMIC_VIEWS = frozenset((
+    "aten::permute", "aten::transpose", "aten::t", "aten::movedim", "aten::swapaxes",
+    "aten::swapdims", "aten::mT", "aten::numpy_T", "aten::adjoint", "aten::unsqueeze",
+    "aten::squeeze", "aten::contiguous", "aten::cat", "aten::concat", "aten::concatenate",
+))
+
+
+_CATS = ("aten::cat", "aten::concat", "aten::concatenate")
+
+
+def _check_cat(node: Any, args: Sequence[Arg], sizes: Sequence[int | E.Expr]) -> None:
+    """In a dynamic kernel, a cat's parts must have static lengths along its dim, adding up
+    to the output's (an int: not a symbol that its value happened to equal)."""
+    dim = node.inputsAt(1).toIValue()
+    parts = args[0].items if isinstance(args[0], ListArg) else ()
+    if not isinstance(dim, int) or not parts:
+        raise LoweringError("a cat of a list not built in the group")
+    dim %= len(sizes)
+    lengths = [p.shape[dim] for p in parts if isinstance(p, TensorArg) and len(p.shape) > dim]
+    if (len(lengths) != len(parts) or not all(isinstance(n, int) for n in lengths)
+            or sizes[dim] != sum(lengths) or not isinstance(sizes[dim], int)):
+        raise LoweringError("a cat along a dim of symbolic sizes")
+
+
+def _check_dynamic(node: Any, lowering: Any) -> None:
+    """LoweringError unless `node` can take symbolic sizes (a dynamic kernel)."""
+    if node.kind() in _DYNAMIC_VIEWS:
+        return
+    if (lowering.fn.__module__ not in _DYNAMIC_FAMILIES or lowering.constant_operands
+            or node.kind() in VIEWS):
+        raise LoweringError(f"{node.kind()} does not take symbolic sizes")
+
+
+def lower_graph(
+    graph: torch._C.Graph, dynamic: bool = False, static: frozenset[int] = frozenset()
+) -> Lowered:
+    """One loop nest per node of `graph`; see the module docstring. `dynamic`: sizes are
+    symbols bound at run time (`size_symbols`) except those in `static`, or LoweringError."""
+    state = _GraphLowering(graph, dynamic, static)
     inputs = _bind_inputs(state, graph)
     kernel_inputs = frozenset(inputs)
     graph_outputs = {v.unique() for v in graph.outputs()}
@@ -185,20 +248,29 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
             _lower_constant(state, node)
         elif node.kind() == "prim::ListConstruct":
             _lower_list(state, node)
+        elif dynamic and node.kind() in ("aten::copy_", *EXTERNAL_KINDS):
+            raise LoweringError(f"{node.kind()} in a dynamic kernel")
         elif node.kind() == "aten::copy_":
             _lower_write_back(state, node, inputs)
         elif node.kind() in EXTERNAL_KINDS:
             _lower_external(state, node, kernel_inputs, graph_outputs)
         elif any(v.unique() in state.folded for v in node.outputs()):
             continue
+        elif dynamic:
+            try:
+                _lower_node(state, node, kernel_inputs, graph_outputs)
+            except TypeError as e:  # a lowering that computes with a size a symbol stands for
+                raise LoweringError(f"{node.kind()} with symbolic sizes: {e}") from e
         else:
             _lower_node(state, node, kernel_inputs, graph_outputs)
     outputs = _collect_outputs(state, graph)
     out_bufs = tuple(dict.fromkeys(o.buf for o in outputs if isinstance(o, ComputedOutput)))
     results = tuple(c.buf for c in state.externals)
+    symbols = tuple(state.symbols.symbols) if state.symbols is not None else ()
     return Lowered(
         stmt=S.Block((*state.nests, *state.write_backs)),
-        params=(*inputs, *(b for b, _ in state.constants), *results, *out_bufs),
+        params=(*inputs, *(b for b, _ in state.constants), *results, *out_bufs,
+                *(s.var for s in symbols)),
         inputs=inputs,
         constants=tuple(state.constants),
         outputs=outputs,
@@ -210,6 +282,8 @@ def lower_graph(graph: torch._C.Graph) -> Lowered:
         written=tuple(sorted(set(state.written.values()))),
         write_sources=tuple(state.write_sources),
         externals=tuple(state.externals),
+        symbols=symbols,
+        guards=tuple(state.symbols.guards) if state.symbols is not None else (),
     )
 
 
@@ -258,6 +332,7 @@ def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.
     """A parameter per graph input: a buffer for a tensor (on the CPU), a variable for a
     number."""
     params: list[Buf | E.Var] = []
+    guards = {g.position: g for g in state.symbols.guards} if state.symbols else {}
     for k, value in enumerate(graph.inputs()):
         debug = value.debugName()
         name = state.unique(f"t{k}" if debug.isdigit() else _sanitize(debug))
@@ -265,8 +340,10 @@ def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.
             meta = state.metas[value.unique()]
             if meta.device.type != "cpu":
                 raise LoweringError(f"input {name} is on {meta.device}, not the CPU")
-            buf = Buf.make(name, from_torch(meta.dtype), meta.sizes, meta.strides)
-            state.env[value.unique()] = TensorArg(buf, meta.sizes)
+            sizes, strides = (guards[k].sizes, guards[k].strides) if guards else (
+                meta.sizes, meta.strides)
+            buf = Buf.make(name, from_torch(meta.dtype), sizes, strides)
+            state.env[value.unique()] = TensorArg(buf, sizes)  # type: ignore[arg-type]
             params.append(buf)
         else:
             var = _scalar_var(value, name)
@@ -282,6 +359,8 @@ def _lower_constant(state: _GraphLowering, node: Any) -> None:
     ivalue = value.toIValue()
     if isinstance(ivalue, torch.Tensor):
         meta = TensorMeta.of(ivalue)
+        if state.symbols is not None and any(size != 1 for size in meta.sizes):
+            raise LoweringError("a tensor constant of fixed sizes in a dynamic kernel")
         buf = Buf.make(state.unique("const"), from_torch(meta.dtype), meta.sizes, meta.strides)
         state.constants.append((buf, ivalue))
         state.env[value.unique()] = TensorArg(buf, meta.sizes)
@@ -299,10 +378,13 @@ def _lower_node(
     lowering, reason = lowering_for(node)
     if lowering is None:
         raise LoweringError(reason)
+    if state.symbols is not None:
+        _check_dynamic(node, lowering)
     outs = list(node.outputs())
     if len(outs) != lowering.outputs or not all(is_tensor(v) for v in outs):
         raise LoweringError(f"{node.kind()} must have {lowering.outputs} tensor output(s)")
     args = [state.env[v.unique()] for v in node.inputs()]
+    is_cat = node.kind() in _CATS
     op = node.kind().split("::")[-1]
     state.ops.append(op)
     shared: dict[str, Any] = {}
@@ -311,19 +393,23 @@ def _lower_node(
         meta = state.metas.get(out.unique())
         if meta is None:
             raise LoweringError(f"no type for the output of {node.kind()}")
-        ctx = Ctx(node, args, from_torch(meta.dtype), meta.sizes, (), kernel_inputs,
+        sizes = state.sizes(meta, derived=is_cat)
+        if is_cat and state.symbols is not None:
+            _check_cat(node, args, sizes)
+        ctx = Ctx(node, args, from_torch(meta.dtype), sizes, (), kernel_inputs,  # type: ignore
                   state.checks, output=k, shared=shared)
+        strides = meta.strides if state.symbols is None else state.symbols.dense(meta)
         buf, nest = compute(
             state.unique(f"aten_{op}"),
             ctx.out_dtype,
-            meta.sizes,
+            sizes,
             lambda *idx, ctx=ctx: lowering.fn(replace(ctx, indices=idx)),
-            strides=meta.strides if is_output else None,
+            strides=strides if is_output else None,
             order=_layout_order(meta) if is_output else None,
         )
         if is_output:
             state.output_metas[buf] = meta
-        state.env[out.unique()] = TensorArg(buf, meta.sizes)
+        state.env[out.unique()] = TensorArg(buf, sizes)  # type: ignore[arg-type]
         state.nests.extend(ctx.nests)  # the node's intermediates (a reduction's row statistics)
         state.nests.append(nest)
 

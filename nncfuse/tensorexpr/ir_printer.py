@@ -172,6 +172,8 @@ class IRPrinter(Visitor):
         pad = "  " * self.indent
         v = self.names.get(s.var)
         note = " /* parallel */" if s.parallel else ""
+        if s.parallel and s.parallel_if is not None:
+            note = f" /* parallel if {self.expr(s.parallel_if)} */"
         head = (
             f"{pad}for ({s.var.dtype.c_name()} {v} = {self.expr(s.start)}; "
             f"{v} < {self.expr(s.stop)}; {v}++){note} {{"

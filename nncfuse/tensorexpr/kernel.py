@@ -26,6 +26,7 @@ parameters, outputs and checks of `Lowered` by input position. With
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -51,11 +52,12 @@ from .codegen.entry import (
     Param,
     ReturnList,
     Returns,
+    SizeParam,
     Source,
     TensorParam,
     make_entry,
 )
-from .codegen.llvm_codegen import compile_stmt
+from .codegen.llvm_codegen import compile_stmt, param_ctype
 from .codegen.llvm_jit import vector_bits
 from .external import ROUTINES
 from .graph_lowering import ComputedOutput, Lowered, lower_graph
@@ -69,7 +71,7 @@ from .passes.flatten_indices import flatten_indices
 from .passes.fuse_loops import fuse_loops
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
-from .passes.parallelize import GRAIN, parallelize_outer_loops, work
+from .passes.parallelize import GRAIN, parallelize_outer_loops, symbolic_work, work
 from .passes.partition_loops import partition_loops
 from .passes.reuse_outputs import reuse_outputs
 from .passes.simplify import simplify
@@ -77,6 +79,7 @@ from .passes.split_reductions import split_reductions
 from .passes.tile_transposes import tile_transposes
 from .passes.vectorize import vectorize_inner_loops
 from .passes.vectorize_reductions import vectorize_reductions
+from .size_symbols import row_major
 
 _log = log.get_logger(__file__)
 
@@ -147,14 +150,36 @@ def _external_steps(lowered: Lowered, position: Mapping[Any, int]) -> tuple[Exte
     return tuple(steps)
 
 
+def _quick_call(jit: Any, stmt: S.Stmt, lowered: Lowered) -> tuple[Any, E.Expr] | None:
+    """For a dynamic kernel that releases the GIL: the same code through a wrapper that keeps
+    it, and when not to use that one (its estimated work at run time reaches GRAIN, where it
+    may run parallel loops). None if the work has no estimate."""
+    if not isinstance(stmt, S.Block) or not stmt.stmts:
+        return None
+    parts = [symbolic_work(s) for s in stmt.stmts]
+    if None in parts or jit.cfunc._flags_ & ctypes._FUNCFLAG_PYTHONAPI:  # keeps the GIL
+        return None
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p  # type: ignore[operator]
+    quick = ctypes.PYFUNCTYPE(None, *[param_ctype(p) for p in lowered.params])(jit.address)
+    return quick, E.cmp(">=", simplify(total), GRAIN)  # type: ignore[arg-type]
+
+
 class TensorExprKernel:
     """A fusion group's graph compiled to one loop nest program; see the module docstring."""
 
-    def __init__(self, graph: torch._C.Graph, options: Options | None = None):
+    def __init__(
+        self, graph: torch._C.Graph, options: Options | None = None, dynamic: bool = False,
+        static_sizes: frozenset[int] = frozenset(),
+    ):
         self.graph = graph
         self.options = options or Options.from_env()
         _log.debug("TensorExprKernel graph:\n", graph)
-        self.lowered = lowered = lower_graph(graph)
+        #: sizes are symbols bound from the inputs on each call (`size_symbols`), except the
+        #: `static_sizes`
+        self.dynamic = dynamic
+        self.lowered = lowered = lower_graph(graph, dynamic, static_sizes)
         _log.debug("Original Stmt:\n", _with_externals(lowered, lowered.stmt))
         if self.options.verify:
             self._verify("lower_graph", lowered.stmt, allocated=False)
@@ -170,11 +195,12 @@ class TensorExprKernel:
         elif self.options.use_llvm:
             streaming = frozenset(
                 b for b, meta in lowered.output_metas.items()
-                if meta.nbytes >= STREAMING_BYTES
+                if meta.nbytes >= STREAMING_BYTES and not dynamic
             )
             self.jit = compile_stmt(
                 stmt, list(lowered.params), lowered.name, _long_running(stmt), streaming
             )
+            self._quick = _quick_call(self.jit, stmt, lowered) if dynamic else None
         else:
             self.evaluator = IREvaluator(stmt, list(lowered.params))
         #: how the compiled code is called, for `entry`
@@ -228,15 +254,21 @@ class TensorExprKernel:
         constants = dict(lowered.constants)
         number: dict[Buf | E.Var, int] = {}  # output buffer -> its place among the outputs
         params: list[Param] = []
+        symbols = {s.var for s in lowered.symbols}
         for p in lowered.params:
-            if p in position:
+            if p in symbols:
+                params.append(SizeParam(p.name))
+            elif p in position:
                 k = position[p]
                 params.append(TensorParam(k) if isinstance(p, Buf) else NumberParam(k))
             elif p in constants:
                 params.append(ConstParam(constants[p]))  # type: ignore[index]
             else:
                 number[p] = len(number)
-                params.append(OutputParam(lowered.output_metas[p]))  # type: ignore[index]
+                dims = p.dims if self.dynamic else None  # type: ignore[union-attr]
+                meta = lowered.output_metas[p]  # type: ignore[index]
+                steps = None if not self.dynamic or row_major(meta) else p.strides  # type: ignore
+                params.append(OutputParam(meta, dims, steps))  # type: ignore
         outputs = tuple(
             BufOutput(number[o.buf]) if isinstance(o, ComputedOutput) else o
             for o in lowered.outputs
@@ -251,6 +283,10 @@ class TensorExprKernel:
             run=self.evaluator.run if self.evaluator is not None else None,
             written=lowered.written,
             fallback=self._fallback_list if lowered.written else None,
+            symbols=lowered.symbols,
+            guards=lowered.guards,
+            dynamic_fallback=self._fallback_list if lowered.guards else None,
+            quick=getattr(self, "_quick", None),
         )
 
     def _fallback_list(self, inputs: Sequence[Any]) -> list[Any]:
@@ -275,7 +311,8 @@ class TensorExprKernel:
                     raise ValueError(f"input {k} must be a number")
             elif not isinstance(x, torch.Tensor) or (
                 (x.dtype, x.shape, x.stride(), x.device) != want
-            ):
+                and not (self.dynamic and (x.dtype, x.device) == (want[0], want[3]))
+            ):  # a dynamic kernel's entry checks its guard (else it runs the fallback)
                 raise ValueError(f"input {k} does not match the type the kernel was built for")
 
     def run(self, inputs: Sequence[Any]) -> Any:
@@ -285,10 +322,11 @@ class TensorExprKernel:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def entry(
-        self, sources: Sequence[Source], returns: Returns, overlap_guarded: bool = False
+        self, sources: Sequence[Source], returns: Returns, overlap_guarded: bool = False,
+        size_guarded: bool = False,
     ) -> Callable[[Sequence[Any]], Any]:
         """A generated function that calls this kernel; see `codegen/entry.py`."""
-        return make_entry(self.interface, sources, returns, overlap_guarded)
+        return make_entry(self.interface, sources, returns, overlap_guarded, size_guarded)
 
     def fallback(self, inputs: Sequence[Any]) -> Any:
         """The graph's outputs computed by the TorchScript interpreter, unfused."""

@@ -72,13 +72,15 @@ class Block(Stmt):
 
 @dataclass(frozen=True)
 class For(Stmt):
-    """`for (var = start; var < stop; var++) body`; `parallel` runs iterations on threads."""
+    """`for (var = start; var < stop; var++) body`; `parallel` runs iterations on threads,
+    only when `parallel_if` (a bool of size symbols, in a dynamic kernel) holds, if set."""
 
     var: Var
     start: Expr
     stop: Expr
     body: Stmt
     parallel: bool = False
+    parallel_if: Expr | None = None
 
     def __post_init__(self) -> None:
         for e in (self.var, self.start, self.stop):

@@ -303,3 +303,26 @@ def test_minimizer_takes_splits_apart_value_by_value():
     assert all(t in env for s in case.program.stmts for t in s.targets)
     for variant in minimize._variants(case):
         variant.program.script()  # every variant is still a program
+
+
+@pytest.mark.parametrize("seed", range(300, 312))
+def test_programs_at_other_sizes_through_one_dynamic_function(seed):
+    """The `sizes` check: set A, then resized sets (0 and 1 among the sizes), all through one
+    `nncfuse.jit(..., dynamic=True)`; each matches eager."""
+    case, outcome = fuzz.check_seed(seed, ("sizes",))
+    assert outcome.status in ("ok", "skipped"), fuzz.report(case, outcome)
+
+
+def test_resized_inputs_keep_types_layouts_and_broadcasts():
+    from nncfuse.fuzz.resize import resized
+
+    case = generate(4)
+    base = case.inputs[0]
+    sets = resized(case, random.Random(0), torch.Generator().manual_seed(0))
+    assert sets
+    for inputs in sets:
+        for a, b in zip(base, inputs):
+            assert type(a) is type(b)
+            if isinstance(a, torch.Tensor):
+                assert (a.dtype, a.dim()) == (b.dtype, b.dim())
+                assert all(x == y for x, y in zip(a.shape, b.shape) if x == 1)

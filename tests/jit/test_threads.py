@@ -74,9 +74,9 @@ def _count_compilations(monkeypatch):
     optimized, compiled = [], []
     real_optimize, real_kernel = policy.Policy.optimize, guard.TensorExprKernel
 
-    def optimize(self, graph, prog):
+    def optimize(self, graph, prog, dynamic=False):
         optimized.append(graph)
-        return real_optimize(self, graph, prog)
+        return real_optimize(self, graph, prog, dynamic)
 
     def kernel(*args):
         compiled.append(args[0])
@@ -94,7 +94,8 @@ def test_threads_get_eager_results_and_compile_each_signature_once(monkeypatch, 
     monkeypatch.setattr(policy, "_meta_is_cheap", lambda: meta)
     optimized, compiled = _count_compilations(monkeypatch)
     calls = _inputs()
-    fns = [nncfuse.jit(f, use_llvm=use_llvm, max_specializations=len(calls)) for f in (chain, twin)]
+    fns = [nncfuse.jit(f, use_llvm=use_llvm, max_specializations=len(calls), dynamic=False)
+           for f in (chain, twin)]
     switch = torch._C._get_graph_executor_optimize()
     errors, switches = _hammer(fns, calls)
     assert errors == []
@@ -109,11 +110,28 @@ def test_threads_get_eager_results_and_compile_each_signature_once(monkeypatch, 
 
 def test_beyond_the_limit_threads_run_unfused():
     calls = _inputs()
-    fn = nncfuse.jit(chain, max_specializations=3)
+    fn = nncfuse.jit(chain, max_specializations=3, dynamic=False)
     errors, _ = _hammer([fn], calls)
     assert errors == []
     fused = [len(nncfuse.fusion_groups(fn.graph_for(*args))) for args in calls]
     assert sorted(fused) == [0] * (len(calls) - 3) + [1] * 3
+
+
+@pytest.mark.parametrize("meta", [True, False], ids=["meta", "profiled"])
+def test_threads_share_dynamic_kernels_across_sizes(monkeypatch, meta):
+    """Automatic dynamic under threads: a size class gets one dynamic plan, made once, which
+    every thread reuses for the class's other sizes; every call is eager's."""
+    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: meta)
+    optimized, compiled = _count_compilations(monkeypatch)
+    calls = [(torch.randn(n), torch.randn(n)) for n in range(100, 140)]
+    calls += [(torch.randn(n, 3), torch.randn(n, 3)) for n in range(5, 25)]
+    fn = nncfuse.jit(chain)
+    errors, _ = _hammer([fn], calls)
+    assert errors == []
+    # two classes (rank 1, rank 2 with a 3): a static and a dynamic plan each, at most
+    assert len(optimized) <= 4 and len(compiled) <= 4
+    for args in calls:
+        assert len(nncfuse.fusion_groups(fn.graph_for(*args))) == 1
 
 
 class Scaled(torch.nn.Module):

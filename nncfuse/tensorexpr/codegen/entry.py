@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
+from .. import expr as E
 from ..meta import TensorMeta
+from ..size_symbols import InputGuard, SizeSymbol
 
 #: Outputs of at least this many bytes ask the kernel for transparent huge pages.
 #: A fresh 64 MB output costs 16,384 page faults when first written (about 25 ms
@@ -107,12 +109,22 @@ class ConstParam:
 
 @dataclass(frozen=True)
 class OutputParam:
-    """An output buffer, allocated fresh on every call with this metadata."""
+    """An output buffer, allocated fresh on every call with this metadata; in a dynamic
+    kernel with sizes `dims`, expressions of the size symbols (row-major)."""
 
     meta: TensorMeta
+    dims: tuple[E.Expr, ...] | None = None
+    strides: tuple[E.Expr, ...] | None = None  # where not row-major
 
 
-Param = TensorParam | NumberParam | ConstParam | OutputParam
+@dataclass(frozen=True)
+class SizeParam:
+    """A size symbol of a dynamic kernel (`size_symbols`): passed as the int it is bound to."""
+
+    name: str
+
+
+Param = TensorParam | NumberParam | ConstParam | OutputParam | SizeParam
 
 
 # -- what the kernel returns, and what the entry returns ----------------------------
@@ -199,6 +211,12 @@ class KernelInterface:
     written: tuple[int, ...] = ()  # kernel inputs the kernel stores into (`written`)
     fallback: Callable[[list[Any]], list[Any]] | None = None  # when one overlaps an input
     externals: tuple[ExternalStep, ...] = ()
+    symbols: tuple[SizeSymbol, ...] = ()  # a dynamic kernel's sizes, read from its inputs
+    guards: tuple[InputGuard, ...] = ()  # checked first; `dynamic_fallback` runs otherwise
+    dynamic_fallback: Callable[[list[Any]], list[Any]] | None = None
+    #: a dynamic kernel's `cfunc` that keeps the GIL (cheaper to call), and when to call
+    #: `cfunc` instead: a bool of the size symbols (much work, or parallel loops)
+    quick: tuple[Callable[..., Any], E.Expr] | None = None
 
 
 class _Code:
@@ -206,7 +224,8 @@ class _Code:
 
     def __init__(self) -> None:
         self.lines = ["def entry(args):"]
-        self.env: dict[str, Any] = {"empty_strided": torch.empty_strided}
+        self.env: dict[str, Any] = {
+            "empty_strided": torch.empty_strided, "empty": torch.empty, "Tensor": torch.Tensor}
 
     def line(self, text: str) -> None:
         self.lines.append("    " + text)
@@ -218,14 +237,16 @@ class _Code:
 
 def make_entry(
     kernel: KernelInterface, sources: Sequence[Source], returns: Returns,
-    overlap_guarded: bool = False,
+    overlap_guarded: bool = False, size_guarded: bool = False,
 ) -> Callable[[Sequence[Any]], Any]:
     """Generate `entry(args)` for one way of calling `kernel`: its k-th input comes from
     `sources[k]`, and it returns `returns`. `overlap_guarded`: the caller already sends
     calls whose written inputs overlap another elsewhere (the plan's guard), so the entry
-    does not check again."""
+    does not check again. `size_guarded`: likewise for a dynamic kernel's guard (the
+    caller's signatures imply it), so the entry only binds the size symbols."""
     code = _Code()
     _bind_inputs(code, sources)
+    _bind_symbols(code, kernel, len(sources), returns, size_guarded)
     _argument_checks(code, kernel.checks)
     if not overlap_guarded:
         _overlap_check(code, kernel, len(sources), returns)
@@ -282,16 +303,39 @@ def _arguments(code: _Code, params: Sequence[Param]) -> list[str]:
                 names.append(f"a{position}")
             case ConstParam(tensor):
                 names.append(code.bind(f"t{j}", tensor))
-            case OutputParam(meta):
-                names.append(_allocate(code, n_out, meta))
+            case OutputParam(meta, dims, strides):
+                names.append(_allocate(code, n_out, meta, dims, strides))
                 n_out += 1
+            case SizeParam(name):
+                names.append(name)
     return names
 
 
-def _allocate(code: _Code, n: int, meta: TensorMeta) -> str:
+def _allocate(
+    code: _Code, n: int, meta: TensorMeta, dims: tuple[E.Expr, ...] | None,
+    strides: tuple[E.Expr, ...] | None,
+) -> str:
     """Allocate output buffer `o<n>`, in huge pages when it is large; return its name."""
     name = f"o{n}"
     dtype = code.bind(f"dt{n}", meta.dtype)
+    if dims is not None:  # symbolic, laid out as eager lays out outputs of that layout class
+        sizes = "".join(f"{python(d)}, " for d in dims)
+        if strides is None:  # row-major as torch computes it: empty dims count as 1
+            steps, acc = [], "1"
+            for d in reversed(dims):
+                steps.append(acc)
+                factor = str(max(d.value, 1)) if isinstance(d, E.Imm) else f"max({python(d)}, 1)"
+                acc = factor if acc == "1" else f"{acc} * {factor}"
+            code.line(f"{name} = empty_strided(({sizes}), ({', '.join(reversed(steps))},), "
+                      f"dtype={dtype})")
+        else:
+            steps = "".join(f"{python(s)}, " for s in strides)
+            code.line(f"{name} = empty_strided(({sizes}), ({steps}), dtype={dtype})")
+        code.bind("huge_pages", huge_pages)
+        nbytes = " * ".join([str(meta.dtype.itemsize), *(python(d) for d in dims)])
+        code.line(f"if {nbytes} >= {HUGE_PAGE_BYTES}:")
+        code.line(f"    huge_pages({name}.data_ptr(), {nbytes})")
+        return name
     code.line(f"{name} = empty_strided({meta.sizes}, {meta.strides}, dtype={dtype})")
     if meta.nbytes >= HUGE_PAGE_BYTES:
         code.bind("huge_pages", huge_pages)
@@ -303,12 +347,91 @@ def _call(code: _Code, kernel: KernelInterface, arguments: Sequence[str]) -> Non
     """Call the machine code with pointers and numbers, or the interpreter with values."""
     if kernel.cfunc is not None:
         pointers = [
-            name if isinstance(param, NumberParam) else f"{name}.data_ptr()"
+            name if isinstance(param, (NumberParam, SizeParam)) else f"{name}.data_ptr()"
             for param, name in zip(kernel.params, arguments)
         ]
-        code.line(f"{code.bind('cfunc', kernel.cfunc)}({', '.join(pointers)})")
+        call = f"{code.bind('cfunc', kernel.cfunc)}({', '.join(pointers)})"
+        if kernel.quick is None:
+            code.line(call)
+        else:
+            quick, slow_if = kernel.quick
+            code.line(f"if {python(slow_if)}:")
+            code.line(f"    {call}")
+            code.line("else:")
+            code.line(f"    {code.bind('quick', quick)}({', '.join(pointers)})")
     elif kernel.run is not None:
         code.line(f"{code.bind('run', kernel.run)}([{', '.join(arguments)}])")
+
+
+_PY_OPS = {E.Add: "+", E.Sub: "-", E.Mul: "*", E.Div: "//"}
+
+
+def python(e: E.Expr | int) -> str:
+    """A size expression (ints, symbols, + - * //, comparisons) as Python source."""
+    if isinstance(e, int):
+        return str(e)
+    if isinstance(e, E.Imm):
+        return str(e.value)
+    if isinstance(e, E.Var):
+        return e.name
+    if isinstance(e, E.Cmp):
+        return f"({python(e.a)} {e.op} {python(e.b)})"
+    op = _PY_OPS.get(type(e))
+    if op is None:
+        raise TypeError(f"size expression {e} has no Python form")
+    return f"({python(e.a)} {op} {python(e.b)})"  # type: ignore[attr-defined]
+
+
+def _bind_symbols(
+    code: _Code, kernel: KernelInterface, n_inputs: int, returns: Returns, guarded: bool
+) -> None:
+    """A dynamic kernel's guard (unless `guarded`), then its size symbols: `s<k> =
+    a<p>.shape[d]`. Inputs that fail the guard (rank, dims of 1, sizes that must be equal,
+    strides) run the fallback."""
+    if not kernel.guards:
+        return
+    if guarded:
+        for sym in kernel.symbols:
+            code.line(f"{sym.var.name} = a{sym.position}.shape[{sym.dim}]")
+        return
+    rank = []
+    code.bind("grad_enabled", torch.is_grad_enabled)
+    for g in kernel.guards:
+        a = f"a{g.position}"
+        dtype = code.bind(f"gd{g.position}", g.dtype)
+        rank.append(f"not isinstance({a}, Tensor) or {a}.dtype is not {dtype}"
+                    f" or {a}.device.type != 'cpu' or len({a}.shape) != {len(g.sizes)}")
+        if not g.requires_grad:
+            rank.append(f"({a}.requires_grad and grad_enabled())")
+    conds = []
+    for g in kernel.guards:
+        layout = []  # stride checks: where the size is above 1, of a tensor with elements
+        for d, (size, stride) in enumerate(zip(g.sizes, g.strides)):
+            here = f"sh{g.position}[{d}]"
+            if isinstance(size, int):
+                conds.append(f"{here} != {size}")
+                if size > 1:
+                    layout.append(f"st{g.position}[{d}] != {python(stride)}")
+            else:
+                conds.append(f"{here} == 1")
+                first = next(s for s in kernel.symbols if s.var is size)
+                if (first.position, first.dim) != (g.position, d):
+                    conds.append(f"{here} != {python(size)}")
+                layout.append(f"({here} > 1 and st{g.position}[{d}] != {python(stride)})")
+        if layout:
+            conds.append(f"(a{g.position}.numel() and ({' or '.join(layout)}))")
+    code.bind("dynamic_fallback", kernel.dynamic_fallback)
+    names = [f"a{k}" for k in range(n_inputs)]
+    for test in (rank, conds):
+        if test is conds:
+            for g in kernel.guards:
+                code.line(f"sh{g.position} = a{g.position}.shape")
+                code.line(f"st{g.position} = a{g.position}.stride()")
+            for sym in kernel.symbols:
+                code.line(f"{sym.var.name} = sh{sym.position}[{sym.dim}]")
+        code.line(f"if {' or '.join(test) or 'False'}:")
+        code.line(f"    r = dynamic_fallback([{', '.join(names)}])")
+        _return(code, [f"r[{j}]" for j in range(len(kernel.outputs))], returns, "    ")
 
 
 def _results(outputs: Sequence[KernelOutput]) -> list[str]:

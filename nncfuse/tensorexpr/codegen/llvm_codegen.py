@@ -378,7 +378,13 @@ class LLVMCodeGen(Visitor):
                 b.store(b.extract_element(value, ir.Constant(I32, lane)), ptr)
 
     def visit_For(self, s: S.For) -> None:
-        if s.parallel:
+        if s.parallel and s.parallel_if is not None:  # decided at run time
+            with self.builder.if_else(self.expr(s.parallel_if)) as (threads, serial):
+                with threads:
+                    llvm_parallel.emit_parallel_for(self, s)
+                with serial:
+                    self.loop(s.var, self.expr(s.start), self.expr(s.stop), s.body)
+        elif s.parallel:
             llvm_parallel.emit_parallel_for(self, s)
         else:
             self.loop(s.var, self.expr(s.start), self.expr(s.stop), s.body)

@@ -48,7 +48,15 @@ import torch
 from .. import expr as E
 from ..dtype import INDEX
 from .casts import convert, fits, require_private_alias
-from .registry import Ctx, ListArg, LoweringError, TensorArg, register, scalar_dtype
+from .registry import (
+    Ctx,
+    ListArg,
+    LoweringError,
+    TensorArg,
+    register,
+    same_numel,
+    scalar_dtype,
+)
 
 _RESHAPES = (
     "aten::view", "aten::reshape", "aten::flatten", "aten::unflatten", "aten::squeeze",
@@ -78,7 +86,7 @@ def reshape_indices(
 ) -> tuple[E.Expr, ...]:
     """Indices into a tensor of `in_shape` of the element that a row-major reshape to
     `out_shape` puts at `indices`."""
-    if math.prod(in_shape) != math.prod(out_shape):
+    if not same_numel(in_shape, out_shape):
         raise LoweringError(f"cannot reshape {tuple(in_shape)} to {tuple(out_shape)}")
     result: list[E.Expr] = [E.imm(0)] * len(in_shape)
     if math.prod(out_shape) == 0:

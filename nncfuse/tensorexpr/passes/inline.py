@@ -25,7 +25,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
-from ..loopnest import as_block, buffers_loaded, definition, extent, loads
+from ..loopnest import Nest, as_block, buffers_loaded, definition, extent, loads
 
 
 def _expensive(value: E.Expr) -> bool:
@@ -33,6 +33,17 @@ def _expensive(value: E.Expr) -> bool:
     return any(
         isinstance(n, E.Reduce) or (isinstance(n, E.Call) and not n.row.cheap) for n in walk(value)
     )
+
+
+def _runs_more(consumer: S.Stmt, nest: S.Stmt) -> bool:
+    """Whether `consumer` runs more iterations than `nest`; with symbolic bounds (a dynamic
+    kernel), unless both have the same loop extents."""
+    a, b = extent(consumer), extent(nest)
+    if a is not None and b is not None:
+        return a > b
+    trips = [sorted(map(str, (loop.stop - loop.start for loop in Nest.of(n).loops)))
+             for n in (consumer, nest)]
+    return trips[0] != trips[1]
 
 
 class _Inline(Mutator):
@@ -63,8 +74,7 @@ def inline_intermediates(stmt: S.Stmt, outputs: Iterable[Buf] = ()) -> S.Stmt:
             result.append(nest)
             continue
         consumers = [n for n in nests[k + 1 :] if buf in buffers_loaded(n)]
-        size = extent(nest)
-        if _expensive(value) and any((extent(c) or 0) > (size or 0) for c in consumers):
+        if _expensive(value) and any(_runs_more(c, nest) for c in consumers):
             result.append(nest)
             continue
         inline = _Inline(buf, indices, value)

@@ -8,7 +8,11 @@ loop marked parallel; codegen splits it into one contiguous chunk per
 thread. Work is the number of elements the nest stores times a per-element
 cost: 1 per operation, `CALL_COST` per transcendental call, a `Reduce`'s
 body once per point it reduces over. Forking threads
-costs a few microseconds, so small nests stay serial.
+costs a few microseconds, so small nests stay serial. Where the bounds are
+size symbols (a dynamic kernel) the choice is made at run time:
+
+    for (i = 0; i < s0 / 16; i++)      ->    for (i = 0; i < s0 / 16; i++)
+      out[Ramp(16 * i, 1, 16)] = ...;          /* parallel if s0 / 16 * 16 >= 131072 */
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..ir_visitor import children
 from ..loopnest import Nest, as_block
+from .simplify import simplify
 
 #: Relative cost of an intrinsic call (a SLEEF routine) against a simple operation.
 CALL_COST = 20
@@ -64,11 +69,36 @@ def _cost(node: E.Expr | S.Stmt) -> int | None:
     return total
 
 
+def symbolic_work(stmt: S.Stmt) -> E.Expr | None:
+    """Estimated operations of a nest whose bounds are expressions (size symbols): trip
+    counts times the cost of the statements inside; None where a cost is not known."""
+    if isinstance(stmt, S.For):
+        inner = symbolic_work(stmt.body)
+        return None if inner is None else (stmt.stop - stmt.start) * inner
+    if isinstance(stmt, S.Block):
+        parts = [symbolic_work(s) for s in stmt.stmts]
+        if None in parts or not parts:
+            return None
+        total = parts[0]
+        for p in parts[1:]:
+            total = total + p  # type: ignore[operator]
+        return total
+    cost = _cost(stmt)
+    return None if cost is None else E.imm(max(cost, 1))
+
+
 def _parallel(stmt: S.Stmt, grain: int) -> S.Stmt:
     if not isinstance(stmt, S.For) or stmt.parallel:
         return stmt
     amount = work(stmt)
-    if amount is None or amount < grain:
+    if amount is None:  # symbolic bounds: the choice is made at run time
+        estimate = symbolic_work(stmt)
+        if estimate is None:
+            return stmt
+        return dataclasses.replace(
+            stmt, parallel=True, parallel_if=E.cmp(">=", simplify(estimate), grain)
+        )
+    if amount < grain:
         return stmt
     return dataclasses.replace(stmt, parallel=True)
 

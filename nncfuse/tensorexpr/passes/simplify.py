@@ -20,6 +20,7 @@ not rules: linear forms and the ranges of loop variables.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from .. import expr as E
@@ -102,6 +103,13 @@ class _Linear:
         return _Linear({k: v for k, v in terms.items() if v}, self.const + sign * other.const)
 
 
+def _factors(e: E.Expr) -> list[E.Expr]:
+    """The factors of a product of int64 expressions (`e` itself if it is no product)."""
+    if isinstance(e, E.Mul) and e.dtype == INDEX:
+        return [*_factors(e.a), *_factors(e.b)]
+    return [e]
+
+
 class Simplifier(Mutator):
     def __init__(self) -> None:
         self.ranges: dict[E.Var, tuple[int, int]] = {}
@@ -159,14 +167,21 @@ class Simplifier(Mutator):
         return out
 
     def recombine(self, lin: _Linear) -> _Linear:
-        """`c*d*(x / d) + c*(x % d)` -> `c*x`, for every such pair of atoms."""
+        """`c*d*(x / d) + c*(x % d)` -> `c*x`, for every such pair of atoms (d a constant, or
+        a product of size symbols: then the atom `d * (x / d)`, its factors in any order)."""
         terms = dict(lin.terms)
         for atom in list(terms):
-            if not isinstance(atom, E.Mod) or atom not in terms or not E.is_const(atom.b):
+            if not isinstance(atom, E.Mod) or atom not in terms:
                 continue
-            div = E.Div(atom.a, atom.b)
-            c, d = terms[atom], atom.b.value  # type: ignore[union-attr]
-            if terms.get(div) == c * d:  # type: ignore[operator]
+            div: E.Expr = E.Div(atom.a, atom.b)
+            c = terms[atom]
+            if E.is_const(atom.b):
+                want = c * atom.b.value  # type: ignore[union-attr]
+            else:  # symbolic: the product atom whose factors are d's and (x / d)
+                want = c
+                factors = Counter([*_factors(atom.b), div])
+                div = next((t for t in terms if Counter(_factors(t)) == factors), div)
+            if div is not atom and terms.get(div) == want:
                 del terms[atom], terms[div]
                 inner = self.linear(atom.a)
                 for k, v in inner.terms.items():

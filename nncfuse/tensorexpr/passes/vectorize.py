@@ -153,11 +153,9 @@ class _Vectorize(Mutator):
         body = self.mutate(s.body)
         if body is not s.body or any(isinstance(n, S.For) for n in walk(body)):
             return s if body is s.body else S.For(s.var, s.start, s.stop, body, s.parallel)
-        if not (isinstance(s.start, E.Imm) and isinstance(s.stop, E.Imm)):
-            return s
         lanes = lanes_for(body, self.vector_bits)
-        count = s.stop.value - s.start.value  # type: ignore[operator]
-        if lanes < 2 or count < lanes:
+        static = isinstance(s.start, E.Imm) and isinstance(s.stop, E.Imm)
+        if lanes < 2 or static and s.stop.value - s.start.value < lanes:  # type: ignore
             return s
         outer = E.Var(s.var.name)
         ramp = E.Ramp(s.start + outer * lanes, E.imm(1), lanes)
@@ -165,15 +163,21 @@ class _Vectorize(Mutator):
             wide = _Widen(s.var, ramp).stmt(body)
         except _Unvectorizable:
             return s
-        main_end = s.start.value + count // lanes * lanes  # type: ignore[operator]
-        main = S.For(outer, E.imm(0), E.imm(count // lanes), wide, s.parallel)
-        if main_end == s.stop.value:
+        if static:
+            count = s.stop.value - s.start.value  # type: ignore[operator]
+            vectors, main_end = E.imm(count // lanes), E.imm(s.start.value + count // lanes * lanes)
+        else:  # symbolic bounds (a dynamic kernel): the split is computed at run time
+            vectors = (s.stop - s.start) / lanes
+            main_end = s.start + vectors * lanes
+        main = S.For(outer, E.imm(0), vectors, wide, s.parallel)
+        if static and main_end.value == s.stop.value:  # type: ignore[attr-defined]
             return main
         tail_var = E.Var(s.var.name)
-        tail = S.For(tail_var, E.imm(main_end), s.stop, substitute(body, {s.var: tail_var}))
+        tail = S.For(tail_var, main_end, s.stop, substitute(body, {s.var: tail_var}))
         return S.Block((main, tail))
 
 
 def vectorize_inner_loops(stmt: S.Stmt, vector_bits: int = 512) -> S.Stmt:
-    """Vectorize every innermost loop with constant bounds; see the module docstring."""
+    """Vectorize every innermost loop (with a tail computed at run time where its bounds
+    are symbolic); see the module docstring."""
     return _Vectorize(vector_bits).mutate(stmt)

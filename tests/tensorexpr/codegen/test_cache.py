@@ -90,3 +90,24 @@ def test_same_graph_gives_the_same_ir_text():
     assert texts[0] == texts[1] == kernel_of(group).jit.ir_text
     name = kernel_of(group).name
     assert f'@"{name}.par0"' in texts[0] and f'@"{name}.par1"' in texts[0]
+
+
+DYNAMIC = """
+import sys, torch, nncfuse
+def f(a, b):
+    return torch.sigmoid(a * b) + torch.cos(b)
+g = nncfuse.jit(f, dynamic=True)
+for n in map(int, sys.argv[1:]):
+    a, b = torch.randn(n, 7), torch.randn(7)
+    torch.testing.assert_close(g(a, b), f(a, b))
+print("ok")
+"""
+
+
+def test_dynamic_kernels_are_keyed_by_their_size_class_not_sizes(tmp_path):
+    cache = tmp_path / "cache"
+    first = run(cache, tmp_path, DYNAMIC, ["1000", "17"])
+    assert first.count("Object code cached") == 1  # one kernel for both sizes
+    second = run(cache, tmp_path, DYNAMIC, ["5", "300"])  # other sizes, the same class
+    assert "Object code from the cache" in second and "cached:" not in second
+    assert len(list(cache.glob("*.o"))) == 1

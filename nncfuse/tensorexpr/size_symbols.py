@@ -1,0 +1,174 @@
+"""size_symbols: the sizes of a dynamic kernel as symbols bound from its inputs at run time.
+
+A dynamic kernel is lowered from a graph typed for one example signature,
+with every size other than 1 replaced by a symbol `s0, s1, ...` (an INDEX
+`Var`): one symbol per distinct size value among the tensor inputs, so that
+inputs whose sizes were equal share a symbol. Sizes of 1 stay immediates
+(they broadcast), and so do the sizes the policy keeps static (the dims that
+did not change, such as the extent of a reduction). Strides become
+expressions of the symbols: an input's layout class is row-major over its
+dims that are not broadcast (stride 0).
+
+    x : Float(8, 1000), y : Float(1000)      x : [s0, s1] strides [s1, 1]
+                                     ->      y : [s1] strides [1]
+    out : Float(8, 1000)                     out : [s0, s1] strides [s1, 1]
+
+What the kernel relies on is its guard (`InputGuard`, one per tensor input):
+the dtype, the CPU, requires_grad, the rank, which dims are 1, which dims
+equal which symbol, and the strides as expressions of the symbols (checked on
+dims longer than 1, the only ones whose stride matters). Not the sizes.
+`codegen/entry.py` checks it on every call, binds the symbols and passes
+them to the compiled code.
+
+Only ops whose output sizes are broadcasts of their inputs' (elementwise ops,
+casts) can be lowered this way; `graph_lowering` checks that, and any size
+it cannot express (a view with constant sizes, a reduction) raises
+`LoweringError`: the group then gets a static kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from . import expr as E
+from .dtype import INDEX
+from .lowerings import LoweringError
+from .meta import TensorMeta
+
+Size = int | E.Expr
+
+
+@dataclass(frozen=True)
+class SizeSymbol:
+    """Size symbol `var`: dim `dim` of kernel input `position`, read when the kernel runs."""
+
+    var: E.Var
+    position: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class InputGuard:
+    """What a dynamic kernel relies on about tensor input `position`: per dim, its size (1
+    or a symbol) and its stride (an expression of the symbols; checked where the size is
+    above 1)."""
+
+    position: int
+    sizes: tuple[Size, ...]
+    strides: tuple[Size, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+
+def _mul(a: Size, b: Size) -> Size:
+    """`a * b`, folded where either is the int 1."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if isinstance(a, int) and a == 1:
+        return b
+    if isinstance(b, int) and b == 1:
+        return a
+    return E.as_expr(a, INDEX) * E.as_expr(b, INDEX)
+
+
+def evaluate(size: Size, values: dict[E.Var, int]) -> int:
+    """`size`, an int or a product/sum of symbols, at the symbols' `values`."""
+    if isinstance(size, int):
+        return size
+    if isinstance(size, E.Imm):
+        return int(size.value)  # type: ignore[arg-type]
+    if isinstance(size, E.Var):
+        return values[size]
+    if isinstance(size, E.Mul):
+        return evaluate(size.a, values) * evaluate(size.b, values)
+    if isinstance(size, E.Add):
+        return evaluate(size.a, values) + evaluate(size.b, values)
+    raise LoweringError(f"size expression {size} is not supported")
+
+
+def row_major(meta: TensorMeta) -> bool:
+    """Whether `meta`'s strides are row-major where they matter (dims above 1, elements)."""
+    expect = 1
+    for size, stride in zip(reversed(meta.sizes), reversed(meta.strides)):
+        if size == 0:
+            return True
+        if size > 1 and stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+class SizeSymbols:
+    """The symbols of one kernel, made from its tensor inputs' example metadata."""
+
+    def __init__(
+        self, inputs: Sequence[tuple[int, TensorMeta]], static: frozenset[int] = frozenset()
+    ):
+        """`static`: sizes that stay ints (dims that did not change: a reduction's extent)."""
+        self._by_value: dict[int, E.Var] = {}
+        self.static = static
+        self.symbols: list[SizeSymbol] = []
+        self.guards: list[InputGuard] = []
+        for position, meta in inputs:
+            for d, size in enumerate(meta.sizes):
+                if size != 1 and size not in static and size not in self._by_value:
+                    var = E.Var(f"s{len(self.symbols)}")
+                    self._by_value[size] = var
+                    self.symbols.append(SizeSymbol(var, position, d))
+        self.values = {s: v for v, s in self._by_value.items()}
+        for position, meta in inputs:
+            self.guards.append(InputGuard(position, self.sizes(meta), self._strides(meta),
+                                          meta.dtype, meta.requires_grad))
+
+    def sizes(self, meta: TensorMeta, derived: bool = False) -> tuple[Size, ...]:
+        """`meta`'s sizes, each 1, static or its symbol; with `derived` (a cat's output, whose
+        lengths along its dim are static: the cat checks), a size no input has stays an int,
+        else it is a LoweringError."""
+        out: list[Size] = []
+        for size in meta.sizes:
+            if size == 1 or size in self.static:
+                out.append(size)
+            elif size in self._by_value:
+                out.append(self._by_value[size])
+            elif derived:  # static from now on, for the nodes that use the cat's output
+                self.static = self.static | {size}
+                out.append(size)
+            else:
+                raise LoweringError(f"size {size} is not the size of an input")
+        return tuple(out)
+
+    def _strides(self, meta: TensorMeta) -> tuple[Size, ...]:
+        """An input's strides as expressions: row-major over its non-broadcast dims; else
+        LoweringError (that layout gets a static kernel)."""
+        sizes = self.sizes(meta)
+        out: list[Size] = []
+        acc: Size = 1
+        empty = 0 in meta.sizes  # no element is read: any strides will do
+        for size, sym, stride in zip(reversed(meta.sizes), reversed(sizes), reversed(meta.strides)):
+            if size != 1 and stride == 0 and not empty:
+                out.append(0)
+                continue
+            if size > 1 and stride != evaluate(acc, self.values) and not empty:
+                raise LoweringError("an input's layout is not row-major over its dims")
+            out.append(acc)
+            acc = _mul(acc, sym)
+        return tuple(reversed(out))
+
+    def dense(self, meta: TensorMeta) -> tuple[Size, ...]:
+        """`meta`'s strides (an output's) as expressions of its symbolic sizes: dense in the
+        order of its strides (row-major, or permuted as eager lays out the result of a
+        transpose); else LoweringError."""
+        sizes = self.sizes(meta)
+        order = sorted(range(len(sizes)), key=lambda d: (meta.strides[d], -d))
+        out: list[Size] = [1] * len(sizes)
+        acc: Size = 1
+        empty = 0 in meta.sizes
+        for d in order:  # innermost first
+            if meta.sizes[d] > 1 and meta.strides[d] != evaluate(acc, self.values) and not empty:
+                raise LoweringError("an output's layout is not dense")
+            out[d] = acc
+            acc = _mul(acc, sizes[d])
+        return tuple(out)

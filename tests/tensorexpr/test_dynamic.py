@@ -1,0 +1,99 @@
+"""Dynamic kernels: sizes are symbols bound from the inputs on each call (`size_symbols`)."""
+
+import pytest
+import torch
+
+from nncfuse.config import Options
+from nncfuse.tensorexpr.kernel import TensorExprKernel
+from nncfuse.tensorexpr.lowerings import LoweringError
+
+
+def graph_of(fn, *examples):
+    graph = torch.jit.trace(fn, examples).graph.copy()
+    torch._C._jit_pass_inline(graph)
+    return graph
+
+
+def dynamic_kernels(fn, *examples):
+    graph = graph_of(fn, *examples)
+    return [TensorExprKernel(graph, Options.from_env(use_llvm=llvm), dynamic=True)
+            for llvm in (True, False)]
+
+
+def chain(x, y):
+    return ((x * y + 1.0).sigmoid() * x).to(torch.float64)
+
+
+# sizes along every dim, 0 and 1 included (a 1 where the kernel has a symbol fails the guard:
+# the entry then runs the fallback, as it does for a change of rank or layout)
+SIZES = [(8, 1000), (3, 7), (0, 5), (5, 0), (1, 9), (2, 1), (64, 2100), (33, 17)]
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+def test_one_kernel_matches_eager_at_many_sizes_with_broadcasting(llvm):
+    kernel = dynamic_kernels(chain, torch.randn(8, 1000), torch.randn(1000))[not llvm]
+    for rows, cols in SIZES:
+        x, y = torch.randn(rows, cols), torch.randn(cols)
+        want = chain(x, y)
+        got = kernel.run([x, y])
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)  # float32 sigmoid
+        assert got.stride() == want.stride() and got.dtype == want.dtype
+
+
+def test_dumps_print_the_size_symbols_and_vector_tails_are_computed_at_run_time():
+    kernel = dynamic_kernels(chain, torch.randn(4, 8, 100), torch.randn(4, 8, 100))[0]
+    text = str(kernel.stmt)
+    assert "s0" in text and "s2" in text and "100" not in text
+    assert "Ramp" in text and "/ 16" in text or "/ 8" in text  # a vector loop and its tail
+    assert "parallel if" in text  # the choice to use threads is made per call
+    assert "s0 = sh0[0]" in kernel.call.source
+
+
+def test_inputs_of_equal_sizes_share_a_symbol_and_the_guard_checks_it():
+    x = torch.randn(6, 6)
+    kernel = dynamic_kernels(lambda a, b: a * b + a, x, x)[0]
+    assert [s.var.name for s in kernel.lowered.symbols] == ["s0"]
+    for a, b in [(torch.randn(5, 5), torch.randn(5, 5)), (torch.randn(5, 7), torch.randn(5, 7))]:
+        torch.testing.assert_close(kernel.run([a, b]), a * b + a)  # (5, 7): the fallback
+
+
+def test_layout_class_is_guarded():
+    kernel = dynamic_kernels(lambda a, b: a - b * 2, torch.randn(4, 9), torch.randn(4, 9))[0]
+    a = torch.randn(9, 4).t()  # not row-major: the fallback runs
+    b = torch.randn(1, 9).expand(4, 9)  # broadcast (stride 0): the fallback runs
+    for x, y in [(a, a), (b, a), (torch.randn(4, 9, 2)[..., 0], a), (torch.randn(9), a)]:
+        torch.testing.assert_close(kernel.run([x, y]), x - y * 2)
+
+
+def test_broadcast_input_layout_is_symbolic_too():
+    x = torch.randn(1, 50).expand(6, 50)
+    kernel = dynamic_kernels(lambda a, b: a + b.sin(), x, torch.randn(6, 50))[0]
+    for rows, cols in [(6, 50), (3, 10), (9, 0)]:
+        a, b = torch.randn(1, cols).expand(rows, cols), torch.randn(rows, cols)
+        torch.testing.assert_close(kernel.run([a, b]), a + b.sin())
+
+
+def test_scalars_and_zero_dim_tensors():
+    def fn(x, s, z):
+        return x * s + z
+
+    kernel = dynamic_kernels(fn, torch.randn(10), torch.tensor(2.0), torch.tensor(3.0))[0]
+    for n in (10, 0, 300):
+        x = torch.randn(n)
+        torch.testing.assert_close(kernel.run([x, torch.tensor(-1.5), torch.tensor(0.5)]),
+                                   fn(x, torch.tensor(-1.5), torch.tensor(0.5)))
+
+
+_CONST = torch.arange(16.0)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.sum(0) * 2,  # a reduction
+    lambda x: x.view(2, 8) * 2,  # constant sizes
+    lambda x: x * _CONST,  # a tensor constant of fixed sizes
+])
+def test_what_cannot_take_symbolic_sizes_raises_lowering_error(fn):
+    graph = graph_of(fn, torch.randn(16))
+    with pytest.raises(LoweringError):
+        TensorExprKernel(graph, Options.from_env(), dynamic=True)
+    TensorExprKernel(graph, Options.from_env())  # static: fine
