@@ -76,11 +76,16 @@ class AutogradPlan:
         self.prog = prog
         self.options = options
         self._params: tuple[torch.Tensor, ...] = ()
-        self._fn: Callable[..., Any] = prog.unfused
+        self._fn: Callable[..., Any] | None = prog.unfused  # None: every call runs unfused
         self._variants: dict[Any, _Joint | None] = {}
         self._lock = threading.Lock()
         if prog.receiver is not None:
-            graph, params = torch._C._jit_pass_lower_graph(prog.graph.copy(), prog.receiver)
+            try:
+                graph, params = torch._C._jit_pass_lower_graph(prog.graph.copy(), prog.receiver)
+            except RuntimeError as e:  # an attribute other than parameters and buffers
+                _log.dump("Parameters not lifted to inputs, running unfused: ", brief(e))
+                self._fn = None
+                return
             for value in graph.inputs():
                 if isinstance(value.type(), torch._C.TensorType):
                     value.setType(torch._C.TensorType.get())
@@ -101,6 +106,8 @@ class AutogradPlan:
         return [j for j in list(self._variants.values()) if j is not None]
 
     def run(self, args: tuple[Any, ...]) -> Any:
+        if self._fn is None:
+            return self.prog.unfused(*args)
         inputs = (*args, *self._params)
         tensors = [k for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
         if not torch.is_grad_enabled() or not any(inputs[k].requires_grad for k in tensors):
@@ -123,6 +130,7 @@ class AutogradPlan:
         return outs if joint.returns_tuple else outs[0]
 
     def _trace(self, inputs: tuple[Any, ...], tensors: list[int]) -> _Joint | None:
+        assert self._fn is not None
         if len(self._variants) >= _MAX_VARIANTS:
             _log.update("Too many patterns of values under autograd; running unfused")
             return None

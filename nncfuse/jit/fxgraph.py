@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import functools
 import itertools
 import operator
 import threading
@@ -34,6 +33,7 @@ import torch
 
 from .. import log
 from ..config import Options
+from .decompose import decompositions
 from .policy import Policy, Program, program, signature
 
 __all__ = ["CompiledGraph", "compiled_graphs", "clear_compiled_graphs", "decompositions", "brief"]
@@ -45,17 +45,6 @@ _recent_lock = threading.Lock()
 aten = torch.ops.aten
 
 
-@functools.cache
-def decompositions() -> dict[Any, Callable[..., Any]]:
-    """Decomposed before partitioning, into elementwise ops that fuse: the backward ops of
-    activations (functorch's `default_decompositions` for ts_compile, less the forward
-    activations and masked_fill, which nncfuse lowers as they are)."""
-    return torch._decomp.get_decompositions([
-        aten.detach, aten.gelu_backward, aten.leaky_relu_backward, aten.sigmoid_backward,
-        aten.threshold_backward, aten.hardtanh_backward, aten.hardsigmoid_backward,
-        aten.hardswish_backward, aten.tanh_backward, aten.silu_backward, aten.elu_backward,
-        aten.is_same_size,
-    ])
 #: `report(graph, options, failures)`: what fused, for the `>backend` log; installed by the
 #: backend (a layer above: nncfuse.explain builds it)
 report: Callable[..., Any] | None = None
@@ -202,6 +191,13 @@ def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program
     return program(graph, unfused, receiver)
 
 
+#: ATen's internal forms that equal a public op in a graph that writes to nothing
+_PUBLIC = {
+    aten._unsafe_view.default: aten.reshape.default,  # a fresh tensor's view (of mm's output)
+    aten._softmax.default: aten.softmax.int,  # half_to_float=False
+    aten._log_softmax.default: aten.log_softmax.int,
+}
+
 _NUMBER_TYPES = ((torch.SymBool, bool), (bool, bool), (torch.SymInt, int), (int, int),
                  (torch.SymFloat, float), (float, float))
 
@@ -211,7 +207,8 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     it is, for the fallback): inputs annotated by their examples (AOTAutograd's graphs take
     sizes unannotated, which TorchScript would read as tensors), ops by packet rather than
     overload, devices by type name, `_to_copy(x, dtype=...)` as `to`, `alias(x)` (detach,
-    decomposed) as `x` where it is not returned. A copy is never a lazy graph module."""
+    decomposed) as `x` where it is not returned, the private ops of `_PUBLIC` as the public
+    ones they equal in a functional graph. A copy is never a lazy graph module."""
     graph = copy.deepcopy(gm.graph)
     for node, example in zip(graph.find_nodes(op="placeholder"), example_inputs):
         if node.type is None:
@@ -220,6 +217,10 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     for node in graph.find_nodes(op="call_function", target=aten._to_copy.default):
         if len(node.args) == 1 and list(node.kwargs) == ["dtype"]:
             node.target = aten.to.dtype
+    for private, public in _PUBLIC.items():
+        for node in graph.find_nodes(op="call_function", target=private):
+            if not node.kwargs and node.args[2:] in ((), (False,)):  # not half_to_float
+                node.target, node.args = public, node.args[:2]
     returned = set(graph.find_nodes(op="output")[0].all_input_nodes)
     for node in graph.find_nodes(op="call_function", target=aten.alias.default):
         if node not in returned and len(node.args) == 1 and not node.kwargs:

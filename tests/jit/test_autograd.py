@@ -178,3 +178,41 @@ def test_saved_input_modified_in_place_raises_as_eager():
     y.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+class Norms(torch.nn.Module):
+    def __init__(self, batch_norm):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(12)
+        self.fc = torch.nn.Linear(12, 12)
+        self.bn = torch.nn.BatchNorm1d(12) if batch_norm else torch.nn.Identity()
+
+    def forward(self, x):
+        h = torch.softmax(self.fc(self.norm(x)), -1) * x
+        return torch.nn.functional.gelu(self.bn(h)) + x
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_a_block_with_norms_trains_as_eager(batch_norm):
+    """Layer norm and softmax decompose and fuse; batch norm reads `self.training`, an
+    attribute that is not lifted to an input: that module runs unfused, still eager's."""
+    model = Norms(batch_norm).train()
+    reference = Norms(batch_norm).train()
+    reference.load_state_dict(model.state_dict())
+    fused = nncfuse.jit(model)
+    for _ in range(3):
+        x = torch.randn(5, 12)
+        for m in (model, reference):
+            m.zero_grad()
+        got, want = fused(x), reference(x)
+        torch.testing.assert_close(got, want)
+        got.square().sum().backward()
+        want.square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
+    if batch_norm:
+        assert _plan(fused).joints() == []
+    else:
+        forward, backward = _groups(fused)
+        assert forward >= 1 and backward >= 1
