@@ -198,6 +198,25 @@ _PUBLIC = {
     aten._log_softmax.default: aten.log_softmax.int,
 }
 
+_TRANSPOSES = (aten.t.default, aten.transpose.int)
+
+
+def _same_view(node: torch.fx.Node) -> torch.fx.Node | None:
+    """`x` if `node` is a view that is `x` itself (`alias(x)`, `t(t(x))`, or `transpose(
+    transpose(x, a, b), a, b)`), else None: a kernel would copy what is already there."""
+    if node.op != "call_function" or node.kwargs:
+        return None
+    if node.target is aten.alias.default and len(node.args) == 1:
+        return node.args[0]
+    inner = node.args[0] if node.args else None
+    if (node.target in _TRANSPOSES and isinstance(inner, torch.fx.Node)
+            and inner.target is node.target and not inner.kwargs
+            and sorted(node.args[1:]) == sorted(inner.args[1:])
+            and all(isinstance(d, int) and d >= 0 for d in node.args[1:])):
+        return inner.args[0]
+    return None
+
+
 _NUMBER_TYPES = ((torch.SymBool, bool), (bool, bool), (torch.SymInt, int), (int, int),
                  (torch.SymFloat, float), (float, float))
 
@@ -207,8 +226,8 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     it is, for the fallback): inputs annotated by their examples (AOTAutograd's graphs take
     sizes unannotated, which TorchScript would read as tensors), ops by packet rather than
     overload, devices by type name, `_to_copy(x, dtype=...)` as `to`, `alias(x)` (detach,
-    decomposed) as `x` where it is not returned, the private ops of `_PUBLIC` as the public
-    ones they equal in a functional graph. A copy is never a lazy graph module."""
+    decomposed) and `t(t(x))` (linear's backward) as `x`, the private ops of `_PUBLIC` as
+    the public ones they equal in a functional graph. A copy is never a lazy graph module."""
     graph = copy.deepcopy(gm.graph)
     for node, example in zip(graph.find_nodes(op="placeholder"), example_inputs):
         if node.type is None:
@@ -222,10 +241,16 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
             if not node.kwargs and node.args[2:] in ((), (False,)):  # not half_to_float
                 node.target, node.args = public, node.args[:2]
     returned = set(graph.find_nodes(op="output")[0].all_input_nodes)
-    for node in graph.find_nodes(op="call_function", target=aten.alias.default):
-        if node not in returned and len(node.args) == 1 and not node.kwargs:
-            node.replace_all_uses_with(node.args[0])
+    for node in list(graph.nodes):
+        source = _same_view(node)
+        # (returned: only a value computed here, not returned itself, may stand for it)
+        if source is not None and (node not in returned or (
+                source.op == "call_function" and source not in returned)):
+            inner = node.args[0]
+            node.replace_all_uses_with(source)
             graph.erase_node(node)
+            if inner is not source and not inner.users:
+                graph.erase_node(inner)
     for node in graph.nodes:
         node.kwargs = {k: v.type if isinstance(v, torch.device) else v
                        for k, v in node.kwargs.items()}
