@@ -24,8 +24,10 @@ AOTAutograd cannot trace (data-dependent control flow, an output that aliases
 an input, an input written in place, an output that does not require grad)
 runs the unfused program, with the reason logged under `autograd`.
 
-A module's parameters become inputs of the traced function
-(`_jit_pass_lower_graph`), so their gradients accumulate in `.grad`.
+A module's attributes (parameters, buffers, flags such as `training`) become
+inputs of the traced function (`_lifted`), read at every call, so that the
+gradients of parameters accumulate in their `.grad` and a changed flag or
+attribute gets its own trace.
 See docs/autograd.md for why this mechanism rather than TorchScript's autodiff.
 """
 
@@ -75,22 +77,18 @@ class AutogradPlan:
     def __init__(self, prog: Program, options: Options):
         self.prog = prog
         self.options = options
-        self._params: tuple[torch.Tensor, ...] = ()
+        #: the module's attributes the graph reads (parameters, buffers, flags), as
+        #: (object, name): read at every call, passed as inputs after the arguments
+        self._attributes: list[tuple[Any, str]] = []
         self._fn: Callable[..., Any] | None = prog.unfused  # None: every call runs unfused
         self._variants: dict[Any, _Joint | None] = {}
         self._lock = threading.Lock()
         if prog.receiver is not None:
             try:
-                graph, params = torch._C._jit_pass_lower_graph(prog.graph.copy(), prog.receiver)
-            except RuntimeError as e:  # an attribute other than parameters and buffers
-                _log.dump("Parameters not lifted to inputs, running unfused: ", brief(e))
+                self._fn, self._attributes = _lifted(prog.graph, prog.receiver)
+            except ValueError as e:
+                _log.dump("Attributes not lifted to inputs, running unfused: ", e)
                 self._fn = None
-                return
-            for value in graph.inputs():
-                if isinstance(value.type(), torch._C.TensorType):
-                    value.setType(torch._C.TensorType.get())
-            self._fn = torch._C._create_function_from_graph("nncfuse_lowered", graph)
-            self._params = tuple(params)
 
     @property
     def graph(self) -> torch._C.Graph | None:
@@ -108,7 +106,7 @@ class AutogradPlan:
     def run(self, args: tuple[Any, ...]) -> Any:
         if self._fn is None:
             return self.prog.unfused(*args)
-        inputs = (*args, *self._params)
+        inputs = (*args, *(obj.getattr(name) for obj, name in self._attributes))
         tensors = [k for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
         if not torch.is_grad_enabled() or not any(inputs[k].requires_grad for k in tensors):
             return self.prog.unfused(*args)
@@ -142,6 +140,50 @@ class AutogradPlan:
 
 
 _MISSING: Any = object()
+
+
+def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], list[Any]]:
+    """A function of `graph`, a module's (its `self` first), that takes the attributes it
+    reads as inputs after the other arguments, and those attributes as (object, name).
+
+        graph(%self, %x):                          graph(%x, %weight):
+          %lin = prim::GetAttr[name="lin"](%self)    %y = aten::mul(%x, %weight)
+          %w = prim::GetAttr[name="weight"](%lin)
+          %y = aten::mul(%x, %w)
+    """
+    graph = graph.copy()
+    this = next(graph.inputs())
+    objects: dict[int, Any] = {this.unique(): receiver}
+    attributes: list[tuple[Any, str]] = []
+    getattrs = []
+
+    def visit(block: Any) -> None:
+        for node in block.nodes():
+            if node.kind() == "prim::SetAttr":
+                raise ValueError("the graph sets an attribute")
+            if node.kind() == "prim::GetAttr":
+                owner = objects.get(node.input().unique())
+                if owner is None:
+                    raise ValueError("an attribute of a value that is not the module's")
+                name = node.s("name")
+                getattrs.append(node)
+                if isinstance(node.output().type(), torch._C.ClassType):
+                    objects[node.output().unique()] = owner.getattr(name)
+                    continue
+                value = graph.addInput()
+                value.setType(node.output().type())
+                node.output().replaceAllUsesWith(value)
+                attributes.append((owner, name))
+            for inner in node.blocks():
+                visit(inner)
+
+    visit(graph)
+    for node in reversed(getattrs):
+        node.destroy()
+    if list(this.uses()):
+        raise ValueError("the module itself is used as a value")
+    graph.eraseInput(0)
+    return torch._C._create_function_from_graph("nncfuse_lifted", graph), attributes
 
 
 class _Joint:

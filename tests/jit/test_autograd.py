@@ -194,8 +194,8 @@ class Norms(torch.nn.Module):
 
 @pytest.mark.parametrize("batch_norm", [False, True])
 def test_a_block_with_norms_trains_as_eager(batch_norm):
-    """Layer norm and softmax decompose and fuse; batch norm reads `self.training`, an
-    attribute that is not lifted to an input: that module runs unfused, still eager's."""
+    """Layer norm and softmax decompose and fuse; batch norm in training writes its running
+    statistics (an input written in place): that module runs unfused, still eager's."""
     model = Norms(batch_norm).train()
     reference = Norms(batch_norm).train()
     reference.load_state_dict(model.state_dict())
