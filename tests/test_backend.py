@@ -131,6 +131,18 @@ def test_ops_without_a_lowering_run_unfused(backend, monkeypatch, capsys):
     assert "no lowering: aten::cumsum" in log and "native_layer_norm" not in log
 
 
+def test_views_that_are_their_input_fold_away(backend):
+    def f(a, b):
+        return a.t().t() * b, torch.mm(a, b).t().t(), a.transpose(0, 1).transpose(1, 0)
+
+    a, b = torch.randn(6, 6), torch.randn(6, 6)
+    _run(f, a, b)
+    (compiled,) = backend.compiled_graphs()
+    kinds = [n.kind() for n in compiled.graph.nodes()]
+    # the returned transposes of an input stay (a view of the input is what eager returns)
+    assert kinds.count("aten::t") == 0 and kinds.count("aten::transpose") == 2
+
+
 def test_mm_and_elementwise(backend):
     def f(a, b):
         return torch.relu(torch.mm(a, b) + 1.0) * torch.sigmoid(a)
