@@ -193,7 +193,7 @@ def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program
 
 #: ATen's internal forms that equal a public op in a graph that writes to nothing
 _PUBLIC = {
-    aten._unsafe_view.default: aten.reshape.default,  # a fresh tensor's view (of mm's output)
+    aten._unsafe_view.default: aten.view.default,  # a view (of a fresh tensor: mm's output)
     aten._softmax.default: aten.softmax.int,  # half_to_float=False
     aten._log_softmax.default: aten.log_softmax.int,
 }

@@ -33,7 +33,7 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..tensorexpr.lowerings import aliases
+from ..tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases
 from ..tensorexpr.meta import is_tensor
 from . import guard
 from .inplace import chain_root, functionalize_input_writes, is_write_back, only_write_backs
@@ -43,6 +43,17 @@ from .supported import feeds_external, is_external, why_not_fusible, why_not_wri
 _log = log.get_logger(__file__)
 def _body_size(group: Any) -> int:
     return sum(1 for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant")
+
+
+#: views that never copy (reshape and contiguous may)
+_FREE_VIEWS = VIEWS - {"aten::contiguous", "aten::reshape", "aten::reshape_as", "aten::flatten"}
+
+
+def _external_and_views(group: Any) -> bool:
+    """Whether `group` computes nothing but external calls and views of their results."""
+    kinds = [n.kind() for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
+    return any(is_external(n) for n in group.g("Subgraph").nodes()) and all(
+        k in _FREE_VIEWS or k in EXTERNAL_KINDS for k in kinds)
 
 
 class _Fuser:
@@ -123,6 +134,10 @@ class _Fuser:
         for node in list(block.nodes()):
             if is_group(node) and _body_size(node) < self.options.min_group_size:
                 _log.update("Undoing a group of ", _body_size(node), " node(s)")
+                unmerge(self.graph, node)
+            elif is_group(node) and _external_and_views(node):
+                # A copy of what a library call returns, where eager hands out its views.
+                _log.update("Undoing a group of external calls and views only")
                 unmerge(self.graph, node)
 
     def scan(self, node: Any) -> Any | None:
