@@ -82,6 +82,7 @@ class AutogradPlan:
         self._attributes: list[tuple[Any, str]] = []
         self._fn: Callable[..., Any] | None = prog.unfused  # None: every call runs unfused
         self._variants: dict[Any, _Joint | None] = {}
+        self._only: _Joint | None = None  # the one variant of every call, when there is one
         self._lock = threading.Lock()
         if prog.receiver is not None:
             try:
@@ -104,6 +105,13 @@ class AutogradPlan:
         return [j for j in list(self._variants.values()) if j is not None]
 
     def run(self, args: tuple[Any, ...]) -> Any:
+        joint = self._only
+        if joint is not None:
+            outs = _Fused.apply(joint, *args)
+            return outs if joint.returns_tuple else outs[0]
+        return self._run(args)
+
+    def _run(self, args: tuple[Any, ...]) -> Any:
         if self._fn is None:
             return self.prog.unfused(*args)
         inputs = (*args, *(obj.getattr(name) for obj, name in self._attributes))
@@ -122,6 +130,9 @@ class AutogradPlan:
                 if joint is _MISSING:
                     joint = self._trace(inputs, tensors)
                     self._variants[key] = joint
+                    if joint is not None and len(tensors) == len(inputs) == len(args):
+                        # Tensors only, no attributes: the signature fixes the trace.
+                        self._only = joint
         if joint is None:
             return self.prog.unfused(*args)
         outs = _Fused.apply(joint, *(inputs[k] for k in tensors))
@@ -231,7 +242,7 @@ class _Fused(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, joint: _Joint, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        results = joint.forward(*(t.detach() for t in tensors))
+        results = joint.forward(*(t.detach() if t.requires_grad else t for t in tensors))
         ctx.save_for_backward(*results[joint.outputs:])
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
