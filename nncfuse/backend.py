@@ -11,32 +11,25 @@ module: it imports `torch._dynamo`, 1.3 s.
 
 Each FX graph Dynamo hands over (a graph break gives several) becomes a
 `CompiledGraph` (`jit/fxgraph.py`, shared with `nncfuse.jit` under autograd):
-
-    FX GraphModule ──copy, strip overloads and devices──▶ torch.jit.script ──▶ TorchScript graph
-        │                                                       │ `self` dropped when unused
-        │ (fallback: the FX graph itself runs)                  ▼
-        └──────────────────────────────────────────── Program ──▶ Policy: profile or type,
-                                                                  fuse, guard, compile per
-                                                                  input signature (as nncfuse.jit)
-
-This is the conversion PyTorch's own `ts_compile` (torch/_functorch/compilers.py)
-does, without freezing: parameters stay inputs. Dynamo's guards decide
-recompiles; within one graph, nncfuse's TypeCheck guards still protect every
-kernel, and a new input signature (Dynamo's `dynamic=True` passes varying
-sizes to one graph) gets its own static plan, up to `max_specializations`,
-then runs unfused. A graph that cannot be converted (an op TorchScript does
-not know, symbolic sizes it cannot type) runs as the FX graph would, and the
-reason is logged; it never raises where eager would not.
+converted to TorchScript as PyTorch's own `ts_compile` does, without freezing
+(parameters stay inputs), then profiled or typed, fused, guarded and compiled
+per input signature as `nncfuse.jit` does. Dynamo's guards decide recompiles;
+within one graph, nncfuse's TypeCheck guards still protect every kernel, and a
+new input signature (Dynamo's `dynamic=True` passes varying sizes to one graph)
+gets its own static plan, up to `max_specializations`, then runs unfused. A
+graph that cannot be converted runs as the FX graph would, and the reason is
+logged; it never raises where eager would not.
 
 "nncfuse" always goes through AOTAutograd, as Inductor does: nncfuse's kernels
-record no autograd (inputs that require grad stay unfused), so training is
-only fused when the graph is split into a forward and a backward of plain
-ATen ops, each run with grad off. The forward, backward and inference graphs
-each go through the path above. The partitioner is
-`min_cut_rematerialization_partition`: cheap elementwise work is recomputed in
-the backward, inside its fusion groups, instead of saved. The `*_backward` ops
-of activations decompose into elementwise ops (`DECOMPOSITIONS`) so that they
-fuse; ops with no lowering yet (native_layer_norm, ...) run unfused in ATen.
+record no autograd, so training is fused when the graph is split into a
+forward and a backward of plain ATen ops, each run with grad off. The forward,
+backward and inference graphs each go through the path above. The partitioner
+is `min_cut_rematerialization_partition`: cheap elementwise work is recomputed
+in the backward, inside its fusion groups, instead of saved. The `*_backward`
+ops, layer and batch norm, softmax's backward and dropout decompose into
+elementwise ops and reductions (`DECOMPOSITIONS`, `jit/decompose.py`) so that
+they fuse; ops with no lowering yet (embedding_dense_backward, convolution_backward,
+...) run unfused in ATen.
 
 `NNCFUSE_LOG_LEVEL=backend` logs each graph's conversion and fallbacks;
 `>backend` adds, per optimized signature, what fused (nncfuse.explain's
