@@ -218,6 +218,9 @@ class _Joint:
             raise ValueError("an output does not require grad")
         forward, backward = min_cut_rematerialization_partition(
             joint, examples, num_fwd_outputs=self.outputs)
+        #: per input, the outputs whose gradients its gradient depends on: with none of them
+        #: given (outputs the loss does not use), its gradient is None, as in eager
+        self.depends = _tangents_read(backward, self.outputs)
         self.forward = CompiledGraph(forward, _examples(forward), "forward", options)
         self.backward = CompiledGraph(backward, _examples(backward), "backward", options)
         if self.forward.program is None or self.backward.program is None:
@@ -231,6 +234,21 @@ class _Joint:
         out = self.fn(*full)
         self.returns_tuple = isinstance(out, tuple)
         return out if isinstance(out, tuple) else (out,)
+
+
+def _tangents_read(backward: torch.fx.GraphModule, outputs: int) -> list[frozenset[int]]:
+    """For each result of `backward` (an input's gradient), which of its last `outputs`
+    placeholders (the outputs' gradients) it is computed from."""
+    placeholders = backward.graph.find_nodes(op="placeholder")
+    tangent = {node: k for k, node in enumerate(placeholders[len(placeholders) - outputs:])}
+    reads: dict[torch.fx.Node, frozenset[int]] = {}
+    for node in backward.graph.nodes:
+        if node.op == "placeholder":
+            reads[node] = frozenset([tangent[node]]) if node in tangent else frozenset()
+        elif node.op != "output":
+            reads[node] = frozenset().union(*(reads[n] for n in node.all_input_nodes))
+    results = backward.graph.find_nodes(op="output")[0].args[0]
+    return [reads[r] if isinstance(r, torch.fx.Node) else frozenset() for r in results]
 
 
 def _examples(gm: torch.fx.GraphModule) -> list[Any]:
@@ -247,15 +265,24 @@ class _Fused(torch.autograd.Function):
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
         ctx.versions = [t._version for t in tensors]
-        return tuple(results[:joint.outputs])
+        ctx.set_materialize_grads(False)  # None: an output the loss does not use
+        outs = tuple(results[:joint.outputs])
+        ctx.shapes = [(o.shape, o.dtype) for o in outs]
+        return outs
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
         joint: _Joint = ctx.joint
         saved = ctx.saved_tensors  # raises after a backward without retain_graph
+        given = frozenset(k for k, g in enumerate(grads) if g is not None)
+        full = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype)
+                for g, (shape, dtype) in zip(grads, ctx.shapes)]
         if torch.is_grad_enabled():
-            return (None, *_higher_order(ctx, grads))
-        return (None, *joint.backward(*saved, *(g.contiguous() for g in grads)))
+            results = _higher_order(ctx, tuple(full))
+        else:
+            results = list(joint.backward(*saved, *full))
+        return (None, *(r if joint.depends[k] & given else None
+                         for k, r in enumerate(results)))
 
 
 def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:

@@ -216,3 +216,19 @@ def test_a_block_with_norms_trains_as_eager(batch_norm):
     else:
         forward, backward = _groups(fused)
         assert forward >= 1 and backward >= 1
+
+
+def test_an_output_the_loss_does_not_use_gives_no_gradient():
+    @nncfuse.jit
+    def two(x, y, z):
+        return (x * y).sigmoid(), (y * z).tanh()
+
+    x, y, z = (torch.randn(4, requires_grad=True) for _ in range(3))
+    for _ in range(2):
+        for t in (x, y, z):
+            t.grad = None
+        first, _ = two(x, y, z)
+        first.sum().backward()
+        assert z.grad is None and x.grad is not None and y.grad is not None
+    (want,) = torch.autograd.grad((x * y).sigmoid().sum(), y)
+    torch.testing.assert_close(y.grad, want)
