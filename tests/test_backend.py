@@ -127,7 +127,20 @@ def test_ops_without_a_lowering_run_unfused(backend, monkeypatch, capsys):
     _run(f, torch.randn(4, 8))
     assert _groups(backend.compiled_graphs()) == [("inference", [2])]
     log = capsys.readouterr().err
-    assert "no lowering: aten::cumsum" in log and "native_layer_norm" in log
+    # layer norm decomposes into reductions and elementwise ops that fuse (jit/decompose.py)
+    assert "no lowering: aten::cumsum" in log and "native_layer_norm" not in log
+
+
+def test_views_that_are_their_input_fold_away(backend):
+    def f(a, b):
+        return a.t().t() * b, torch.mm(a, b).t().t(), a.transpose(0, 1).transpose(1, 0)
+
+    a, b = torch.randn(6, 6), torch.randn(6, 6)
+    _run(f, a, b)
+    (compiled,) = backend.compiled_graphs()
+    kinds = [n.kind() for n in compiled.graph.nodes()]
+    # the returned transposes of an input stay (a view of the input is what eager returns)
+    assert kinds.count("aten::t") == 0 and kinds.count("aten::transpose") == 2
 
 
 def test_mm_and_elementwise(backend):
@@ -241,9 +254,8 @@ def test_gradcheck_through_the_backend(backend):
     assert all(groups and min(groups) >= 1 for _, groups in kinds)
 
 
-def test_training_through_ops_without_lowerings_matches_eager(backend):
-    # native_layer_norm and its backward have no lowering; relu's and sigmoid's backward
-    # decompose into ops that fuse.
+def test_training_through_decomposed_ops_matches_eager(backend):
+    # relu's and sigmoid's backward, layer norm and its backward decompose into ops that fuse.
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
                                 torch.nn.Linear(16, 8), torch.nn.Sigmoid())
     compiled_model = copy.deepcopy(model)
@@ -260,6 +272,45 @@ def test_training_through_ops_without_lowerings_matches_eager(backend):
             torch.testing.assert_close(q.grad, p.grad)
     (forward, backward) = backend.compiled_graphs()
     assert backward.reason is None and nncfuse.fusion_groups(backward.graphs()[0])
+
+
+class Block(torch.nn.Module):
+    """Layer norm, softmax, batch norm (running statistics updated), dropout 0, GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 16)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x):
+        h = torch.softmax(self.fc(self.norm(x)), -1) * x
+        return self.drop(torch.nn.functional.gelu(self.bn(h))) + x
+
+
+def test_training_normalizations_and_softmax_decompose_and_fuse(backend):
+    model = Block().train()
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    for _ in range(2):
+        x = torch.randn(6, 16)
+        for m in (model, compiled_model):
+            m.zero_grad()
+        expected, got = model(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        (expected * expected.detach()).sum().backward()
+        (got * got.detach()).sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+        for p, q in zip(model.buffers(), compiled_model.buffers()):
+            torch.testing.assert_close(q, p)
+    unfused = {n.kind() for g in backend.compiled_graphs() for opt in g.graphs()
+               for n in opt.nodes() if n.kind().startswith("aten::")}
+    assert unfused & {"aten::native_layer_norm", "aten::native_layer_norm_backward",
+                      "aten::_softmax_backward_data", "aten::native_batch_norm_backward",
+                      "aten::_native_batch_norm_legit_functional", "aten::var_mean"} == set()
+    assert all(nncfuse.fusion_groups(g.graphs()[0]) for g in backend.compiled_graphs())
 
 
 def test_training_with_dynamic_sizes_converts_the_size_inputs(backend):

@@ -72,10 +72,9 @@ def test_an_input_that_requires_grad():
     def f(a, b):
         return torch.sigmoid(a * b) + b
 
+    # under autograd, the report is of the fused forward graph (jit/autograd.py)
     report = nncfuse.explain(f, torch.randn(4, requires_grad=True), torch.randn(4))
-    assert report.groups == []
-    assert {c for _, c in categories(report)} == {"requires grad"}
-    assert report.unfused_nodes == 3
+    assert len(report.groups) == 1 and report.unfused == []
     with torch.no_grad():
         assert nncfuse.explain(f, torch.randn(4, requires_grad=True), torch.randn(4)).unfused == []
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..config import Options
-from . import scripting
+from . import autograd, scripting
 from .guard import CompileFailure
 from .policy import Policy, Program, program, signature
 
@@ -179,6 +179,11 @@ class FusedFunction:
         if variant is None:
             # Eager Python (or TorchScript, for a script) runs these arguments.
             return self.policy.call_unfused(self.target, key, values)
+        if autograd.requires_grad(values, self.target):
+            # Fused forward and backward, through AOTAutograd (autograd.py).
+            prog = variant.program
+            return self.policy.call_with(
+                key, lambda: autograd.AutogradPlan(prog, self.options), values)
         return self.policy.call(variant.program, key, values)
 
     def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:
@@ -190,8 +195,11 @@ class FusedFunction:
         if values is None:
             return None
         key = signature(values)
-        for _ in range(self.options.profiling_runs + 1):
-            if key in self._plans:
+        # (an autograd plan shows its forward graph, optimized after its own profiling runs)
+        for _ in range(2 * self.options.profiling_runs + 1):
+            plan = self._plans.get(key)
+            if plan is not None and (plan.graph is not None
+                                     or not isinstance(plan, autograd.AutogradPlan)):
                 break
             self(*args, **kwargs)
         return self._plans[key].graph

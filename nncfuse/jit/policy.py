@@ -171,6 +171,17 @@ class Policy:
             plan = self.plans.setdefault(key, UnfusedPlan(fn, None))
         return plan.run(args)
 
+    def call_with(self, key: Signature, make: Callable[[], Plan], args: tuple[Any, ...]) -> Any:
+        """Run `args` with the plan for signature `key`, `make()` (once) if there is none: a plan
+        the caller builds (the autograd path, `autograd.py`)."""
+        plan = self.plans.get(key)
+        if plan is None:
+            with self._lock:
+                plan = self.plans.get(key)
+                if plan is None:
+                    plan = self.plans[key] = make()
+        return plan.run(args)
+
     def _specialize(
         self, prog: Program, key: Signature, args: tuple[Any, ...]
     ) -> tuple[Plan | None, Any]:

@@ -34,7 +34,7 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..tensorexpr.lowerings import aliases
+from ..tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases
 from ..tensorexpr.meta import is_tensor
 from . import guard
 from .inplace import chain_root, functionalize_input_writes, is_write_back, only_write_backs
@@ -56,6 +56,17 @@ def _fuses_alone(group: Any) -> bool:
     """Whether `group` is one node that is worth a kernel on its own (`fuses_alone`)."""
     nodes = [n for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
     return len(nodes) == 1 and fuses_alone(nodes[0])
+
+
+#: views that never copy (reshape and contiguous may)
+_FREE_VIEWS = VIEWS - {"aten::contiguous", "aten::reshape", "aten::reshape_as", "aten::flatten"}
+
+
+def _external_and_views(group: Any) -> bool:
+    """Whether `group` computes nothing but external calls and views of their results."""
+    kinds = [n.kind() for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
+    return any(is_external(n) for n in group.g("Subgraph").nodes()) and all(
+        k in _FREE_VIEWS or k in EXTERNAL_KINDS for k in kinds)
 
 
 class _Fuser:
@@ -149,6 +160,10 @@ class _Fuser:
             if is_group(node) and _body_size(node) < self.options.min_group_size \
                     and not _fuses_alone(node):
                 _log.update("Undoing a group of ", _body_size(node), " node(s)")
+                unmerge(self.graph, node)
+            elif is_group(node) and _external_and_views(node):
+                # A copy of what a library call returns, where eager hands out its views.
+                _log.update("Undoing a group of external calls and views only")
                 unmerge(self.graph, node)
 
     def scan(self, node: Any) -> Any | None:

@@ -1,4 +1,4 @@
-"""Conversions and views: to(dtype), type_as, expand, expand_as.
+"""Conversions and views: to(dtype), type_as, clone, expand, expand_as.
 
 Also what the other families share about converting values as eager does:
 `convert` turns an element into another dtype exactly as TensorIterator and
@@ -212,8 +212,10 @@ _TO_OVERLOADS = (
 
 @register("aten::to", overloads=_TO_OVERLOADS)
 @register("aten::type_as", overloads=("",))
+@register("aten::clone", overloads=("",))
 def to(ctx: Ctx) -> E.Expr:
-    """`self` converted to the profiled output type; all options must be constants."""
+    """`self` converted to the profiled output type (a copy, for clone: its layout is the
+    profiled output's, whatever the memory_format); all options must be constants."""
     names = _argument_names(ctx.node.schema())
     for k, name in enumerate(names[: len(ctx.args)]):
         if name in ("self", "other"):

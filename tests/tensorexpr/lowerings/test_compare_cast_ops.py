@@ -148,6 +148,22 @@ def test_type_as():
     check(type_as_same, x, fused=False)
 
 
+def clones(x):
+    return (x.t() * 2).clone(), x.sin().clone(memory_format=torch.contiguous_format) + x
+
+
+def clone_of_input(x):
+    return x.clone()
+
+
+def test_clone_copies_in_the_layout_eager_gives():
+    x = torch.tensor(SPECIAL[:12], dtype=torch.float32).reshape(3, 4)
+    got = check(clones, x)
+    assert [g.stride() for g in got] == [w.stride() for w in clones(x)]
+    got = check(clone_of_input, x.t())  # preserve_format: the transposed strides
+    assert got.stride() == (1, 4) and got.data_ptr() != x.data_ptr()
+
+
 # -- expand --------------------------------------------------------------------------
 
 

@@ -1,0 +1,305 @@
+"""autograd: `nncfuse.jit` calls whose inputs or parameters require grad, fused forward and back.
+
+A signature whose tensors (or a module's parameters) require grad, in grad
+mode, gets an `AutogradPlan`. Per pattern of non-tensor argument values and
+of which tensors require grad, the scripted function is traced by
+AOTAutograd into a joint forward-backward graph of ATen ops, split by the
+min-cut partitioner (cheap elementwise work is recomputed in the backward,
+not saved), and each half runs as a `CompiledGraph` (`fxgraph.py`), the
+path of the torch.compile backend: FX -> TorchScript -> the same policy,
+fuser and kernels as every other nncfuse call. One `torch.autograd.Function`
+ties them together:
+
+    inputs ──_Fused.forward──▶ forward graph (fused) ──▶ outputs, saved tensors
+                                                               │ ctx.save_for_backward
+    grads of the inputs ◀── backward graph (fused) ◀── grads of the outputs
+                    (create_graph=True: the unfused program, recomputed with grad on)
+
+Eager's semantics: `backward()`, `torch.autograd.grad`, `retain_graph`
+(saved tensors are freed after a backward without it, and a second one raises
+as eager does), in-place changes to saved inputs detected by their version
+counters. Higher-order grad runs the unfused program again under grad mode
+and differentiates that, so a gradient's own gradient is eager's. Whatever
+AOTAutograd cannot trace (data-dependent control flow, an output that aliases
+an input, an input written in place, an output that does not require grad)
+runs the unfused program, with the reason logged under `autograd`.
+
+A module's attributes (parameters, buffers, flags such as `training`) become
+inputs of the traced function (`_lifted`), read at every call, so that the
+gradients of parameters accumulate in their `.grad` and a changed flag or
+attribute gets its own trace.
+See docs/autograd.md for why this mechanism rather than TorchScript's autodiff.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import log
+from ..config import Options
+from .fxgraph import CompiledGraph, brief, decompositions
+from .policy import Program
+
+_log = log.get_logger(__file__)
+_MAX_VARIANTS = 8  # patterns of non-tensor values per signature traced; then unfused
+
+
+def requires_grad(values: tuple[Any, ...], target: Any) -> bool:
+    """Whether a call with `values` of `target` (the jit's function or module) needs autograd:
+    grad mode is on and a tensor argument or a parameter requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    if any(isinstance(v, torch.Tensor) and v.requires_grad for v in values):
+        return True
+    return isinstance(target, torch.nn.Module) and any(
+        p.requires_grad for p in target.parameters())
+
+
+def _frozen(value: Any) -> Any:
+    """`value`, a non-tensor argument, as a hashable key; raises TypeError if it cannot be."""
+    if isinstance(value, (list, tuple)):
+        return (type(value), *map(_frozen, value))
+    if isinstance(value, torch.Tensor):
+        raise TypeError("a tensor inside a list")
+    hash(value)
+    return (type(value), value)
+
+
+class AutogradPlan:
+    """The plan of one signature that needs autograd: a traced `_Joint` per pattern of
+    non-tensor values and parameters' requires_grad; the unfused program where tracing
+    failed or past `_MAX_VARIANTS`."""
+
+    def __init__(self, prog: Program, options: Options):
+        self.prog = prog
+        self.options = options
+        #: the module's attributes the graph reads (parameters, buffers, flags), as
+        #: (object, name): read at every call, passed as inputs after the arguments
+        self._attributes: list[tuple[Any, str]] = []
+        self._fn: Callable[..., Any] | None = prog.unfused  # None: every call runs unfused
+        self._variants: dict[Any, _Joint | None] = {}
+        self._only: _Joint | None = None  # the one variant of every call, when there is one
+        self._lock = threading.Lock()
+        if prog.receiver is not None:
+            try:
+                self._fn, self._attributes = _lifted(prog.graph, prog.receiver)
+            except ValueError as e:
+                _log.dump("Attributes not lifted to inputs, running unfused: ", e)
+                self._fn = None
+
+    @property
+    def graph(self) -> torch._C.Graph | None:
+        """The optimized forward graph of the first traced variant (for `graph_for`)."""
+        for joint in list(self._variants.values()):
+            graphs = joint.forward.graphs() if joint is not None else []
+            if graphs:
+                return graphs[0]
+        return None
+
+    def joints(self) -> list[_Joint]:
+        """The traced variants so far, for tests and tools."""
+        return [j for j in list(self._variants.values()) if j is not None]
+
+    def run(self, args: tuple[Any, ...]) -> Any:
+        joint = self._only
+        if joint is not None:
+            outs = _Fused.apply(joint, *args)
+            return outs if joint.returns_tuple else outs[0]
+        return self._run(args)
+
+    def _run(self, args: tuple[Any, ...]) -> Any:
+        if self._fn is None:
+            return self.prog.unfused(*args)
+        inputs = (*args, *(obj.getattr(name) for obj, name in self._attributes))
+        tensors = [k for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        if not torch.is_grad_enabled() or not any(inputs[k].requires_grad for k in tensors):
+            return self.prog.unfused(*args)
+        try:
+            key = tuple(inputs[k].requires_grad if k in tensors else _frozen(v)
+                        for k, v in enumerate(inputs))
+        except TypeError:
+            return self.prog.unfused(*args)
+        joint = self._variants.get(key, _MISSING)
+        if joint is _MISSING:
+            with self._lock:
+                joint = self._variants.get(key, _MISSING)
+                if joint is _MISSING:
+                    joint = self._trace(inputs, tensors)
+                    self._variants[key] = joint
+                    if joint is not None and len(tensors) == len(inputs) == len(args):
+                        # Tensors only, no attributes: the signature fixes the trace.
+                        self._only = joint
+        if joint is None:
+            return self.prog.unfused(*args)
+        outs = _Fused.apply(joint, *(inputs[k] for k in tensors))
+        return outs if joint.returns_tuple else outs[0]
+
+    def _trace(self, inputs: tuple[Any, ...], tensors: list[int]) -> _Joint | None:
+        assert self._fn is not None
+        if len(self._variants) >= _MAX_VARIANTS:
+            _log.update("Too many patterns of values under autograd; running unfused")
+            return None
+        try:
+            return _Joint(self._fn, inputs, tensors, self.options)
+        except Exception as e:  # noqa: BLE001 - whatever fails, the unfused program runs
+            _log.dump("Not traced for autograd, running unfused: ", brief(e))
+            return None
+
+
+_MISSING: Any = object()
+
+
+def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], list[Any]]:
+    """A function of `graph`, a module's (its `self` first), that takes the attributes it
+    reads as inputs after the other arguments, and those attributes as (object, name).
+
+        graph(%self, %x):                          graph(%x, %weight):
+          %lin = prim::GetAttr[name="lin"](%self)    %y = aten::mul(%x, %weight)
+          %w = prim::GetAttr[name="weight"](%lin)
+          %y = aten::mul(%x, %w)
+    """
+    graph = graph.copy()
+    this = next(graph.inputs())
+    objects: dict[int, Any] = {this.unique(): receiver}
+    attributes: list[tuple[Any, str]] = []
+    getattrs = []
+
+    def visit(block: Any) -> None:
+        for node in block.nodes():
+            if node.kind() == "prim::SetAttr":
+                raise ValueError("the graph sets an attribute")
+            if node.kind() == "prim::GetAttr":
+                owner = objects.get(node.input().unique())
+                if owner is None:
+                    raise ValueError("an attribute of a value that is not the module's")
+                name = node.s("name")
+                getattrs.append(node)
+                if isinstance(node.output().type(), torch._C.ClassType):
+                    objects[node.output().unique()] = owner.getattr(name)
+                    continue
+                value = graph.addInput()
+                value.setType(node.output().type())
+                node.output().replaceAllUsesWith(value)
+                attributes.append((owner, name))
+            for inner in node.blocks():
+                visit(inner)
+
+    visit(graph)
+    for node in reversed(getattrs):
+        node.destroy()
+    if list(this.uses()):
+        raise ValueError("the module itself is used as a value")
+    graph.eraseInput(0)
+    return torch._C._create_function_from_graph("nncfuse_lifted", graph), attributes
+
+
+class _Joint:
+    """One traced variant: the forward and backward graphs of `fn` at `inputs` (tensors at
+    positions `tensors`, the other values compiled in), each a CompiledGraph."""
+
+    def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
+                 options: Options):
+        from torch._functorch.aot_autograd import aot_export_joint_simple
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        self.fn, self.inputs, self.tensors = fn, inputs, tensors
+        self.returns_tuple = True
+        examples = tuple(inputs[k] for k in tensors)
+        joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
+                                        decompositions=decompositions())
+        placeholders = joint.graph.find_nodes(op="placeholder")
+        outputs = joint.graph.find_nodes(op="output")[0].args[0]
+        self.outputs = len(outputs) - len(examples)
+        if len(placeholders) - len(examples) != self.outputs:
+            raise ValueError("an output does not require grad")
+        forward, backward = min_cut_rematerialization_partition(
+            joint, examples, num_fwd_outputs=self.outputs)
+        #: per input, the outputs whose gradients its gradient depends on: with none of them
+        #: given (outputs the loss does not use), its gradient is None, as in eager
+        self.depends = _tangents_read(backward, self.outputs)
+        self.forward = CompiledGraph(forward, _examples(forward), "forward", options)
+        self.backward = CompiledGraph(backward, _examples(backward), "backward", options)
+        if self.forward.program is None or self.backward.program is None:
+            raise ValueError(self.forward.reason or self.backward.reason)
+
+    def call(self, *tensors: torch.Tensor) -> tuple[Any, ...]:
+        """The unfused program with these tensors, its result as a tuple."""
+        full = list(self.inputs)
+        for k, t in zip(self.tensors, tensors):
+            full[k] = t
+        out = self.fn(*full)
+        self.returns_tuple = isinstance(out, tuple)
+        return out if isinstance(out, tuple) else (out,)
+
+
+def _tangents_read(backward: torch.fx.GraphModule, outputs: int) -> list[frozenset[int]]:
+    """For each result of `backward` (an input's gradient), which of its last `outputs`
+    placeholders (the outputs' gradients) it is computed from."""
+    placeholders = backward.graph.find_nodes(op="placeholder")
+    tangent = {node: k for k, node in enumerate(placeholders[len(placeholders) - outputs:])}
+    reads: dict[torch.fx.Node, frozenset[int]] = {}
+    for node in backward.graph.nodes:
+        if node.op == "placeholder":
+            reads[node] = frozenset([tangent[node]]) if node in tangent else frozenset()
+        elif node.op != "output":
+            reads[node] = frozenset().union(*(reads[n] for n in node.all_input_nodes))
+    results = backward.graph.find_nodes(op="output")[0].args[0]
+    return [reads[r] if isinstance(r, torch.fx.Node) else frozenset() for r in results]
+
+
+def _examples(gm: torch.fx.GraphModule) -> list[Any]:
+    return [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+
+
+class _Fused(torch.autograd.Function):
+    """The fused forward and backward of a `_Joint` as one autograd node."""
+
+    @staticmethod
+    def forward(ctx: Any, joint: _Joint, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        results = joint.forward(*(t.detach() if t.requires_grad else t for t in tensors))
+        ctx.save_for_backward(*results[joint.outputs:])
+        ctx.joint = joint
+        ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
+        ctx.versions = [t._version for t in tensors]
+        ctx.set_materialize_grads(False)  # None: an output the loss does not use
+        outs = tuple(results[:joint.outputs])
+        ctx.shapes = [(o.shape, o.dtype) for o in outs]
+        return outs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        joint: _Joint = ctx.joint
+        saved = ctx.saved_tensors  # raises after a backward without retain_graph
+        given = frozenset(k for k, g in enumerate(grads) if g is not None)
+        full = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype)
+                for g, (shape, dtype) in zip(grads, ctx.shapes)]
+        if torch.is_grad_enabled():
+            results = _higher_order(ctx, tuple(full))
+        else:
+            results = list(joint.backward(*saved, *full))
+        return (None, *(r if joint.depends[k] & given else None
+                         for k, r in enumerate(results)))
+
+
+def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
+    """The gradients of the inputs, with their own graph (create_graph=True): the unfused
+    program again, differentiated by eager autograd."""
+    inputs = ctx.inputs
+    if [t._version for t in inputs] != ctx.versions:
+        raise RuntimeError("one of the variables needed for gradient computation has been "
+                           "modified by an inplace operation")
+    wanted = [k for k, t in enumerate(inputs) if t.requires_grad]
+    with torch.enable_grad():
+        outs = ctx.joint.call(*inputs)
+        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+        got = torch.autograd.grad([o for o, _ in pairs], [inputs[k] for k in wanted],
+                                  [g for _, g in pairs], create_graph=True, allow_unused=True)
+    result: list[Any] = [None] * len(inputs)
+    for k, g in zip(wanted, got):
+        result[k] = g
+    return result
+

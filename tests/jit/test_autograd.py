@@ -1,0 +1,234 @@
+"""nncfuse.jit under autograd: fused forward and backward graphs with eager's gradients and
+grad_fn semantics (jit/autograd.py)."""
+
+import pytest
+import torch
+
+import nncfuse
+from nncfuse.jit.autograd import AutogradPlan
+
+
+def _plan(fused):
+    plans = [p for p in fused.policy.plans.values() if isinstance(p, AutogradPlan)]
+    assert len(plans) == 1
+    return plans[0]
+
+
+def _groups(fused):
+    """(fusion groups in the forward graphs, in the backward graphs) of the autograd plan."""
+    joints = _plan(fused).joints()
+    assert joints, "nothing was traced"
+    count = lambda graphs: sum(len(nncfuse.fusion_groups(g)) for g in graphs)  # noqa: E731
+    return (sum(count(j.forward.graphs()) for j in joints),
+            sum(count(j.backward.graphs()) for j in joints))
+
+
+def elementwise(x, y):
+    return (x * y + x / (y.abs() + 1.0)) - 2.0 * y
+
+
+def activation(x, y):
+    return torch.nn.functional.gelu(x) * torch.sigmoid(y) + torch.tanh(x) * torch.relu(y) \
+        + torch.nn.functional.silu(x * y)
+
+
+def reduction(x, y):
+    return (x * y).sum(1), torch.softmax(x + y, -1) * 3.0, (x.exp() * y).mean(0, keepdim=True)
+
+
+def views(x, y):
+    return (x.t() * y.t()).reshape(-1).sin() + x.transpose(0, 1).expand(2, 6, 4).sum(0).view(-1)
+
+
+def cat(x, y):
+    return torch.cat([x.sin() * y, y.cos(), x + 1.0], 1) * 2.0
+
+
+FAMILIES = [elementwise, activation, reduction, views, cat]
+
+
+@pytest.mark.parametrize("fn", FAMILIES, ids=lambda f: f.__name__)
+def test_gradcheck_float64(fn):
+    fused = nncfuse.jit(fn)
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(fused, (x, y))
+    forward, backward = _groups(fused)
+    assert forward >= 1 and backward >= 1
+
+
+@pytest.mark.parametrize("fn", FAMILIES, ids=lambda f: f.__name__)
+def test_float32_grads_match_eager(fn):
+    fused = nncfuse.jit(fn)
+    for _ in range(3):  # profiling and compiled calls alike
+        x = torch.randn(4, 6, requires_grad=True)
+        y = torch.randn(4, 6, requires_grad=True)
+        out, ref = fused(x, y), fn(x, y)
+        outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+        torch.testing.assert_close(outs, refs)
+        assert all(o.grad_fn is not None for o in outs)
+        seeds = [torch.randn_like(r) for r in refs]
+        got = torch.autograd.grad(outs, (x, y), seeds)
+        want = torch.autograd.grad(refs, (x, y), seeds)
+        torch.testing.assert_close(got, want)
+
+
+def test_backward_accumulates_and_retain_graph():
+    fused = nncfuse.jit(activation)
+    x = torch.randn(5, 3, requires_grad=True)
+    y = torch.randn(5, 3, requires_grad=True)
+    fused(x, y)
+    out = fused(x, y).sum()
+    out.backward(retain_graph=True)
+    out.backward()
+    x2, y2 = x.detach().requires_grad_(), y.detach().requires_grad_()
+    ref = activation(x2, y2).sum()
+    ref.backward(retain_graph=True)
+    ref.backward()
+    torch.testing.assert_close((x.grad, y.grad), (x2.grad, y2.grad))
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.backward()
+
+
+def test_higher_order_grad_is_eagers():
+    fused = nncfuse.jit(activation)
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(fused, (x, y))
+
+
+def test_inputs_that_do_not_require_grad_and_no_grad_mode():
+    fused = nncfuse.jit(elementwise)
+    x = torch.randn(4, 4, requires_grad=True)
+    y = torch.randn(4, 4)
+    for _ in range(2):
+        (gx,) = torch.autograd.grad(fused(x, y).sum(), x)
+    torch.testing.assert_close(gx, torch.autograd.grad(elementwise(x, y).sum(), x)[0])
+    with torch.no_grad():
+        out = fused(x, y)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, elementwise(x, y).detach())
+
+
+def test_number_arguments_are_traced_per_value():
+    @nncfuse.jit
+    def scaled(x, alpha: float):
+        return torch.sigmoid(x * alpha)
+
+    x = torch.randn(6, requires_grad=True)
+    for alpha in (0.5, 2.0, 0.5):
+        (got,) = torch.autograd.grad(scaled(x, alpha).sum(), x)
+        (want,) = torch.autograd.grad(torch.sigmoid(x * alpha).sum(), x)
+        torch.testing.assert_close(got, want)
+    assert len(_plan(scaled).joints()) == 2
+
+
+def test_module_parameters_get_gradients():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4),
+                                torch.nn.Tanh())
+    reference = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    fused = nncfuse.jit(model)
+    x = torch.randn(5, 8)
+    for _ in range(2):
+        model.zero_grad()
+        fused(x).square().sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    w1, b1, w2, b2 = reference
+    h = torch.nn.functional.gelu(x @ w1.t() + b1)
+    torch.tanh(h @ w2.t() + b2).square().sum().backward()
+    torch.testing.assert_close(grads, [p.grad for p in reference])
+    forward, backward = _groups(fused)
+    assert forward >= 1 and backward >= 1
+
+
+def test_untraceable_programs_run_unfused():
+    @nncfuse.jit
+    def returns_view(x):
+        return x.view(-1)
+
+    @nncfuse.jit
+    def branches(x):
+        if bool(x.sum() > 0):
+            return x.sin()
+        return x.cos()
+
+    x = torch.randn(3, 2, requires_grad=True)
+    for _ in range(2):
+        out = returns_view(x)
+        assert out._base is x
+        (g,) = torch.autograd.grad(out.sum(), x)
+        torch.testing.assert_close(g, torch.ones_like(x))
+        for sign in (1.0, -1.0):
+            xs = (x.abs() * sign).detach().requires_grad_()
+            (g,) = torch.autograd.grad(branches(xs).sum(), xs)
+            torch.testing.assert_close(g, xs.cos() if sign > 0 else -xs.sin())
+    assert _plan(returns_view).joints() == [] and _plan(branches).joints() == []
+
+
+def test_saved_input_modified_in_place_raises_as_eager():
+    @nncfuse.jit
+    def fused(x, y):
+        return x * y
+
+    x = torch.randn(4, requires_grad=True)
+    y = torch.randn(4)
+    fused(x, y)
+    out = fused(x, y)
+    y.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+class Norms(torch.nn.Module):
+    def __init__(self, batch_norm):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(12)
+        self.fc = torch.nn.Linear(12, 12)
+        self.bn = torch.nn.BatchNorm1d(12) if batch_norm else torch.nn.Identity()
+
+    def forward(self, x):
+        h = torch.softmax(self.fc(self.norm(x)), -1) * x
+        return torch.nn.functional.gelu(self.bn(h)) + x
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_a_block_with_norms_trains_as_eager(batch_norm):
+    """Layer norm and softmax decompose and fuse; batch norm in training writes its running
+    statistics (an input written in place): that module runs unfused, still eager's."""
+    model = Norms(batch_norm).train()
+    reference = Norms(batch_norm).train()
+    reference.load_state_dict(model.state_dict())
+    fused = nncfuse.jit(model)
+    for _ in range(3):
+        x = torch.randn(5, 12)
+        for m in (model, reference):
+            m.zero_grad()
+        got, want = fused(x), reference(x)
+        torch.testing.assert_close(got, want)
+        got.square().sum().backward()
+        want.square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
+    if batch_norm:
+        assert _plan(fused).joints() == []
+    else:
+        forward, backward = _groups(fused)
+        assert forward >= 1 and backward >= 1
+
+
+def test_an_output_the_loss_does_not_use_gives_no_gradient():
+    @nncfuse.jit
+    def two(x, y, z):
+        return (x * y).sigmoid(), (y * z).tanh()
+
+    x, y, z = (torch.randn(4, requires_grad=True) for _ in range(3))
+    for _ in range(2):
+        for t in (x, y, z):
+            t.grad = None
+        first, _ = two(x, y, z)
+        first.sum().backward()
+        assert z.grad is None and x.grad is not None and y.grad is not None
+    (want,) = torch.autograd.grad((x * y).sigmoid().sum(), y)
+    torch.testing.assert_close(y.grad, want)

@@ -1,0 +1,65 @@
+"""benchmarks/training.py's check on small models: after one training step, the parameters'
+gradients of the nncfuse backend and of nncfuse.jit match eager's, and both fused."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import nncfuse
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def training():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import training
+
+        yield training
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("contender", ["nncfuse-backend", "nncfuse-jit"])
+@pytest.mark.parametrize("workload", ["mlp", "block"])
+def test_gradients_after_one_step_match_eager(training, workload, contender):
+    torch.manual_seed(0)
+    model = (training.MLP(16, 32) if workload == "mlp" else training.Block(16, 2)).train()
+    inputs = (torch.randn(4, 16),) if workload == "mlp" else (torch.randn(2, 5, 16),)
+    want, _, _ = training.gradients_after_one_step("eager", model, inputs)
+    got, step, _ = training.gradients_after_one_step(contender, model, inputs)
+    assert all(g is not None for g in want)
+    assert training.compare_gradients(got, want) is None
+    # A gradient off by a little more than the tolerance is caught.
+    off = [g * (1 + 10 * training.RTOL) for g in got]
+    assert training.compare_gradients(off, want) is not None
+    step()  # a second step runs the compiled kernels
+    if contender == "nncfuse-backend":
+        from nncfuse.jit import fxgraph
+
+        graphs = [g for cg in fxgraph.compiled_graphs()[-2:] for g in cg.graphs()]
+        assert all(nncfuse.fusion_groups(g) for g in graphs)
+
+
+def test_without_dropout_zeroes_every_probability(training):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    model[0].attention_dropout = 0.1
+    training.without_dropout(model)
+    assert model.training and model[1].p == 0.0 and model[0].attention_dropout == 0.0
+
+
+def test_zero_gradients_where_eager_has_none_match(training):
+    want = [torch.ones(3), None]
+    assert training.compare_gradients([torch.ones(3), torch.zeros(2)], want) is None
+    assert training.compare_gradients([torch.ones(3), torch.ones(2)], want) is not None
+    assert training.compare_gradients([None, None], want) is not None
