@@ -452,7 +452,19 @@ def read_view_then_write(x, y):
     return a + 1
 
 
+def sliced_transpose_sub(x, y):
+    x.t()[1:].sub_(y[1:])  # a chain of two views
+    return y.sigmoid() + 1
+
+
+def transposed_add_returns_input(x, y):
+    x.t().add_(y)
+    return x
+
+
 VIEW_WRITES = {
+    "sliced_transpose_sub": (sliced_transpose_sub, (4, 3), (3, 4)),
+    "transposed_add_returns_input": (transposed_add_returns_input, (4, 3), (3, 4)),
     "transposed_add": (transposed_add, (4, 3), (3, 4)),
     "row_relu": (row_relu, (4, 3), (3,)),
     "flat_mul": (flat_mul, (4, 3), (3,)),

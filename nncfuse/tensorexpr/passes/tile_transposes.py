@@ -24,7 +24,7 @@ tile by tile, into a small buffer (`<buf>_tile`), row by row with unit
 strides on both sides (each cache line read whole, once); the computation
 then reads the tile from L1 at a short stride. Each iteration of the
 outermost loop has its own slice of the buffer, so that loop can still run
-in parallel. Run on flat indices (after `flatten_indices` and
+in parallel (up to `MAX_TILE_BYTES` in all). Run on flat indices (after `flatten_indices` and
 `collapse_loops`), before vectorizing.
 """
 
@@ -39,6 +39,9 @@ from .simplify import Simplifier, simplify
 
 TILE = 32
 MIN_STRIDE = 256
+#: The most memory the tiles of one crossing load take (one tile per outer tile row);
+#: beyond it (a very tall nest) the nest is tiled without copies.
+MAX_TILE_BYTES = 1 << 21
 
 
 def _coefficients(index: E.Expr, vars_: tuple[E.Var, ...]) -> tuple[int, ...] | None:
@@ -76,6 +79,8 @@ class _ReadTiles(Mutator):
             return e
         coefficients = _coefficients(e.indices[0], (self.outer, self.inner))
         if coefficients is None or coefficients[0] != 1 or abs(coefficients[1]) < MIN_STRIDE:
+            return e
+        if self.tiles * TILE * TILE * e.buf.dtype.itemsize > MAX_TILE_BYTES:
             return e
         if e not in self.copies:
             tile = Buf.make(f"{e.buf.name}_tile", e.buf.dtype, [self.tiles * TILE * TILE])

@@ -106,3 +106,12 @@ def test_reuse_outputs_keeps_a_temporary_a_fused_loop_reads_at_another_row(use_l
     f(x, d)
     for got, want in zip(f(x, d), flip_next_to_a_reuse(x, d)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_tile_transposes_copies_no_tiles_beyond_their_memory_bound(monkeypatch):
+    from nncfuse.tensorexpr.passes import tile_transposes as pass_module
+
+    flat, _ = transposed_sum(8 * TILE)
+    monkeypatch.setattr(pass_module, "MAX_TILE_BYTES", 8 * TILE * TILE * 4 - 1)
+    tiled = tile_transposes(flat)
+    assert tiled is not flat and "_tile" not in text(tiled), text(tiled)
