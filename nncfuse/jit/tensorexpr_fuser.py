@@ -197,9 +197,15 @@ class _Fuser:
 
 
 def _written_inputs(node: Any) -> set[int]:
-    """The values that write-backs in `node` (a write-back, or a group) store into."""
+    """The values that write-backs in `node` (a write-back, or a group) store into, or that
+    an in-place op left outside groups writes (its `self`), each traced through views to
+    its root. Views here include ops TorchScript's alias analysis takes for fresh values but
+    eager returns as their input (eval dropout), so the roots catch what alias analysis
+    misses."""
     if not is_group(node):
-        return {chain_root(node.inputsAt(0)).unique()} if node.kind() == "aten::copy_" else set()
+        kind = node.kind()
+        in_place = kind.startswith("aten::") and kind.endswith("_") and not kind.endswith("__")
+        return {chain_root(node.inputsAt(0)).unique()} if in_place and node.inputsSize() else set()
     subgraph = node.g("Subgraph")
     outer = {v.unique(): o for v, o in zip(subgraph.inputs(), node.inputs())}
     found = set()

@@ -83,3 +83,22 @@ def test_float_floor_division_that_overflows_is_infinite(use_llvm):
     g(a, b)
     torch.testing.assert_close(g(a, b), f(a, b), equal_nan=True)
     assert nncfuse.fusion_groups(g.graph_for(a, b))
+
+
+@pytest.mark.parametrize("use_llvm", [True, False])
+def test_no_read_of_an_eval_dropout_moves_past_a_write_to_its_input(use_llvm):
+    """Seed 810384: eval dropout returns its input itself, which TorchScript's alias analysis
+    does not know; the fuser moved `floor(dropout(x))` past `x.neg_()`, so it read -x."""
+    fn = torch.jit.CompilationUnit("""
+def f(x0: torch.Tensor):
+    v0 = torch.nn.functional.dropout(x0, 0.5, False)
+    v1 = torch.floor(v0)
+    v4 = x0.neg_()
+    return v1 - torch.clamp_max(v4, v0)
+""").f
+    fused = nncfuse.jit(fn, use_llvm=use_llvm, min_group_size=1)
+    x = torch.tensor([0.6675905226948105, -2.5, 3.0], dtype=torch.float64)
+    for _ in range(3):
+        got_x, want_x = x.clone(), x.clone()
+        torch.testing.assert_close(fused(got_x), fn(want_x))
+        torch.testing.assert_close(got_x, want_x)
