@@ -8,8 +8,11 @@ while the row is in cache. Numerics follow ATen's CPU kernels
 
 - float16 and bfloat16 compute in float32 and round once at the end;
 - variance is two-pass (the mean, then the mean squared deviation), never
-  E[x^2] - E[x]^2; the output is `(x * rstd + (-mean * rstd)) * w + b` with
-  `rstd = 1 / sqrt(var + eps)`, ATen's order;
+  E[x^2] - E[x]^2; the output is `((x - mean) * rstd) * w + b` with
+  `rstd = 1 / sqrt(var + eps)`: ATen's `x * rstd + (-mean * rstd)` rounds
+  `x * rstd` (error `u * (|x| + |mean|) * rstd`), this rounds `x - mean`
+  (`u * |x - mean| * rstd`), and the output loop is two vector operations,
+  the row's mean and rstd broadcast from memory operands;
 - inference batch_norm folds its running statistics into a per-channel
   `alpha`, `beta` (`batch_norm_cpu_transform_input`), then is elementwise.
 """
@@ -31,7 +34,7 @@ from .registry import Ctx, LoweringError, TensorArg, compute_type, register
 @register("aten::layer_norm", overloads=("",), alone=LAYER_NORM_ALONE)
 def layer_norm(ctx: Ctx) -> E.Expr:
     """Mean and 1/sqrt(var + eps) per row (two-pass, in float32 for reduced floats), then
-    `(x * rstd + (-mean * rstd)) * weight + bias` as ATen's kernel."""
+    `((x - mean) * rstd) * weight + bias`."""
     x = _tensor(ctx)
     out = ctx.out_dtype
     if not out.is_float or x.dtype != out:
@@ -65,7 +68,7 @@ def layer_norm(ctx: Ctx) -> E.Expr:
     kept = box.kept_indices(ctx.indices)
     here = tuple(ctx.indices[d] for d in box.dims)
     s, m = E.Load(scale.buf, kept), E.Load(mean.buf, kept)
-    y = box.load(kept, here, compute) * s + (-(m * s))
+    y = (box.load(kept, here, compute) - m) * s
     for k, combine in ((2, E.Mul), (3, E.Add)):
         if not ctx.is_none(k):
             arg = ctx.args[k]
@@ -168,7 +171,7 @@ def _normalize_channels(ctx: Ctx, x: TensorArg, weight_at: int, bias_at: int, me
 @register("aten::group_norm", overloads=("",))
 def group_norm(ctx: Ctx) -> E.Expr:
     """Mean and 1/sqrt(var + eps) per (sample, group) over the group's channels and all
-    spatial dims (two-pass), then `(x * rstd - mean * rstd) * weight[c] + bias[c]`."""
+    spatial dims (two-pass), then `((x - mean) * rstd) * weight[c] + bias[c]`."""
     return _group_norm(ctx, ctx.const(1), 2, 3, float(ctx.const(4)))
 
 
@@ -224,7 +227,7 @@ def _group_norm(ctx: Ctx, groups: object, weight_at: int, bias_at: int, eps: flo
     b, c = ctx.indices[0], ctx.indices[1]
     g = c / E.imm(per_group)
     s, m = E.Load(scale.buf, (b, g)), E.Load(mean.buf, (b, g))
-    y = ctx.load(x, compute) * s + (-(m * s))
+    y = (ctx.load(x, compute) - m) * s
     for k, combine in ((weight_at, E.Mul), (bias_at, E.Add)):
         if not ctx.is_none(k):
             arg = ctx.args[k]

@@ -316,17 +316,28 @@ def var_std_mean(ctx: Ctx) -> E.Expr:
 def _welford_poisoned(box: _Box, kept: Index) -> E.Expr:
     """Whether eager's Welford mean of the row is NaN where the sum's is not: an infinity
     (or NaN) before the row's last element makes every later `x - mean` NaN; one in the
-    last element only gives that infinity, as the sum does."""
+    last element only gives that infinity, as the sum does. `x - x` is 0 but for those,
+    so their sum over the elements before the last (in the input's computation type, a
+    full vector's width) is NaN exactly when the row is poisoned."""
+    compute = compute_type(box.x.dtype)
+    zero = _zero(compute)
+    if box.count <= 1:
+        return E.imm(False, BOOL)
+    if len(box.dims) == 1:  # the elements before the last: a shorter range
+        r = E.Var("r")
+        v = box.load(kept, (r,), compute)
+        early = E.Reduce("Add", zero, v - v, (r,), (E.imm(box.count - 1),))
+        return E.cmp("!=", early, early)
 
-    def early(r: Index) -> E.Expr:
-        v = box.load(kept, r, FLOAT64)
-        bad = E.Or(E.cmp("!=", v, v), E.cmp("==", E.call("abs", v), E.imm(math.inf, FLOAT64)))
+    def before_last(r: Index) -> E.Expr:
+        v = box.load(kept, r, compute)
         flat: E.Expr = E.imm(0)
         for i, size in zip(r, box.sizes):
             flat = flat * size + i
-        return E.And(bad, E.cmp("<", flat, E.imm(box.count - 1)))
+        return E.select(E.cmp("<", flat, E.imm(box.count - 1)), v - v, zero)
 
-    return box.reduce("Or", kept, early, E.imm(False, BOOL))
+    total = box.reduce("Add", kept, before_last, zero)
+    return E.cmp("!=", total, total)
 
 
 def _mean_of(ctx: Ctx, box: _Box, compute: Dtype) -> TensorArg:

@@ -199,6 +199,15 @@ def test_var_mean_mean_is_welfords_with_infinities(use_llvm):
     got = both(lambda y: torch.var_mean(y, 1), y, use_llvm=use_llvm)  # NaN, inf, NaN, NaN
     assert got[1].isinf().tolist() == [False, True, False, False]
     both(lambda y: torch.std_mean(y.t(), 0, keepdim=True), y, use_llvm=use_llvm)
+    nan = float("nan")
+    z = torch.tensor([[[1.0, nan], [2.0, 3.0]], [[1.0, 2.0], [3.0, -inf]],
+                      [[inf, 1.0], [2.0, 3.0]], [[5.0, 1.0], [nan, 3.0]]])
+    for dims in ((1, 2), 2):  # flat over two dims (the last element: z[k, 1, 1]), one dim
+        got = both(lambda z: torch.var_mean(z, dims), z, use_llvm=use_llvm)
+    assert got[1].isinf().tolist() == [[False, False], [False, True], [False, False],
+                                       [False, False]]
+    both(lambda z: torch.var_mean(z, 1), z.half(), use_llvm=use_llvm)  # checked in float32
+    both(lambda z: torch.var_mean(z, 2), z[..., :1], use_llvm=use_llvm)  # rows of one
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
