@@ -90,6 +90,12 @@ class AutogradPlan:
             except ValueError as e:
                 _log.dump("Attributes not lifted to inputs, running unfused: ", e)
                 self._fn = None
+        else:
+            graph = prog.graph.copy()
+            changed = _scalar_constants(graph)
+            self._attributes = _lift_constants(graph)
+            if changed or self._attributes:
+                self._fn = torch._C._create_function_from_graph("nncfuse_constants", graph)
 
     @property
     def graph(self) -> torch._C.Graph | None:
@@ -144,9 +150,16 @@ class AutogradPlan:
             _log.update("Too many patterns of values under autograd; running unfused")
             return None
         try:
-            return _Joint(self._fn, inputs, tensors, self.options)
+            try:
+                return _Joint(self._fn, inputs, tensors, self.options)
+            except RuntimeError as e:
+                if "outputs that alias inputs" not in str(e):
+                    raise
+                # A view of an intermediate (a traced model's last `view`): returned as a
+                # copy of its own, which no one can tell apart; views of inputs still fail.
+                return _Joint(self._fn, inputs, tensors, self.options, copy_views=True)
         except Exception as e:  # noqa: BLE001 - whatever fails, the unfused program runs
-            _log.dump("Not traced for autograd, running unfused: ", brief(e))
+            _log.dump("Not traced for autograd, running unfused: ", brief(e)[:500])
             return None
 
 
@@ -191,10 +204,111 @@ def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], l
     visit(graph)
     for node in reversed(getattrs):
         node.destroy()
+    _scalar_constants(graph)
+    attributes += _lift_constants(graph)
     if list(this.uses()):
         raise ValueError("the module itself is used as a value")
     graph.eraseInput(0)
     return torch._C._create_function_from_graph("nncfuse_lifted", graph), attributes
+
+
+def _wrapped(value: torch.Tensor) -> bool:
+    """Whether `value`, a tensor constant, is a Python number as the tracer records it (a
+    0-dim double or long "wrapped number": it does not promote a 0-dim tensor's dtype)."""
+    if value.dim() != 0 or value.dtype not in (torch.float64, torch.int64):
+        return False
+    other = torch.zeros((), dtype=torch.float32 if value.is_floating_point() else torch.int32)
+    return (other * value).dtype == other.dtype
+
+
+def _scalar_constants(graph: torch._C.Graph) -> int:
+    """Rewrite, in place, the ops of `graph` that take a traced Python number as a tensor (a
+    wrapped-number constant, or `prim::NumToTensor` of a size) to take the number, where the
+    op has that overload, and on through ops of numbers only (`pow(size, -0.5)`); the count
+    rewritten. Under AOTAutograd the interpreter hands a wrapped number to Python as a
+    number, which no Tensor argument takes (`aten::equal() Expected a value of type
+    'Tensor'`).
+
+        %c : Double() = prim::Constant[value={0.5}]()      %c : float = prim::Constant[value=0.5]()
+        %y = aten::mul(%x, %c)                        ==>   %y = aten::mul(%x, %c)  (mul.Scalar)
+    """
+    done = 0
+    work = [(n.output(), None) for n in graph.findAllNodes("prim::Constant")
+            if isinstance(n.output().type(), torch._C.TensorType) and _wrapped(n.t("value"))]
+    work += [(n.output(), n.input()) for n in graph.findAllNodes("prim::NumToTensor")]
+    while work:
+        out, number = work.pop()
+        source = out.node()
+        for use in list(out.uses()):
+            user = use.user
+            if not user.kind().startswith("aten::") or list(user.blocks()) or len(
+                    list(user.outputs())) != 1:
+                continue
+            with graph.insert_point_guard(user):
+                scalar = number if number is not None else graph.insertConstant(
+                    source.t("value").item())
+                inputs = [scalar if k == use.offset else v for k, v in enumerate(user.inputs())]
+                new = graph.create(user.kind(), inputs, 1)
+                new.insertBefore(user)
+            schema = new.schema()
+            returns = schema.rsplit("-> ", 1)[-1].strip()
+            result = _NUMBER_RESULTS.get(returns)
+            if schema == "(no schema)" or (returns != "Tensor" and result is None) or (
+                    "Scalar" not in schema.split("(", 1)[1].split(",")[use.offset]
+                    and result is None):
+                new.destroy()
+                if number is None and not list(scalar.uses()):
+                    scalar.node().destroy()
+                continue
+            if result is None or not isinstance(user.output().type(), torch._C.TensorType):
+                if result is not None and result != user.output().type():
+                    new.destroy()
+                    continue
+                new.output().setType(user.output().type())
+                user.output().replaceAllUsesWith(new.output())
+            else:  # a number now: its users next, and a tensor of it for the rest
+                new.output().setType(result)
+                with graph.insert_point_guard(user):
+                    tensor = graph.create("prim::NumToTensor", [new.output()], 1)
+                    tensor.insertBefore(user)
+                tensor.output().setType(user.output().type())
+                user.output().replaceAllUsesWith(tensor.output())
+                work.append((tensor.output(), new.output()))
+            user.destroy()
+            done += 1
+        if not list(out.uses()):
+            source.destroy()
+    return done
+
+
+_NUMBER_RESULTS = {"float": torch._C.FloatType.get(), "int": torch._C.IntType.get(),
+                   "bool": torch._C.BoolType.get()}
+
+
+class _Held:
+    """A tensor constant of the graph, lifted to an input: read as an attribute is."""
+
+    def __init__(self, value: torch.Tensor):
+        self.value = value
+
+    def getattr(self, _name: str) -> torch.Tensor:
+        return self.value
+
+
+def _lift_constants(graph: torch._C.Graph) -> list[tuple[Any, str]]:
+    """Make, in place, each tensor constant of `graph` (`torch.tensor(1.0)` in traced code)
+    an input after the others, and return them as attributes: AOTAutograd traces with fake
+    tensors, and a real tensor met on the way fails."""
+    lifted: list[tuple[Any, str]] = []
+    for const in list(graph.findAllNodes("prim::Constant")):
+        out = const.output()
+        if isinstance(out.type(), torch._C.TensorType) and list(out.uses()):
+            value = graph.addInput()
+            value.setType(out.type())
+            out.replaceAllUsesWith(value)
+            lifted.append((_Held(const.t("value")), "constant"))
+            const.destroy()
+    return lifted
 
 
 class _Joint:
@@ -202,11 +316,12 @@ class _Joint:
     positions `tensors`, the other values compiled in), each a CompiledGraph."""
 
     def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
-                 options: Options):
+                 options: Options, copy_views: bool = False):
         from torch._functorch.aot_autograd import aot_export_joint_simple
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         self.fn, self.inputs, self.tensors = fn, inputs, tensors
+        self.copy_views = copy_views  # outputs that share no input's storage copied
         self.returns_tuple = True
         examples = tuple(inputs[k] for k in tensors)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
@@ -233,7 +348,15 @@ class _Joint:
             full[k] = t
         out = self.fn(*full)
         self.returns_tuple = isinstance(out, tuple)
-        return out if isinstance(out, tuple) else (out,)
+        outs = out if isinstance(out, tuple) else (out,)
+        if not self.copy_views:
+            return outs
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        storages = {StorageWeakRef(t.untyped_storage()) for t in tensors}
+        return tuple(o.clone() if isinstance(o, torch.Tensor) and o._is_view()
+                     and StorageWeakRef(o.untyped_storage()) not in storages else o
+                     for o in outs)
 
 
 def _tangents_read(backward: torch.fx.GraphModule, outputs: int) -> list[frozenset[int]]:
