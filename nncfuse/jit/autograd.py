@@ -237,17 +237,30 @@ def _scalar_constants(graph: torch._C.Graph) -> int:
             if isinstance(n.output().type(), torch._C.TensorType) and _wrapped(n.t("value"))]
     work += [(n.output(), n.input()) for n in graph.findAllNodes("prim::NumToTensor")]
     while work:
-        out, number = work.pop()
+        out, number = work.pop(0)  # the constants first: then a size meets numbers
         source = out.node()
         for use in list(out.uses()):
             user = use.user
             if not user.kind().startswith("aten::") or list(user.blocks()) or len(
                     list(user.outputs())) != 1:
                 continue
+            if number is not None and user.kind() in _TO_NUMBER and (
+                    user.kind() == "aten::ScalarImplicit"
+                    or _NUMBER_RESULTS.get(number.type().str()) == user.output().type()):
+                user.output().replaceAllUsesWith(number)  # Int(NumToTensor(n)) is n
+                user.destroy()
+                done += 1
+                continue
             with graph.insert_point_guard(user):
                 scalar = number if number is not None else graph.insertConstant(
                     source.t("value").item())
                 inputs = [scalar if k == use.offset else v for k, v in enumerate(user.inputs())]
+                if user.kind() in ("aten::add", "aten::sub") and len(inputs) == 3 and all(
+                        isinstance(v.type(), torch._C.NumberType | torch._C.IntType
+                                   | torch._C.FloatType) for v in inputs[:2]) and \
+                        inputs[2].node().kind() == "prim::Constant" and \
+                        inputs[2].toIValue() == 1:
+                    inputs = inputs[:2]  # add(a, b, alpha=1) of numbers: add.int
                 new = graph.create(user.kind(), inputs, 1)
                 new.insertBefore(user)
             schema = new.schema()
@@ -281,6 +294,7 @@ def _scalar_constants(graph: torch._C.Graph) -> int:
     return done
 
 
+_TO_NUMBER = ("aten::Int", "aten::Float", "aten::ScalarImplicit")
 _NUMBER_RESULTS = {"float": torch._C.FloatType.get(), "int": torch._C.IntType.get(),
                    "bool": torch._C.BoolType.get()}
 

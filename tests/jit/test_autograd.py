@@ -237,8 +237,9 @@ def test_an_output_the_loss_does_not_use_gives_no_gradient():
 
 
 class TracedConstants(torch.nn.Module):
-    """What traced transformers hold: Python numbers (wrapped-number tensor constants), a
-    `torch.tensor(1.0)` constant, and a last `view` of an intermediate as the output."""
+    """What traced transformers hold: Python numbers and sizes as tensors (wrapped-number
+    constants, `prim::NumToTensor`), a `torch.tensor(1.0)` constant, and a last `view` of an
+    intermediate as the output."""
 
     def __init__(self):
         super().__init__()
@@ -249,6 +250,8 @@ class TracedConstants(torch.nn.Module):
         h = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h, 3.0))))
         inverted = torch.tensor(1.0) - mask
         h = h.masked_fill(inverted.to(torch.bool), -3.0) * (x.size(-1) ** -0.5)
+        start = 0
+        h = h + torch.arange(start, start + x.size(0))[:, None].float()  # a size, a number
         return h.view(-1, 2, 4)
 
 
