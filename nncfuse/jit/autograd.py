@@ -113,7 +113,7 @@ class AutogradPlan:
     def run(self, args: tuple[Any, ...]) -> Any:
         joint = self._only
         if joint is not None:
-            outs = _Fused.apply(joint, *args)
+            outs = _applied(joint, args)
             return outs if joint.returns_tuple else outs[0]
         return self._run(args)
 
@@ -141,7 +141,7 @@ class AutogradPlan:
                         self._only = joint
         if joint is None:
             return self.prog.unfused(*args)
-        outs = _Fused.apply(joint, *(inputs[k] for k in tensors))
+        outs = _applied(joint, tuple(inputs[k] for k in tensors))
         return outs if joint.returns_tuple else outs[0]
 
     def _trace(self, inputs: tuple[Any, ...], tensors: list[int]) -> _Joint | None:
@@ -149,21 +149,46 @@ class AutogradPlan:
         if len(self._variants) >= _MAX_VARIANTS:
             _log.update("Too many patterns of values under autograd; running unfused")
             return None
+        copy_views, written = False, ()
         try:
-            try:
-                return _Joint(self._fn, inputs, tensors, self.options)
-            except RuntimeError as e:
-                if "outputs that alias inputs" not in str(e):
-                    raise
-                # A view of an intermediate (a traced model's last `view`): returned as a
-                # copy of its own, which no one can tell apart; views of inputs still fail.
-                return _Joint(self._fn, inputs, tensors, self.options, copy_views=True)
+            for _ in range(3):
+                try:
+                    return _Joint(self._fn, inputs, tensors, self.options, copy_views, written)
+                except RuntimeError as e:
+                    if "outputs that alias inputs" in str(e) and not copy_views:
+                        # A view of an intermediate (a traced model's last `view`): returned
+                        # as a copy of its own, which no one can tell apart; views of inputs
+                        # still fail.
+                        copy_views = True
+                    elif "input mutations" in str(e) and not written:
+                        written = _written(str(e), [inputs[k] for k in tensors])
+                    else:
+                        raise
+            raise ValueError("not traced with copied views and written buffers")
         except Exception as e:  # noqa: BLE001 - whatever fails, the unfused program runs
             _log.dump("Not traced for autograd, running unfused: ", brief(e)[:500])
             return None
 
 
 _MISSING: Any = object()
+
+
+def _written(message: str, tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    """The positions of the inputs that AOTAutograd's `message` (its input mutations error,
+    which lists every input's InputAliasInfo in order) says the program writes to (batch
+    norm's running statistics); raises unless each is written in data only and none
+    requires grad."""
+    import re
+
+    infos = re.findall(r"InputAliasInfo\(([^)]*)\)", message)
+    if len(infos) != len(tensors):
+        raise ValueError("inputs written in place, not told which")
+    written = tuple(k for k, info in enumerate(infos) if "mutates_data=True" in info
+                    or "mutates_metadata=True" in info)
+    if not written or any(tensors[k].requires_grad or "mutates_metadata=True" in infos[k]
+                          for k in written):
+        raise ValueError("an input written in place requires grad or changes shape")
+    return written
 
 
 def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], list[Any]]:
@@ -330,23 +355,26 @@ class _Joint:
     positions `tensors`, the other values compiled in), each a CompiledGraph."""
 
     def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
-                 options: Options, copy_views: bool = False):
+                 options: Options, copy_views: bool = False, written: tuple[int, ...] = ()):
         from torch._functorch.aot_autograd import aot_export_joint_simple
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         self.fn, self.inputs, self.tensors = fn, inputs, tensors
         self.copy_views = copy_views  # outputs that share no input's storage copied
+        #: the tensors (positions among them) the program writes in place, buffers: traced
+        #: on copies, whose final values are outputs after the others, written back
+        self.written = written
         self.returns_tuple = True
         examples = tuple(inputs[k] for k in tensors)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
         placeholders = joint.graph.find_nodes(op="placeholder")
         outputs = joint.graph.find_nodes(op="output")[0].args[0]
-        self.outputs = len(outputs) - len(examples)
+        self.outputs = len(outputs) - len(examples) - len(written)  # those that need grad
         if len(placeholders) - len(examples) != self.outputs:
             raise ValueError("an output does not require grad")
         forward, backward = min_cut_rematerialization_partition(
-            joint, examples, num_fwd_outputs=self.outputs)
+            joint, examples, num_fwd_outputs=self.outputs + len(written))
         #: per input, the outputs whose gradients its gradient depends on: with none of them
         #: given (outputs the loss does not use), its gradient is None, as in eager
         self.depends = _tangents_read(backward, self.outputs)
@@ -358,11 +386,14 @@ class _Joint:
     def call(self, *tensors: torch.Tensor) -> tuple[Any, ...]:
         """The unfused program with these tensors, its result as a tuple."""
         full = list(self.inputs)
+        copies = [tensors[k].clone() for k in self.written]
         for k, t in zip(self.tensors, tensors):
             full[k] = t
+        for k, t in zip(self.written, copies):
+            full[self.tensors[k]] = t
         out = self.fn(*full)
         self.returns_tuple = isinstance(out, tuple)
-        outs = out if isinstance(out, tuple) else (out,)
+        outs = (*(out if isinstance(out, tuple) else (out,)), *copies)
         if not self.copy_views:
             return outs
         from torch.multiprocessing.reductions import StorageWeakRef
@@ -398,20 +429,23 @@ class _Fused(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, joint: _Joint, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         results = joint.forward(*(t.detach() if t.requires_grad else t for t in tensors))
-        ctx.save_for_backward(*results[joint.outputs:])
+        ctx.save_for_backward(*results[joint.outputs + len(joint.written):])
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
         ctx.versions = [t._version for t in tensors]
         ctx.set_materialize_grads(False)  # None: an output the loss does not use
         outs = tuple(results[:joint.outputs])
         ctx.shapes = [(o.shape, o.dtype) for o in outs]
-        return outs
+        written = results[joint.outputs:joint.outputs + len(joint.written)]
+        ctx.mark_non_differentiable(*written)
+        return (*outs, *written)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
         joint: _Joint = ctx.joint
         saved = ctx.saved_tensors  # raises after a backward without retain_graph
         given = frozenset(k for k, g in enumerate(grads) if g is not None)
+        grads = grads[:joint.outputs]  # not those of the written buffers' values
         full = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype)
                 for g, (shape, dtype) in zip(grads, ctx.shapes)]
         if torch.is_grad_enabled():
@@ -420,6 +454,18 @@ class _Fused(torch.autograd.Function):
             results = list(joint.backward(*saved, *full))
         return (None, *(r if joint.depends[k] & given else None
                          for k, r in enumerate(results)))
+
+
+def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`joint`'s outputs for `tensors`; the buffers it writes get their new values, as the
+    program writes them in place."""
+    outs = _Fused.apply(joint, *tensors)
+    if not joint.written:
+        return outs
+    with torch.no_grad():
+        for k, value in zip(joint.written, outs[joint.outputs:]):
+            tensors[k].copy_(value)
+    return outs[:joint.outputs]
 
 
 def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:

@@ -197,7 +197,8 @@ class Norms(torch.nn.Module):
 @pytest.mark.parametrize("batch_norm", [False, True])
 def test_a_block_with_norms_trains_as_eager(batch_norm):
     """Layer norm and softmax decompose and fuse; batch norm in training writes its running
-    statistics (an input written in place): that module runs unfused, still eager's."""
+    statistics (inputs written in place): traced on copies whose new values are written back,
+    so the buffers step as eager's."""
     model = Norms(batch_norm).train()
     reference = Norms(batch_norm).train()
     reference.load_state_dict(model.state_dict())
@@ -213,11 +214,10 @@ def test_a_block_with_norms_trains_as_eager(batch_norm):
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
+    forward, backward = _groups(fused)
+    assert forward >= 1 and backward >= 1
     if batch_norm:
-        assert _plan(fused).joints() == []
-    else:
-        forward, backward = _groups(fused)
-        assert forward >= 1 and backward >= 1
+        assert all(j.written for j in _plan(fused).joints())
 
 
 def test_an_output_the_loss_does_not_use_gives_no_gradient():
