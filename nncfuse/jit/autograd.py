@@ -90,6 +90,12 @@ class AutogradPlan:
             except ValueError as e:
                 _log.dump("Attributes not lifted to inputs, running unfused: ", e)
                 self._fn = None
+        else:
+            graph = prog.graph.copy()
+            changed = _scalar_constants(graph)
+            self._attributes = _lift_constants(graph)
+            if changed or self._attributes:
+                self._fn = torch._C._create_function_from_graph("nncfuse_constants", graph)
 
     @property
     def graph(self) -> torch._C.Graph | None:
@@ -107,7 +113,7 @@ class AutogradPlan:
     def run(self, args: tuple[Any, ...]) -> Any:
         joint = self._only
         if joint is not None:
-            outs = _Fused.apply(joint, *args)
+            outs = _applied(joint, args)
             return outs if joint.returns_tuple else outs[0]
         return self._run(args)
 
@@ -135,7 +141,7 @@ class AutogradPlan:
                         self._only = joint
         if joint is None:
             return self.prog.unfused(*args)
-        outs = _Fused.apply(joint, *(inputs[k] for k in tensors))
+        outs = _applied(joint, tuple(inputs[k] for k in tensors))
         return outs if joint.returns_tuple else outs[0]
 
     def _trace(self, inputs: tuple[Any, ...], tensors: list[int]) -> _Joint | None:
@@ -143,14 +149,46 @@ class AutogradPlan:
         if len(self._variants) >= _MAX_VARIANTS:
             _log.update("Too many patterns of values under autograd; running unfused")
             return None
+        copy_views, written = False, ()
         try:
-            return _Joint(self._fn, inputs, tensors, self.options)
+            for _ in range(3):
+                try:
+                    return _Joint(self._fn, inputs, tensors, self.options, copy_views, written)
+                except RuntimeError as e:
+                    if "outputs that alias inputs" in str(e) and not copy_views:
+                        # A view of an intermediate (a traced model's last `view`): returned
+                        # as a copy of its own, which no one can tell apart; views of inputs
+                        # still fail.
+                        copy_views = True
+                    elif "input mutations" in str(e) and not written:
+                        written = _written(str(e), [inputs[k] for k in tensors])
+                    else:
+                        raise
+            raise ValueError("not traced with copied views and written buffers")
         except Exception as e:  # noqa: BLE001 - whatever fails, the unfused program runs
-            _log.dump("Not traced for autograd, running unfused: ", brief(e))
+            _log.dump("Not traced for autograd, running unfused: ", brief(e)[:500])
             return None
 
 
 _MISSING: Any = object()
+
+
+def _written(message: str, tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    """The positions of the inputs that AOTAutograd's `message` (its input mutations error,
+    which lists every input's InputAliasInfo in order) says the program writes to (batch
+    norm's running statistics); raises unless each is written in data only and none
+    requires grad."""
+    import re
+
+    infos = re.findall(r"InputAliasInfo\(([^)]*)\)", message)
+    if len(infos) != len(tensors):
+        raise ValueError("inputs written in place, not told which")
+    written = tuple(k for k, info in enumerate(infos) if "mutates_data=True" in info
+                    or "mutates_metadata=True" in info)
+    if not written or any(tensors[k].requires_grad or "mutates_metadata=True" in infos[k]
+                          for k in written):
+        raise ValueError("an input written in place requires grad or changes shape")
+    return written
 
 
 def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], list[Any]]:
@@ -191,10 +229,125 @@ def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], l
     visit(graph)
     for node in reversed(getattrs):
         node.destroy()
+    _scalar_constants(graph)
+    attributes += _lift_constants(graph)
     if list(this.uses()):
         raise ValueError("the module itself is used as a value")
     graph.eraseInput(0)
     return torch._C._create_function_from_graph("nncfuse_lifted", graph), attributes
+
+
+def _wrapped(value: torch.Tensor) -> bool:
+    """Whether `value`, a tensor constant, is a Python number as the tracer records it (a
+    0-dim double or long "wrapped number": it does not promote a 0-dim tensor's dtype)."""
+    if value.dim() != 0 or value.dtype not in (torch.float64, torch.int64):
+        return False
+    other = torch.zeros((), dtype=torch.float32 if value.is_floating_point() else torch.int32)
+    return (other * value).dtype == other.dtype
+
+
+def _scalar_constants(graph: torch._C.Graph) -> int:
+    """Rewrite, in place, the ops of `graph` that take a traced Python number as a tensor (a
+    wrapped-number constant, or `prim::NumToTensor` of a size) to take the number, where the
+    op has that overload, and on through ops of numbers only (`pow(size, -0.5)`); the count
+    rewritten. Under AOTAutograd the interpreter hands a wrapped number to Python as a
+    number, which no Tensor argument takes (`aten::equal() Expected a value of type
+    'Tensor'`).
+
+        %c : Double() = prim::Constant[value={0.5}]()      %c : float = prim::Constant[value=0.5]()
+        %y = aten::mul(%x, %c)                        ==>   %y = aten::mul(%x, %c)  (mul.Scalar)
+    """
+    done = 0
+    work = [(n.output(), None) for n in graph.findAllNodes("prim::Constant")
+            if isinstance(n.output().type(), torch._C.TensorType) and _wrapped(n.t("value"))]
+    work += [(n.output(), n.input()) for n in graph.findAllNodes("prim::NumToTensor")]
+    while work:
+        out, number = work.pop(0)  # the constants first: then a size meets numbers
+        source = out.node()
+        for use in list(out.uses()):
+            user = use.user
+            if not user.kind().startswith("aten::") or list(user.blocks()) or len(
+                    list(user.outputs())) != 1:
+                continue
+            if number is not None and user.kind() in _TO_NUMBER and (
+                    user.kind() == "aten::ScalarImplicit"
+                    or _NUMBER_RESULTS.get(number.type().str()) == user.output().type()):
+                user.output().replaceAllUsesWith(number)  # Int(NumToTensor(n)) is n
+                user.destroy()
+                done += 1
+                continue
+            with graph.insert_point_guard(user):
+                scalar = number if number is not None else graph.insertConstant(
+                    source.t("value").item())
+                inputs = [scalar if k == use.offset else v for k, v in enumerate(user.inputs())]
+                if user.kind() in ("aten::add", "aten::sub") and len(inputs) == 3 and all(
+                        isinstance(v.type(), torch._C.NumberType | torch._C.IntType
+                                   | torch._C.FloatType) for v in inputs[:2]) and \
+                        inputs[2].node().kind() == "prim::Constant" and \
+                        inputs[2].toIValue() == 1:
+                    inputs = inputs[:2]  # add(a, b, alpha=1) of numbers: add.int
+                new = graph.create(user.kind(), inputs, 1)
+                new.insertBefore(user)
+            schema = new.schema()
+            returns = schema.rsplit("-> ", 1)[-1].strip()
+            result = _NUMBER_RESULTS.get(returns)
+            if schema == "(no schema)" or (returns != "Tensor" and result is None) or (
+                    "Scalar" not in schema.split("(", 1)[1].split(",")[use.offset]
+                    and result is None):
+                new.destroy()
+                if number is None and not list(scalar.uses()):
+                    scalar.node().destroy()
+                continue
+            if result is None or not isinstance(user.output().type(), torch._C.TensorType):
+                if result is not None and result != user.output().type():
+                    new.destroy()
+                    continue
+                new.output().setType(user.output().type())
+                user.output().replaceAllUsesWith(new.output())
+            else:  # a number now: its users next, and a tensor of it for the rest
+                new.output().setType(result)
+                with graph.insert_point_guard(user):
+                    tensor = graph.create("prim::NumToTensor", [new.output()], 1)
+                    tensor.insertBefore(user)
+                tensor.output().setType(user.output().type())
+                user.output().replaceAllUsesWith(tensor.output())
+                work.append((tensor.output(), new.output()))
+            user.destroy()
+            done += 1
+        if not list(out.uses()):
+            source.destroy()
+    return done
+
+
+_TO_NUMBER = ("aten::Int", "aten::Float", "aten::ScalarImplicit")
+_NUMBER_RESULTS = {"float": torch._C.FloatType.get(), "int": torch._C.IntType.get(),
+                   "bool": torch._C.BoolType.get()}
+
+
+class _Held:
+    """A tensor constant of the graph, lifted to an input: read as an attribute is."""
+
+    def __init__(self, value: torch.Tensor):
+        self.value = value
+
+    def getattr(self, _name: str) -> torch.Tensor:
+        return self.value
+
+
+def _lift_constants(graph: torch._C.Graph) -> list[tuple[Any, str]]:
+    """Make, in place, each tensor constant of `graph` (`torch.tensor(1.0)` in traced code)
+    an input after the others, and return them as attributes: AOTAutograd traces with fake
+    tensors, and a real tensor met on the way fails."""
+    lifted: list[tuple[Any, str]] = []
+    for const in list(graph.findAllNodes("prim::Constant")):
+        out = const.output()
+        if isinstance(out.type(), torch._C.TensorType) and list(out.uses()):
+            value = graph.addInput()
+            value.setType(out.type())
+            out.replaceAllUsesWith(value)
+            lifted.append((_Held(const.t("value")), "constant"))
+            const.destroy()
+    return lifted
 
 
 class _Joint:
@@ -202,22 +355,26 @@ class _Joint:
     positions `tensors`, the other values compiled in), each a CompiledGraph."""
 
     def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
-                 options: Options):
+                 options: Options, copy_views: bool = False, written: tuple[int, ...] = ()):
         from torch._functorch.aot_autograd import aot_export_joint_simple
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         self.fn, self.inputs, self.tensors = fn, inputs, tensors
+        self.copy_views = copy_views  # outputs that share no input's storage copied
+        #: the tensors (positions among them) the program writes in place, buffers: traced
+        #: on copies, whose final values are outputs after the others, written back
+        self.written = written
         self.returns_tuple = True
         examples = tuple(inputs[k] for k in tensors)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
         placeholders = joint.graph.find_nodes(op="placeholder")
         outputs = joint.graph.find_nodes(op="output")[0].args[0]
-        self.outputs = len(outputs) - len(examples)
+        self.outputs = len(outputs) - len(examples) - len(written)  # those that need grad
         if len(placeholders) - len(examples) != self.outputs:
             raise ValueError("an output does not require grad")
         forward, backward = min_cut_rematerialization_partition(
-            joint, examples, num_fwd_outputs=self.outputs)
+            joint, examples, num_fwd_outputs=self.outputs + len(written))
         #: per input, the outputs whose gradients its gradient depends on: with none of them
         #: given (outputs the loss does not use), its gradient is None, as in eager
         self.depends = _tangents_read(backward, self.outputs)
@@ -229,11 +386,22 @@ class _Joint:
     def call(self, *tensors: torch.Tensor) -> tuple[Any, ...]:
         """The unfused program with these tensors, its result as a tuple."""
         full = list(self.inputs)
+        copies = [tensors[k].clone() for k in self.written]
         for k, t in zip(self.tensors, tensors):
             full[k] = t
+        for k, t in zip(self.written, copies):
+            full[self.tensors[k]] = t
         out = self.fn(*full)
         self.returns_tuple = isinstance(out, tuple)
-        return out if isinstance(out, tuple) else (out,)
+        outs = (*(out if isinstance(out, tuple) else (out,)), *copies)
+        if not self.copy_views:
+            return outs
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        storages = {StorageWeakRef(t.untyped_storage()) for t in tensors}
+        return tuple(o.clone() if isinstance(o, torch.Tensor) and o._is_view()
+                     and StorageWeakRef(o.untyped_storage()) not in storages else o
+                     for o in outs)
 
 
 def _tangents_read(backward: torch.fx.GraphModule, outputs: int) -> list[frozenset[int]]:
@@ -261,20 +429,23 @@ class _Fused(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, joint: _Joint, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         results = joint.forward(*(t.detach() if t.requires_grad else t for t in tensors))
-        ctx.save_for_backward(*results[joint.outputs:])
+        ctx.save_for_backward(*results[joint.outputs + len(joint.written):])
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
         ctx.versions = [t._version for t in tensors]
         ctx.set_materialize_grads(False)  # None: an output the loss does not use
         outs = tuple(results[:joint.outputs])
         ctx.shapes = [(o.shape, o.dtype) for o in outs]
-        return outs
+        written = results[joint.outputs:joint.outputs + len(joint.written)]
+        ctx.mark_non_differentiable(*written)
+        return (*outs, *written)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
         joint: _Joint = ctx.joint
         saved = ctx.saved_tensors  # raises after a backward without retain_graph
         given = frozenset(k for k, g in enumerate(grads) if g is not None)
+        grads = grads[:joint.outputs]  # not those of the written buffers' values
         full = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype)
                 for g, (shape, dtype) in zip(grads, ctx.shapes)]
         if torch.is_grad_enabled():
@@ -283,6 +454,18 @@ class _Fused(torch.autograd.Function):
             results = list(joint.backward(*saved, *full))
         return (None, *(r if joint.depends[k] & given else None
                          for k, r in enumerate(results)))
+
+
+def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`joint`'s outputs for `tensors`; the buffers it writes get their new values, as the
+    program writes them in place."""
+    outs = _Fused.apply(joint, *tensors)
+    if not joint.written:
+        return outs
+    with torch.no_grad():
+        for k, value in zip(joint.written, outs[joint.outputs:]):
+            tensors[k].copy_(value)
+    return outs[:joint.outputs]
 
 
 def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
