@@ -97,3 +97,61 @@ def test_what_cannot_take_symbolic_sizes_raises_lowering_error(fn):
     with pytest.raises(LoweringError):
         TensorExprKernel(graph, Options.from_env(), dynamic=True)
     TensorExprKernel(graph, Options.from_env())  # static: fine
+
+
+def _head_split(x, b):
+    return (x + b).view(2, -1, 4, 16).transpose(1, 2).relu() * 2
+
+
+def _merge_flatten(x):
+    return (x.sin() * 3).flatten(1)
+
+
+def _unflatten_slice(x):
+    return x.unflatten(1, (4, -1))[:, 1:, 2:].cos() + x[:, 0:1].unsqueeze(2)
+
+
+def _select_reshape(x):
+    return x.select(2, 3).reshape(-1, 2) - x[..., 0].view_as(x[..., 1]).reshape(-1, 2)
+
+
+def _expand(x, y):
+    return x.expand(2, -1, 64) * y
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn, example, static, calls", [
+    (_head_split, [(2, 10, 64), (64,)], {2, 64},
+     [[(2, 7, 64), (64,)], [(2, 0, 64), (64,)], [(2, 33, 64), (64,)], [(2, 1, 64), (64,)]]),
+    (_merge_flatten, [(5, 4, 16)], {4, 16}, [[(7, 4, 16)], [(0, 4, 16)], [(300, 4, 16)]]),
+    (_unflatten_slice, [(5, 64)], {64}, [[(9, 64)], [(0, 64)], [(1, 64)]]),
+    (_select_reshape, [(6, 2, 4)], {2, 4}, [[(9, 2, 4)], [(1, 2, 4)], [(0, 2, 4)]]),
+    (_expand, [(1, 10, 1), (2, 10, 64)], {2, 64}, [[(1, 3, 1), (2, 3, 64)]]),
+])
+def test_views_of_constant_sizes_take_the_symbol_of_the_dim_that_changes(
+        llvm, fn, example, static, calls):
+    """A -1 in a view's sizes, a flatten, an unflatten, an expand and slices along dims that
+    stay static: one kernel for every length of the dim that changes (the others static)."""
+    examples = [torch.randn(s) for s in example]
+    kernel = TensorExprKernel(graph_of(fn, *examples), Options.from_env(use_llvm=llvm),
+                              dynamic=True, static_sizes=frozenset(static))
+    assert kernel.lowered.symbols, "the changing dim is a symbol"
+    for shapes in [example, *calls]:
+        args = [torch.randn(s) for s in shapes]
+        got, want = kernel.run(args), fn(*args)
+        torch.testing.assert_close(got, want)
+        assert got.shape == want.shape and (got.stride() == want.stride() or not got.numel())
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.view(4, 10, 16) * 2,  # the changing dim is a constant in the view
+    lambda x: x.view(-1, 5, 16)[:, 0] * 2,  # -1 is not a product of the symbols
+    lambda x: x.flatten() * 2,  # the index would be divided by the symbol
+    lambda x: x[:, 1:] * 2,  # a slice along the changing dim
+    lambda x: x[:, :, 0:10] + 1,  # the symbol's value as a slice's length
+])
+def test_views_whose_sizes_do_not_follow_from_the_inputs_stay_static(fn):
+    graph = graph_of(fn, torch.randn(4, 10, 16))
+    with pytest.raises(LoweringError):
+        TensorExprKernel(graph, Options.from_env(), dynamic=True, static_sizes=frozenset({16}))
+    TensorExprKernel(graph, Options.from_env())  # static: fine
