@@ -32,7 +32,11 @@ statically the first time its size class is seen and dynamically the second
 time (a dim changed); True dynamically at once; False never; a fusion
 strategy (NNC's `[("STATIC", 2), ("DYNAMIC", 10)]`) takes its kinds in turn.
 At most `max_specializations` plans are optimized; calls of a further size
-class run unfused (a size class that has a dynamic plan keeps running it).
+class run with the dynamic plan of a class that generalizes theirs (the same
+but for dims of equal size, which its kernels' guards admit:
+`size_classes.generalizes`), else unfused (a class whose dims of 1, dtypes or
+layouts differ fails every dynamic kernel's guard; its kernels would each run
+their fallback). A size class that has a dynamic plan keeps running it.
 Failures to optimize are logged and also run unfused: a call is never wrong
 and never crashes where the unfused program would not.
 
@@ -68,7 +72,7 @@ from .guard import STATIC_SIZES, CompileFailure, is_fused_op
 from .inplace import written_inputs
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
-from .size_classes import ClassState, Shapes, shapes, size_class
+from .size_classes import ClassState, Shapes, generalizes, shapes, size_class
 from .tensorexpr_fuser import fuse_tensor_exprs
 
 _log = log.get_logger(__file__)
@@ -206,9 +210,13 @@ class Policy:
             _log.update("A new signature of a size class with a dynamic plan: reusing it")
             self._profiles.pop(key, None)
         elif kind is None:
-            _log.update("Too many input signatures; running unfused")
             self._profiles.pop(key, None)
-            plan = UnfusedPlan(prog.unfused, prog.graph)
+            plan = self._most_general(prog, cls[1], now)
+            if plan is None:
+                _log.update("Too many input signatures; running unfused")
+                plan = UnfusedPlan(prog.unfused, prog.graph)
+            else:
+                _log.update("Too many input signatures; running a more general dynamic plan")
         else:
             graph = self._typed_on_meta(prog, key, args)
             if graph is None:
@@ -216,6 +224,15 @@ class Policy:
             plan = self._optimize_class(graph, prog, cls, choice)
         self.plans[key] = plan
         return plan, None
+
+    def _most_general(self, prog: Program, cls: Signature | None, now: Shapes) -> Plan | None:
+        """A dynamic plan of `prog` whose kernels' guards admit the calls of size class `cls`
+        and shapes `now`: that of a class that generalizes `cls` (`generalizes`), with the
+        static sizes `now` has. None if there is none (the call then runs unfused)."""
+        for (program, general), state in self._classes.items():
+            if program == id(prog) and generalizes(general, cls) and state.serves(now):
+                return state.plan
+        return None
 
     def _kind(self, cls: tuple[int, Signature | None], seen: bool) -> str | None:
         """"static" or "dynamic": how to optimize the next signature of size class `cls`

@@ -174,3 +174,35 @@ def test_a_cat_along_a_dim_that_changes_gets_static_kernels(monkeypatch):
         x, y = torch.randn(n, 16), torch.randn(n, 16)  # 16 rows: 2 * 8, the first output's
         torch.testing.assert_close(f(x, y), cat0(x, y))
     assert True not in compiled
+
+
+def test_past_every_bound_a_class_that_a_dynamic_plan_generalizes_runs_fused(monkeypatch):
+    """(7, 7) is another size class than (6, 8) (its dims are equal), but the dynamic kernel
+    for (6, 8) binds a symbol per dim, so its guard admits it: past the bound that plan runs.
+    A dim of 1 fails every dynamic guard: that class runs unfused."""
+    compiled = count_compiles(monkeypatch)
+    f = nncfuse.jit(chain, dynamic=True, max_specializations=1)
+    for shape in [(6, 8), (7, 7), (3, 3), (1, 9), (0, 0)]:
+        a, b = torch.randn(shape), torch.randn(shape)
+        torch.testing.assert_close(f(a, b), chain(a, b))
+    assert compiled == [True]
+    assert f._plans[policy.signature((a, b))] is f._plans[
+        policy.signature((torch.randn(6, 8), torch.randn(6, 8)))]
+    assert nncfuse.fusion_groups(f.graph_for(torch.randn(7, 7), torch.randn(7, 7)))
+    one = torch.randn(1, 9)
+    assert isinstance(f._plans[policy.signature((one, one))], UnfusedPlan)
+
+
+def test_generalizes_only_splits_dims_of_equal_size():
+    from nncfuse.jit.size_classes import generalizes, size_class
+
+    def cls(*shapes):
+        return size_class(tuple(torch.randn(s) for s in shapes))
+
+    assert generalizes(cls((6, 8), (6, 8)), cls((7, 7), (7, 7)))
+    assert generalizes(cls((6, 8)), cls((6, 8)))
+    assert not generalizes(cls((7, 7), (7, 7)), cls((6, 8), (6, 8)))  # one symbol, two sizes
+    assert not generalizes(cls((6, 8)), cls((1, 8)))  # a dim of 1 broadcasts
+    assert not generalizes(cls((6, 8)), cls((6, 8, 2)))  # rank
+    assert not generalizes(cls((6, 8)), size_class((torch.randn(6, 8).double(),)))  # dtype
+    assert not generalizes(cls((6, 8)), size_class((torch.randn(8, 6).t(),)))  # layout
