@@ -65,6 +65,8 @@ import torch
 
 from .. import log
 from ..config import Options
+from ..tensorexpr import expr as E
+from ..tensorexpr.codegen.entry import InputOutput
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
 from ..tensorexpr.meta import infer_types
 from . import runtime, scripting
@@ -154,6 +156,7 @@ class Policy:
         self._optimized = 0  # signatures optimized, up to options.max_specializations
         #: (program id, size class) -> its first shapes, varied dims and dynamic plan
         self._classes: dict[tuple[int, Signature | None], ClassState] = {}
+        self._shown: dict[int, tuple[Plan, torch._C.Graph | None]] = {}  # see `graph_of`
         self._lock = threading.RLock()
 
     def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
@@ -185,6 +188,15 @@ class Policy:
                 if plan is None:
                     plan = self.plans[key] = make()
         return plan.run(args)
+
+    def graph_of(self, plan: Plan) -> torch._C.Graph | None:
+        """`plan`'s graph as users see it (`symbolic_graph`); kept while the policy lives, as
+        the plan's own graph is (the nodes of a graph that is freed become invalid)."""
+        with self._lock:
+            entry = self._shown.get(id(plan))
+            if entry is None or entry[0] is not plan:
+                entry = self._shown[id(plan)] = (plan, symbolic_graph(plan))
+            return entry[1]
 
     def _specialize(
         self, prog: Program, key: Signature, args: tuple[Any, ...]
@@ -321,6 +333,68 @@ class Policy:
             _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
             warnings.warn(f"nncfuse: optimization failed, running unfused: {e}", stacklevel=2)
             return UnfusedPlan(prog.unfused, graph)
+
+
+def symbolic_graph(plan: Plan) -> torch._C.Graph | None:
+    """`plan`'s graph as `graph_for` shows a dynamic plan: a copy in which each tensor that a
+    dynamic kernel reads or writes (and its subgraph's inputs and outputs) has `*` for the
+    dims its kernel takes as symbols (the type of the signature it was compiled for, but for
+    strides, which follow the symbols); the graph itself, for any other plan.
+
+        %x : Float(2, 11, 64, strides=[704, 64, 1])  ->  %x : Float(2, *, 64)
+    """
+    if plan.graph is None or isinstance(plan, UnfusedPlan) or not any(
+            is_fused_op(n) and runtime.kernel_of(n).dynamic for n in plan.graph.nodes()):
+        return plan.graph
+    shown = plan.graph.copy()
+    for node, copy in zip(plan.graph.nodes(), shown.nodes(), strict=True):
+        if not is_fused_op(node) or not runtime.kernel_of(node).dynamic:
+            continue
+        lowered = runtime.kernel_of(node).lowered
+        inputs = {g.position: g.sizes for g in lowered.guards}
+        outputs = [inputs.get(o.index) if isinstance(o, InputOutput) else o.buf.dims
+                   for o in lowered.outputs]
+        sub = copy.g("Subgraph").copy()
+        symbolic: set[int] = set()  # example values of the symbols: an intermediate's `*`
+        for values, sizes in ((sub.inputs(), inputs.get), (sub.outputs(), outputs.__getitem__)):
+            for k, value in enumerate(values):
+                dims = sizes(k)
+                if dims is not None and (example := _sizes(value)) is not None:
+                    symbolic |= {n for n, d in zip(example, dims) if _int_size(d) is None}
+        for value in (v for n in sub.nodes() for v in n.outputs()):
+            if (example := _sizes(value)) is not None:
+                _show(value, [None if n in symbolic else n for n in example])
+        for values, sizes in ((copy.inputs(), inputs.get), (sub.inputs(), inputs.get),
+                              (copy.outputs(), outputs.__getitem__),
+                              (sub.outputs(), outputs.__getitem__)):
+            for k, value in enumerate(values):
+                if (dims := sizes(k)) is not None and _sizes(value) is not None:
+                    _show(value, [_int_size(d) for d in dims])
+        copy.g_("Subgraph", sub)
+    return shown
+
+
+def _sizes(value: Any) -> list[int] | None:
+    """The sizes of `value`'s complete tensor type, else None."""
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType) or t.dtype() is None:
+        return None
+    sizes = t.sizes()
+    return None if sizes is None or None in sizes else list(sizes)
+
+
+def _show(value: Any, sizes: list[int | None]) -> None:
+    """Give `value` a type of its dtype and device with `sizes` (None: `*`), no strides."""
+    t = value.type()
+    value.setType(torch._C.TensorType.get().with_dtype(t.dtype()).with_sizes(sizes)
+                  .with_device(t.device()))
+
+
+def _int_size(size: Any) -> int | None:
+    """A kernel's size: an int, or None (printed `*`) for a symbol or a product of them."""
+    if isinstance(size, int):
+        return size
+    return int(size.value) if isinstance(size, E.Imm) else None
 
 
 def _dynamic_only(plan: Plan) -> bool:

@@ -206,3 +206,15 @@ def test_generalizes_only_splits_dims_of_equal_size():
     assert not generalizes(cls((6, 8)), cls((6, 8, 2)))  # rank
     assert not generalizes(cls((6, 8)), size_class((torch.randn(6, 8).double(),)))  # dtype
     assert not generalizes(cls((6, 8)), size_class((torch.randn(8, 6).t(),)))  # layout
+
+
+def test_graph_for_a_dynamic_plan_shows_its_symbolic_dims_as_stars():
+    f = nncfuse.jit(chain)
+    for n in (10, 11):
+        f(torch.randn(n, 64), torch.randn(64))
+    static = str(f.graph_for(torch.randn(10, 64), torch.randn(64)))
+    shown = str(f.graph_for(torch.randn(37, 64), torch.randn(64)))
+    assert "Float(10, 64, strides=[64, 1]" in static and "*" not in static
+    assert "Float(*, 64, device=cpu)" in shown and "11" not in shown.split("with ")[0]
+    assert "Float(*, 64" in shown.split("with ")[1]  # the subgraph's values too
+    f(torch.randn(37, 64), torch.randn(64))  # the plan still runs after it was shown
