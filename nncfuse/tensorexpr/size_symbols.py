@@ -154,7 +154,10 @@ class SizeSymbols:
         values at the example are `example`: learnt, so that nodes after the view map those
         values to them (`sizes`). LoweringError where that would be ambiguous: an int that is
         also a symbol's value, a product whose value is 1, static or another product's."""
+        out: list[Size] = []
         for value, size in zip(example, sizes, strict=True):
+            if not isinstance(size, int) and not monomial(size)[1]:
+                size = monomial(size)[0]  # a product of ints
             if evaluate(size, self.values) != value:
                 raise LoweringError(f"view size {size} is not {value} at the example")
             if isinstance(size, int):
@@ -168,7 +171,10 @@ class SizeSymbols:
                 self._by_value[value] = size
             elif monomial(self._by_value[value]) != monomial(size):
                 raise LoweringError(f"view sizes {size} and {self._by_value[value]} are equal")
-        return tuple(sizes)
+            else:
+                size = self._by_value[value]  # the same product: the same expression
+            out.append(size)
+        return tuple(out)
 
     def _strides(self, meta: TensorMeta) -> tuple[Size, ...]:
         """An input's strides as expressions: row-major over its non-broadcast dims; else

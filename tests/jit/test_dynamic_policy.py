@@ -215,6 +215,6 @@ def test_graph_for_a_dynamic_plan_shows_its_symbolic_dims_as_stars():
     static = str(f.graph_for(torch.randn(10, 64), torch.randn(64)))
     shown = str(f.graph_for(torch.randn(37, 64), torch.randn(64)))
     assert "Float(10, 64, strides=[64, 1]" in static and "*" not in static
-    assert "Float(*, 64, device=cpu)" in shown and "11" not in shown.split("with ")[0]
+    assert "Float(*, 64, device=cpu)" in shown and "Float(11" not in shown
     assert "Float(*, 64" in shown.split("with ")[1]  # the subgraph's values too
     f(torch.randn(37, 64), torch.randn(64))  # the plan still runs after it was shown
