@@ -89,7 +89,7 @@ def test_a_dim_of_one_and_shared_sizes_are_part_of_the_class(monkeypatch):
 
 def test_groups_that_cannot_be_dynamic_get_static_kernels(monkeypatch):
     def reduce(a):
-        return (a * 2).sum(0) + 1
+        return (a * 2).amax(0) + 1  # a symbol may be 0, where eager's amax raises
 
     compiled = count_compiles(monkeypatch)
     f = nncfuse.jit(reduce, dynamic=True, min_group_size=1)

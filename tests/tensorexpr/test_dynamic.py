@@ -88,7 +88,7 @@ _CONST = torch.arange(16.0)
 
 
 @pytest.mark.parametrize("fn", [
-    lambda x: x.sum(0) * 2,  # a reduction
+    lambda x: x.amax(0) * 2,  # a reduction that eager refuses over an empty dim
     lambda x: x.view(2, 8) * 2,  # constant sizes
     lambda x: x * _CONST,  # a tensor constant of fixed sizes
 ])
@@ -155,3 +155,39 @@ def test_views_whose_sizes_do_not_follow_from_the_inputs_stay_static(fn):
     with pytest.raises(LoweringError):
         TensorExprKernel(graph, Options.from_env(), dynamic=True, static_sizes=frozenset({16}))
     TensorExprKernel(graph, Options.from_env())  # static: fine
+
+
+_REDUCTIONS = [
+    lambda x: (x * 2).sum(-1),
+    lambda x: (x * 2).mean(-1, keepdim=True),
+    lambda x: torch.softmax(x * 2, -1),
+    lambda x: torch.log_softmax(x, -1) * 2,
+    lambda x: (x * 2).sum(0),
+    lambda x: x.sum() + x,
+    lambda x: x.double().mean(1),
+]
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn", _REDUCTIONS, ids=["sum", "mean", "softmax", "log_softmax", "sum0",
+                                                  "sum_all", "mean_double"])
+def test_sum_mean_softmax_over_a_symbolic_dim(llvm, fn):
+    """The reduced extent is a symbol too: empty rows give eager's 0 (sum), NaN (mean) and an
+    empty softmax; infinities as eager."""
+    kernel = dynamic_kernels(fn, torch.randn(6, 10))[not llvm]
+    assert len(kernel.lowered.symbols) == 2
+    for shape in [(6, 10), (3, 17), (5, 0), (0, 4), (2, 1000), (64, 2100), (7, 3)]:
+        x = torch.randn(shape)
+        if x.numel():
+            x.view(-1)[::7] = float("inf")
+        got, want = kernel.run([x]), fn(x)
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-5)
+        assert got.stride() == want.stride() or not got.numel()
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.amax(-1), lambda x: x.max(-1)[0],
+                                lambda x: x.argmax(-1), lambda x: x.norm(float("inf"), -1)])
+def test_reductions_that_raise_on_an_empty_symbolic_dim_stay_static(fn):
+    graph = graph_of(fn, torch.randn(6, 10))
+    with pytest.raises(LoweringError):
+        TensorExprKernel(graph, Options.from_env(), dynamic=True)
