@@ -114,7 +114,7 @@ class TransformerBlock(torch.nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
 
-_BLOCK = TransformerBlock().eval()
+_BLOCK = TransformerBlock().eval().requires_grad_(False)  # inference: a server's lengths
 CASES.append(Case("transformer_block", _BLOCK, lambda n: (torch.randn(1, n, 256),), 1, 512, 257))
 
 
