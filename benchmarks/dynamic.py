@@ -3,7 +3,8 @@
     python benchmarks/dynamic.py --clock cpu                 # 200 random sizes per workload
     python benchmarks/dynamic.py --sizes 30 -k gelu -k softmax --no-compile
 
-For each workload (the suite's elementwise, reduction and shape ones, see
+For each workload (the suite's elementwise, reduction and shape ones, and a
+transformer block, attention and MLP, over sequence lengths 1..512: see
 `CASES`), each contender is built fresh and called once at each of `--sizes`
 random sizes (the same sizes for all; a dim of 1 now and then): the table
 gives the kernels it compiled and the total time of the sweep, compiles
@@ -88,6 +89,33 @@ CASES = [
          lambda n: (torch.randn(n, 256), torch.randn(256, n)), 1, 2048, 300),
     Case("cat_relu", cat_relu, lambda n: (torch.randn(n, 512), torch.randn(n, 512)), 1, 512, 67),
 ]
+
+
+class TransformerBlock(torch.nn.Module):
+    """A pre-norm transformer block (attention, then an MLP) of width 256 and 4 heads, for one
+    sequence of any length: the head split `view(1, -1, 4, 64).transpose(1, 2)` carries it."""
+
+    def __init__(self, width: int = 256, heads: int = 4):
+        super().__init__()
+        self.heads, self.head = heads, width // heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.fc1, self.fc2 = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, -1)
+        q = q.reshape(1, -1, self.heads, self.head).transpose(1, 2)
+        k = k.reshape(1, -1, self.heads, self.head).transpose(1, 2)
+        v = v.reshape(1, -1, self.heads, self.head).transpose(1, 2)
+        attention = torch.softmax(q @ k.transpose(-2, -1) * self.head ** -0.5, -1)
+        y = (attention @ v).transpose(1, 2).reshape(1, -1, self.heads * self.head)
+        x = x + self.proj(y)
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+_BLOCK = TransformerBlock().eval().requires_grad_(False)  # inference: a server's lengths
+CASES.append(Case("transformer_block", _BLOCK, lambda n: (torch.randn(1, n, 256),), 1, 512, 257))
 
 
 class Counter:

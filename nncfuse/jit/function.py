@@ -202,4 +202,4 @@ class FusedFunction:
                                      or not isinstance(plan, autograd.AutogradPlan)):
                 break
             self(*args, **kwargs)
-        return self._plans[key].graph
+        return self.policy.graph_of(self._plans[key])  # a dynamic plan's symbols as `*`

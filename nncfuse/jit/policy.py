@@ -32,7 +32,11 @@ statically the first time its size class is seen and dynamically the second
 time (a dim changed); True dynamically at once; False never; a fusion
 strategy (NNC's `[("STATIC", 2), ("DYNAMIC", 10)]`) takes its kinds in turn.
 At most `max_specializations` plans are optimized; calls of a further size
-class run unfused (a size class that has a dynamic plan keeps running it).
+class run with the dynamic plan of a class that generalizes theirs (the same
+but for dims of equal size, which its kernels' guards admit:
+`size_classes.generalizes`), else unfused (a class whose dims of 1, dtypes or
+layouts differ fails every dynamic kernel's guard; its kernels would each run
+their fallback). A size class that has a dynamic plan keeps running it.
 Failures to optimize are logged and also run unfused: a call is never wrong
 and never crashes where the unfused program would not.
 
@@ -61,6 +65,8 @@ import torch
 
 from .. import log
 from ..config import Options
+from ..tensorexpr import expr as E
+from ..tensorexpr.codegen.entry import InputOutput
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
 from ..tensorexpr.meta import infer_types
 from . import runtime, scripting
@@ -68,7 +74,7 @@ from .guard import STATIC_SIZES, CompileFailure, is_fused_op
 from .inplace import written_inputs
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
-from .size_classes import ClassState, Shapes, shapes, size_class
+from .size_classes import ClassState, Shapes, generalizes, shapes, size_class
 from .tensorexpr_fuser import fuse_tensor_exprs
 
 _log = log.get_logger(__file__)
@@ -150,6 +156,7 @@ class Policy:
         self._optimized = 0  # signatures optimized, up to options.max_specializations
         #: (program id, size class) -> its first shapes, varied dims and dynamic plan
         self._classes: dict[tuple[int, Signature | None], ClassState] = {}
+        self._shown: dict[int, tuple[Plan, torch._C.Graph | None]] = {}  # see `graph_of`
         self._lock = threading.RLock()
 
     def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
@@ -182,6 +189,15 @@ class Policy:
                     plan = self.plans[key] = make()
         return plan.run(args)
 
+    def graph_of(self, plan: Plan) -> torch._C.Graph | None:
+        """`plan`'s graph as users see it (`symbolic_graph`); kept while the policy lives, as
+        the plan's own graph is (the nodes of a graph that is freed become invalid)."""
+        with self._lock:
+            entry = self._shown.get(id(plan))
+            if entry is None or entry[0] is not plan:
+                entry = self._shown[id(plan)] = (plan, symbolic_graph(plan))
+            return entry[1]
+
     def _specialize(
         self, prog: Program, key: Signature, args: tuple[Any, ...]
     ) -> tuple[Plan | None, Any]:
@@ -206,9 +222,13 @@ class Policy:
             _log.update("A new signature of a size class with a dynamic plan: reusing it")
             self._profiles.pop(key, None)
         elif kind is None:
-            _log.update("Too many input signatures; running unfused")
             self._profiles.pop(key, None)
-            plan = UnfusedPlan(prog.unfused, prog.graph)
+            plan = self._most_general(prog, cls[1], now)
+            if plan is None:
+                _log.update("Too many input signatures; running unfused")
+                plan = UnfusedPlan(prog.unfused, prog.graph)
+            else:
+                _log.update("Too many input signatures; running a more general dynamic plan")
         else:
             graph = self._typed_on_meta(prog, key, args)
             if graph is None:
@@ -216,6 +236,15 @@ class Policy:
             plan = self._optimize_class(graph, prog, cls, choice)
         self.plans[key] = plan
         return plan, None
+
+    def _most_general(self, prog: Program, cls: Signature | None, now: Shapes) -> Plan | None:
+        """A dynamic plan of `prog` whose kernels' guards admit the calls of size class `cls`
+        and shapes `now`: that of a class that generalizes `cls` (`generalizes`), with the
+        static sizes `now` has. None if there is none (the call then runs unfused)."""
+        for (program, general), state in self._classes.items():
+            if program == id(prog) and generalizes(general, cls) and state.serves(now):
+                return state.plan
+        return None
 
     def _kind(self, cls: tuple[int, Signature | None], seen: bool) -> str | None:
         """"static" or "dynamic": how to optimize the next signature of size class `cls`
@@ -304,6 +333,68 @@ class Policy:
             _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)
             warnings.warn(f"nncfuse: optimization failed, running unfused: {e}", stacklevel=2)
             return UnfusedPlan(prog.unfused, graph)
+
+
+def symbolic_graph(plan: Plan) -> torch._C.Graph | None:
+    """`plan`'s graph as `graph_for` shows a dynamic plan: a copy in which each tensor that a
+    dynamic kernel reads or writes (and its subgraph's inputs and outputs) has `*` for the
+    dims its kernel takes as symbols (the type of the signature it was compiled for, but for
+    strides, which follow the symbols); the graph itself, for any other plan.
+
+        %x : Float(2, 11, 64, strides=[704, 64, 1])  ->  %x : Float(2, *, 64)
+    """
+    if plan.graph is None or isinstance(plan, UnfusedPlan) or not any(
+            is_fused_op(n) and runtime.kernel_of(n).dynamic for n in plan.graph.nodes()):
+        return plan.graph
+    shown = plan.graph.copy()
+    for node, copy in zip(plan.graph.nodes(), shown.nodes(), strict=True):
+        if not is_fused_op(node) or not runtime.kernel_of(node).dynamic:
+            continue
+        lowered = runtime.kernel_of(node).lowered
+        inputs = {g.position: g.sizes for g in lowered.guards}
+        outputs = [inputs.get(o.index) if isinstance(o, InputOutput) else o.buf.dims
+                   for o in lowered.outputs]
+        sub = copy.g("Subgraph").copy()
+        symbolic: set[int] = set()  # example values of the symbols: an intermediate's `*`
+        for values, sizes in ((sub.inputs(), inputs.get), (sub.outputs(), outputs.__getitem__)):
+            for k, value in enumerate(values):
+                dims = sizes(k)
+                if dims is not None and (example := _sizes(value)) is not None:
+                    symbolic |= {n for n, d in zip(example, dims) if _int_size(d) is None}
+        for value in (v for n in sub.nodes() for v in n.outputs()):
+            if (example := _sizes(value)) is not None:
+                _show(value, [None if n in symbolic else n for n in example])
+        for values, sizes in ((copy.inputs(), inputs.get), (sub.inputs(), inputs.get),
+                              (copy.outputs(), outputs.__getitem__),
+                              (sub.outputs(), outputs.__getitem__)):
+            for k, value in enumerate(values):
+                if (dims := sizes(k)) is not None and _sizes(value) is not None:
+                    _show(value, [_int_size(d) for d in dims])
+        copy.g_("Subgraph", sub)
+    return shown
+
+
+def _sizes(value: Any) -> list[int] | None:
+    """The sizes of `value`'s complete tensor type, else None."""
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType) or t.dtype() is None:
+        return None
+    sizes = t.sizes()
+    return None if sizes is None or None in sizes else list(sizes)
+
+
+def _show(value: Any, sizes: list[int | None]) -> None:
+    """Give `value` a type of its dtype and device with `sizes` (None: `*`), no strides."""
+    t = value.type()
+    value.setType(torch._C.TensorType.get().with_dtype(t.dtype()).with_sizes(sizes)
+                  .with_device(t.device()))
+
+
+def _int_size(size: Any) -> int | None:
+    """A kernel's size: an int, or None (printed `*`) for a symbol or a product of them."""
+    if isinstance(size, int):
+        return size
+    return int(size.value) if isinstance(size, E.Imm) else None
 
 
 def _dynamic_only(plan: Plan) -> bool:

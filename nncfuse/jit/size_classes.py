@@ -10,6 +10,12 @@ dynamic plan is pinned to them (`serves`); when a pinned dim changes too, the
 policy makes a more general plan.
 
     (8, 1024), then (13, 1024)   ->   varied {(0, 0)}: static {1024}, s0 for 8, 13, ...
+
+A class is more general than another (`generalizes`) when it is the same but
+for dims of equal size: (6, 8) with (6, 8) generalizes (7, 7) with (7, 7).
+A dynamic kernel binds one symbol per number of its class, so its guard admits
+the calls of every class it generalizes (given its static sizes): past every
+bound the policy runs those with that plan instead of unfused.
 """
 
 from __future__ import annotations
@@ -97,3 +103,28 @@ class ClassState:
             pins is None or all(p is None or p == s for p, s in zip(pins, sizes or ()))
             for pins, sizes in zip(self.pins, now)
         )
+
+
+def generalizes(general: tuple[Any, ...] | None, specific: tuple[Any, ...] | None) -> bool:
+    """Whether size class `general` is `specific` but for dims of equal size in `specific`
+    that it numbers apart (its dynamic kernels give them symbols of their own, which the
+    guard binds one by one): every number of `general` stands for one of `specific`."""
+    if general is None or specific is None or len(general) != len(specific):
+        return False
+    numbers: dict[int, int] = {}
+    for g, s in zip(general, specific):
+        if not (isinstance(g, tuple) and isinstance(s, tuple) and len(g) == len(s) == 4):
+            if g != s:
+                return False
+            continue
+        if g[:3] != s[:3] or len(g[3]) != len(s[3]):
+            return False
+        for a, b in zip(g[3], s[3]):
+            if isinstance(a, tuple) != isinstance(b, tuple) or (a == "one") != (b == "one"):
+                return False
+            if a == "one":
+                continue
+            a, b = (a[1], b[1]) if isinstance(a, tuple) else (a, b)
+            if numbers.setdefault(a, b) != b:
+                return False
+    return True

@@ -18,6 +18,7 @@ outputs, run-time checks and external calls as a frozen `Lowered`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +50,7 @@ from .lowerings import (
     lowering_for,
     scalar_dtype,
 )
+from .lowerings.shapes import monomial
 from .meta import TensorMeta, infer_types, is_tensor
 from .size_symbols import InputGuard, SizeSymbol, SizeSymbols
 
@@ -225,9 +227,101 @@ def _check_cat(node: Any, args: Sequence[Arg], sizes: Sequence[int | E.Expr]) ->
         raise LoweringError("a cat along a dim of symbolic sizes")
 
 
+#: Views with constant sizes or indices whose output sizes `view_sizes` derives from the
+#: input's symbolic sizes (or raises: then the group gets a static kernel).
+_SIZED_VIEWS = frozenset((
+    "aten::view", "aten::reshape", "aten::flatten", "aten::unflatten", "aten::view_as",
+    "aten::reshape_as", "aten::expand", "aten::expand_as", "aten::slice", "aten::narrow",
+    "aten::select",
+))
+
+
+def _inferred(source: Sequence[int | E.Expr], request: Any) -> list[int | E.Expr]:
+    """A view's sizes `request` (ints, one may be -1) of an input of sizes `source`: the -1
+    is the input's product over the others' (a product of symbols), else LoweringError."""
+    if not isinstance(request, (list, tuple)) or not all(isinstance(n, int) for n in request):
+        raise LoweringError("a view's sizes are not constants")
+    coef, syms = monomial(math.prod(source, start=1) if source else 1)
+    known = math.prod(n for n in request if n != -1)
+    out: list[int | E.Expr] = list(request)
+    if -1 in request:
+        if request.count(-1) > 1 or known == 0 or coef % known:
+            raise LoweringError("a view's -1 is not a product of size symbols")
+        rest: int | E.Expr = coef // known
+        for v in syms:
+            rest = v if isinstance(rest, int) and rest == 1 else rest * v
+        out[request.index(-1)] = rest
+    elif syms:
+        raise LoweringError("a view of constant sizes of an input of symbolic sizes")
+    return out
+
+
+def view_sizes(node: Any, args: Sequence[Arg]) -> tuple[int | E.Expr, ...]:
+    """In a dynamic kernel, the output sizes of view `node` (of `_SIZED_VIEWS`) as products of
+    its input's sizes and the node's constants; LoweringError where they do not follow."""
+    source = args[0].shape if isinstance(args[0], TensorArg) else None
+    if source is None:
+        raise LoweringError(f"{node.kind()} of a non-tensor")
+    kind, ndim = node.kind(), len(source)
+
+    def const(k: int) -> Any:
+        arg = args[k]
+        return arg.value if isinstance(arg, ConstArg) else getattr(arg, "const", None)
+
+    def dim(k: int, n: int = ndim) -> int:
+        d = const(k)
+        if not isinstance(d, int) or not -max(n, 1) <= d < max(n, 1):
+            raise LoweringError(f"{kind}: dim {d} out of range")
+        return d % max(n, 1)
+
+    if kind in ("aten::view_as", "aten::reshape_as", "aten::expand_as"):
+        other = args[1]
+        if not isinstance(other, TensorArg):
+            raise LoweringError(f"{kind} of a non-tensor")
+        target: Any = list(other.shape)
+    elif kind in ("aten::view", "aten::reshape"):
+        return tuple(_inferred(source, const(1)))
+    elif kind == "aten::flatten":
+        if ndim == 0:
+            return (1,)
+        start, end = dim(1), dim(2)
+        return (*source[:start], math.prod(source[start:end + 1], start=1), *source[end + 1:])
+    elif kind == "aten::unflatten":
+        d = dim(1)
+        return (*source[:d], *_inferred((source[d],), const(2)), *source[d + 1:])
+    elif kind == "aten::expand":
+        target = const(1)
+        if not isinstance(target, (list, tuple)) or len(target) < ndim:
+            raise LoweringError("expand's sizes are not constants")
+    else:  # a slice, narrow or select along a dim of static size
+        d = dim(1)
+        whole = kind == "aten::slice" and const(2) in (0, None) and const(4) in (1, None) and (
+            const(3) is None or const(3) >= 2**62)  # x[:, 1:] slices dim 0 whole first
+        if whole:
+            return tuple(source)
+        if not isinstance(source[d], int):
+            raise LoweringError(f"{kind} along a dim of symbolic size")
+        out_size = getattr(node.output().type(), "sizes", lambda: None)()
+        if kind == "aten::select":
+            return (*source[:d], *source[d + 1:])
+        if not out_size:
+            raise LoweringError(f"{kind} without a complete output type")
+        return (*source[:d], out_size[d], *source[d + 1:])
+    lead = len(target) - ndim
+    return (*target[:lead], *(
+        s if t == -1 or t is s or (isinstance(t, int) and isinstance(s, int) and t == s)
+        else t if isinstance(s, int) and s == 1 and isinstance(t, int)
+        else _no_expand(kind)
+        for s, t in zip(source, target[lead:])))
+
+
+def _no_expand(kind: str) -> int:
+    raise LoweringError(f"{kind} to a constant size of a symbolic dim")
+
+
 def _check_dynamic(node: Any, lowering: Any) -> None:
     """LoweringError unless `node` can take symbolic sizes (a dynamic kernel)."""
-    if node.kind() in _DYNAMIC_VIEWS:
+    if node.kind() in _DYNAMIC_VIEWS or node.kind() in _SIZED_VIEWS:
         return
     if (lowering.fn.__module__ not in _DYNAMIC_FAMILIES or lowering.constant_operands
             or node.kind() in VIEWS):
@@ -393,12 +487,16 @@ def _lower_node(
         meta = state.metas.get(out.unique())
         if meta is None:
             raise LoweringError(f"no type for the output of {node.kind()}")
-        sizes = state.sizes(meta, derived=is_cat)
+        if state.symbols is not None and node.kind() in _SIZED_VIEWS:
+            sizes = state.symbols.derive(meta.sizes, view_sizes(node, args))
+        else:
+            sizes = state.sizes(meta, derived=is_cat)
         if is_cat and state.symbols is not None:
             _check_cat(node, args, sizes)
         ctx = Ctx(node, args, from_torch(meta.dtype), sizes, (), kernel_inputs,  # type: ignore
                   state.checks, output=k, shared=shared)
-        strides = meta.strides if state.symbols is None else state.symbols.dense(meta)
+        strides = meta.strides if state.symbols is None or not is_output else (
+            state.symbols.dense(meta))  # (a view inside the group need not be dense)
         buf, nest = compute(
             state.unique(f"aten_{op}"),
             ctx.out_dtype,

@@ -21,9 +21,17 @@ dims longer than 1, the only ones whose stride matters). Not the sizes.
 them to the compiled code.
 
 Only ops whose output sizes are broadcasts of their inputs' (elementwise ops,
-casts) can be lowered this way; `graph_lowering` checks that, and any size
-it cannot express (a view with constant sizes, a reduction) raises
-`LoweringError`: the group then gets a static kernel.
+casts) can be lowered this way, and views whose sizes follow from their
+input's (`graph_lowering.view_sizes`: a `-1` in a view's sizes, a flatten, a
+slice along a static dim), whose output sizes may be products of symbols
+(`derive`):
+
+    x : [s0, 64] .view(-1, 4, 16) .flatten(1)   ->   [s0, 4, 16]  ->  [s0, 64]
+    x : [s0, 256] .flatten()                    ->   [s0 * 256]
+
+`graph_lowering` checks that, and any size it cannot express (a view's constant
+size where a symbol is, a reduction along a symbol) raises `LoweringError`:
+the group then gets a static kernel.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import torch
 from . import expr as E
 from .dtype import INDEX
 from .lowerings import LoweringError
+from .lowerings.shapes import monomial
 from .meta import TensorMeta
 
 Size = int | E.Expr
@@ -138,6 +147,33 @@ class SizeSymbols:
                 out.append(size)
             else:
                 raise LoweringError(f"size {size} is not the size of an input")
+        return tuple(out)
+
+    def derive(self, example: Sequence[int], sizes: Sequence[Size]) -> tuple[Size, ...]:
+        """A view's output `sizes` (ints, symbols or products of them: `view_sizes`), whose
+        values at the example are `example`: learnt, so that nodes after the view map those
+        values to them (`sizes`). LoweringError where that would be ambiguous: an int that is
+        also a symbol's value, a product whose value is 1, static or another product's."""
+        out: list[Size] = []
+        for value, size in zip(example, sizes, strict=True):
+            if not isinstance(size, int) and not monomial(size)[1]:
+                size = monomial(size)[0]  # a product of ints
+            if evaluate(size, self.values) != value:
+                raise LoweringError(f"view size {size} is not {value} at the example")
+            if isinstance(size, int):
+                if size != 1 and size in self._by_value:
+                    raise LoweringError(f"view size {size} is also a size symbol's value")
+                if size != 1:
+                    self.static = self.static | {size}
+            elif value == 1 or value in self.static:
+                raise LoweringError(f"view size {size} has the static value {value}")
+            elif value not in self._by_value:
+                self._by_value[value] = size
+            elif monomial(self._by_value[value]) != monomial(size):
+                raise LoweringError(f"view sizes {size} and {self._by_value[value]} are equal")
+            else:
+                size = self._by_value[value]  # the same product: the same expression
+            out.append(size)
         return tuple(out)
 
     def _strides(self, meta: TensorMeta) -> tuple[Size, ...]:

@@ -89,7 +89,7 @@ def test_a_dim_of_one_and_shared_sizes_are_part_of_the_class(monkeypatch):
 
 def test_groups_that_cannot_be_dynamic_get_static_kernels(monkeypatch):
     def reduce(a):
-        return (a * 2).sum(0) + 1
+        return (a * 2).amax(0) + 1  # a symbol may be 0, where eager's amax raises
 
     compiled = count_compiles(monkeypatch)
     f = nncfuse.jit(reduce, dynamic=True, min_group_size=1)
@@ -127,6 +127,11 @@ def _permute(x):
     return (x.sin().permute(2, 0, 1) * 3).relu().squeeze(1)
 
 
+def _heads(x, b):  # a transformer's head split and merge, the sequence length changing
+    q = (x + b).view(3, -1, 4, 16).transpose(1, 2)
+    return (q.relu() * 2).transpose(1, 2).reshape(3, -1, 64), (x * 3).flatten(1)[1:]
+
+
 ROWS = [8, 13, 5, 0, 40, 1, 2, 77]
 
 
@@ -138,7 +143,9 @@ ROWS = [8, 13, 5, 0, 40, 1, 2, 77]
     (_views, lambda n: (torch.randn(n, 6), torch.randn(n + 3, 6))),
     (_permute, lambda n: (torch.randn(n, 1, n + 2),)),
     (_cat, lambda n: (torch.randn(n, 24), torch.randn(n, 9))),
-], ids=["layer_norm", "softmax", "sum", "transpose", "unsqueeze", "permute_squeeze", "cat"])
+    (_heads, lambda n: (torch.randn(3, n, 64), torch.randn(64))),
+], ids=["layer_norm", "softmax", "sum", "transpose", "unsqueeze", "permute_squeeze", "cat",
+        "heads"])
 def test_reductions_and_views_over_dynamic_rows(monkeypatch, fn, make):
     """Static first; then the dims that changed are symbols and the others (a reduction's
     extent) stay static: one dynamic kernel runs all later sizes, 0 included (1 is another
@@ -147,9 +154,10 @@ def test_reductions_and_views_over_dynamic_rows(monkeypatch, fn, make):
     f = nncfuse.jit(fn)
     for n in ROWS:
         args = make(n)
-        want, got = fn(*args), f(*args)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert got.stride() == want.stride() or want.numel() == 0
+        for got, want in zip(*(r if isinstance(r, tuple) else (r,) for r in (f(*args),
+                                                                              fn(*args)))):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert got.stride() == want.stride() or want.numel() == 0
     assert compiled.count(True) == 1
     assert len(compiled) <= 3  # the first size, the dynamic kernel, the class with a 1
 
@@ -166,3 +174,47 @@ def test_a_cat_along_a_dim_that_changes_gets_static_kernels(monkeypatch):
         x, y = torch.randn(n, 16), torch.randn(n, 16)  # 16 rows: 2 * 8, the first output's
         torch.testing.assert_close(f(x, y), cat0(x, y))
     assert True not in compiled
+
+
+def test_past_every_bound_a_class_that_a_dynamic_plan_generalizes_runs_fused(monkeypatch):
+    """(7, 7) is another size class than (6, 8) (its dims are equal), but the dynamic kernel
+    for (6, 8) binds a symbol per dim, so its guard admits it: past the bound that plan runs.
+    A dim of 1 fails every dynamic guard: that class runs unfused."""
+    compiled = count_compiles(monkeypatch)
+    f = nncfuse.jit(chain, dynamic=True, max_specializations=1)
+    for shape in [(6, 8), (7, 7), (3, 3), (1, 9), (0, 0)]:
+        a, b = torch.randn(shape), torch.randn(shape)
+        torch.testing.assert_close(f(a, b), chain(a, b))
+    assert compiled == [True]
+    assert f._plans[policy.signature((a, b))] is f._plans[
+        policy.signature((torch.randn(6, 8), torch.randn(6, 8)))]
+    assert nncfuse.fusion_groups(f.graph_for(torch.randn(7, 7), torch.randn(7, 7)))
+    one = torch.randn(1, 9)
+    assert isinstance(f._plans[policy.signature((one, one))], UnfusedPlan)
+
+
+def test_generalizes_only_splits_dims_of_equal_size():
+    from nncfuse.jit.size_classes import generalizes, size_class
+
+    def cls(*shapes):
+        return size_class(tuple(torch.randn(s) for s in shapes))
+
+    assert generalizes(cls((6, 8), (6, 8)), cls((7, 7), (7, 7)))
+    assert generalizes(cls((6, 8)), cls((6, 8)))
+    assert not generalizes(cls((7, 7), (7, 7)), cls((6, 8), (6, 8)))  # one symbol, two sizes
+    assert not generalizes(cls((6, 8)), cls((1, 8)))  # a dim of 1 broadcasts
+    assert not generalizes(cls((6, 8)), cls((6, 8, 2)))  # rank
+    assert not generalizes(cls((6, 8)), size_class((torch.randn(6, 8).double(),)))  # dtype
+    assert not generalizes(cls((6, 8)), size_class((torch.randn(8, 6).t(),)))  # layout
+
+
+def test_graph_for_a_dynamic_plan_shows_its_symbolic_dims_as_stars():
+    f = nncfuse.jit(chain)
+    for n in (10, 11):
+        f(torch.randn(n, 64), torch.randn(64))
+    static = str(f.graph_for(torch.randn(10, 64), torch.randn(64)))
+    shown = str(f.graph_for(torch.randn(37, 64), torch.randn(64)))
+    assert "Float(10, 64, strides=[64, 1]" in static and "*" not in static
+    assert "Float(*, 64, device=cpu)" in shown and "Float(11" not in shown
+    assert "Float(*, 64" in shown.split("with ")[1]  # the subgraph's values too
+    f(torch.randn(37, 64), torch.randn(64))  # the plan still runs after it was shown

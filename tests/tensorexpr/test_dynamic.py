@@ -5,7 +5,7 @@ import torch
 
 from nncfuse.config import Options
 from nncfuse.tensorexpr.kernel import TensorExprKernel
-from nncfuse.tensorexpr.lowerings import LoweringError
+from nncfuse.tensorexpr.lowerings import LoweringError, reductions
 
 
 def graph_of(fn, *examples):
@@ -88,7 +88,7 @@ _CONST = torch.arange(16.0)
 
 
 @pytest.mark.parametrize("fn", [
-    lambda x: x.sum(0) * 2,  # a reduction
+    lambda x: x.amax(0) * 2,  # a reduction that eager refuses over an empty dim
     lambda x: x.view(2, 8) * 2,  # constant sizes
     lambda x: x * _CONST,  # a tensor constant of fixed sizes
 ])
@@ -97,3 +97,102 @@ def test_what_cannot_take_symbolic_sizes_raises_lowering_error(fn):
     with pytest.raises(LoweringError):
         TensorExprKernel(graph, Options.from_env(), dynamic=True)
     TensorExprKernel(graph, Options.from_env())  # static: fine
+
+
+def _head_split(x, b):
+    return (x + b).view(2, -1, 4, 16).transpose(1, 2).relu() * 2
+
+
+def _merge_flatten(x):
+    return (x.sin() * 3).flatten(1)
+
+
+def _unflatten_slice(x):
+    return x.unflatten(1, (4, -1))[:, 1:, 2:].cos() + x[:, 0:1].unsqueeze(2)
+
+
+def _select_reshape(x):
+    return x.select(2, 3).reshape(-1, 2) - x[..., 0].view_as(x[..., 1]).reshape(-1, 2)
+
+
+def _expand(x, y):
+    return x.expand(2, -1, 64) * y
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn, example, static, calls", [
+    (_head_split, [(2, 10, 64), (64,)], {2, 64},
+     [[(2, 7, 64), (64,)], [(2, 0, 64), (64,)], [(2, 33, 64), (64,)], [(2, 1, 64), (64,)]]),
+    (_merge_flatten, [(5, 4, 16)], {4, 16}, [[(7, 4, 16)], [(0, 4, 16)], [(300, 4, 16)]]),
+    (_unflatten_slice, [(5, 64)], {64}, [[(9, 64)], [(0, 64)], [(1, 64)]]),
+    (_select_reshape, [(6, 2, 4)], {2, 4}, [[(9, 2, 4)], [(1, 2, 4)], [(0, 2, 4)]]),
+    (_expand, [(1, 10, 1), (2, 10, 64)], {2, 64}, [[(1, 3, 1), (2, 3, 64)]]),
+])
+def test_views_of_constant_sizes_take_the_symbol_of_the_dim_that_changes(
+        llvm, fn, example, static, calls):
+    """A -1 in a view's sizes, a flatten, an unflatten, an expand and slices along dims that
+    stay static: one kernel for every length of the dim that changes (the others static)."""
+    examples = [torch.randn(s) for s in example]
+    kernel = TensorExprKernel(graph_of(fn, *examples), Options.from_env(use_llvm=llvm),
+                              dynamic=True, static_sizes=frozenset(static))
+    assert kernel.lowered.symbols, "the changing dim is a symbol"
+    for shapes in [example, *calls]:
+        args = [torch.randn(s) for s in shapes]
+        got, want = kernel.run(args), fn(*args)
+        torch.testing.assert_close(got, want)
+        assert got.shape == want.shape and (got.stride() == want.stride() or not got.numel())
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.view(4, 10, 16) * 2,  # the changing dim is a constant in the view
+    lambda x: x.view(-1, 5, 16)[:, 0] * 2,  # -1 is not a product of the symbols
+    lambda x: x.flatten() * 2,  # the index would be divided by the symbol
+    lambda x: x[:, 1:] * 2,  # a slice along the changing dim
+    lambda x: x[:, :, 0:10] + 1,  # the symbol's value as a slice's length
+])
+def test_views_whose_sizes_do_not_follow_from_the_inputs_stay_static(fn):
+    graph = graph_of(fn, torch.randn(4, 10, 16))
+    with pytest.raises(LoweringError):
+        TensorExprKernel(graph, Options.from_env(), dynamic=True, static_sizes=frozenset({16}))
+    TensorExprKernel(graph, Options.from_env())  # static: fine
+
+
+_REDUCTIONS = [
+    lambda x: (x * 2).sum(-1),
+    lambda x: (x * 2).mean(-1, keepdim=True),
+    lambda x: torch.softmax(x * 2, -1),
+    lambda x: torch.log_softmax(x, -1) * 2,
+    lambda x: (x * 2).sum(0),
+    lambda x: x.sum() + x,
+    lambda x: x.double().mean(1),
+]
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn", _REDUCTIONS, ids=["sum", "mean", "softmax", "log_softmax", "sum0",
+                                                  "sum_all", "mean_double"])
+def test_sum_mean_softmax_over_a_symbolic_dim(monkeypatch, llvm, fn):
+    """The reduced extent is a symbol too (when enabled: `SYMBOLIC_EXTENTS`): empty rows give
+    eager's 0 (sum), NaN (mean) and an empty softmax; infinities as eager."""
+    graph = graph_of(fn, torch.randn(6, 10))
+    with pytest.raises(LoweringError):  # off by default: not vectorized yet
+        TensorExprKernel(graph, Options.from_env(), dynamic=True)
+    monkeypatch.setattr(reductions, "SYMBOLIC_EXTENTS", True)
+    kernel = dynamic_kernels(fn, torch.randn(6, 10))[not llvm]
+    assert len(kernel.lowered.symbols) == 2
+    for shape in [(6, 10), (3, 17), (5, 0), (0, 4), (2, 1000), (64, 2100), (7, 3)]:
+        x = torch.randn(shape)
+        if x.numel():
+            x.view(-1)[::7] = float("inf")
+        got, want = kernel.run([x]), fn(x)
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-5)
+        assert got.stride() == want.stride() or not got.numel()
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.amax(-1), lambda x: x.max(-1)[0],
+                                lambda x: x.argmax(-1), lambda x: x.norm(float("inf"), -1)])
+def test_reductions_that_raise_on_an_empty_symbolic_dim_stay_static(monkeypatch, fn):
+    monkeypatch.setattr(reductions, "SYMBOLIC_EXTENTS", True)
+    graph = graph_of(fn, torch.randn(6, 10))
+    with pytest.raises(LoweringError):
+        TensorExprKernel(graph, Options.from_env(), dynamic=True)

@@ -54,7 +54,6 @@ from .registry import (
     LoweringError,
     TensorArg,
     register,
-    same_numel,
     scalar_dtype,
 )
 
@@ -81,12 +80,62 @@ def _source(ctx: Ctx) -> TensorArg:
     return source
 
 
+Monomial = tuple[int, tuple[E.Var, ...]]
+
+
+def monomial(size: int | E.Expr) -> Monomial:
+    """`size` (an int, a size symbol or a product of them: a dynamic kernel's sizes) as its
+    int factor and its symbols in name order; LoweringError for any other expression."""
+    if isinstance(size, int):
+        return size, ()
+    if isinstance(size, E.Imm):
+        return int(size.value), ()  # type: ignore[arg-type]
+    if isinstance(size, E.Var):
+        return 1, (size,)
+    if isinstance(size, E.Mul):
+        (a, va), (b, vb) = monomial(size.a), monomial(size.b)
+        return a * b, tuple(sorted(va + vb, key=lambda v: v.name))
+    raise LoweringError(f"size {size} is not a product of size symbols")
+
+
+def _divides(a: Monomial, b: Monomial) -> bool:
+    """Whether `a` divides `b` whatever the symbols' values."""
+    rest = list(b[1])
+    for v in a[1]:
+        if v not in rest:
+            return False
+        rest.remove(v)
+    return a[0] != 0 and b[0] % a[0] == 0
+
+
+def _grows_input(p_in: int | E.Expr, p_out: int | E.Expr) -> bool:
+    """In `reshape_indices`, whether the run of input dims grows (else the output's): the
+    smaller product; with symbols, the one that divides the other (else LoweringError)."""
+    if isinstance(p_in, int) and isinstance(p_out, int):
+        return p_in < p_out
+    a, b = monomial(p_in), monomial(p_out)
+    if _divides(a, b) or _divides(b, a):
+        return _divides(a, b)
+    raise LoweringError("a reshape whose runs of dims are not products of each other")
+
+
+def _product(shape: Sequence[int | E.Expr]) -> Monomial:
+    coef, syms = 1, ()
+    for size in shape:
+        c, v = monomial(size)
+        coef, syms = coef * c, syms + v
+    return coef, tuple(sorted(syms, key=lambda v: v.name))
+
+
 def reshape_indices(
-    in_shape: Sequence[int], out_shape: Sequence[int], indices: Sequence[E.Expr]
+    in_shape: Sequence[int | E.Expr], out_shape: Sequence[int | E.Expr],
+    indices: Sequence[E.Expr],
 ) -> tuple[E.Expr, ...]:
     """Indices into a tensor of `in_shape` of the element that a row-major reshape to
-    `out_shape` puts at `indices`."""
-    if not same_numel(in_shape, out_shape):
+    `out_shape` puts at `indices`. Sizes may be a dynamic kernel's products of symbols
+    (`monomial`): runs of dims then close where their products are the same monomial, and
+    no index is divided by a symbol (LoweringError: it may be 0)."""
+    if _product(in_shape) != _product(out_shape):
         raise LoweringError(f"cannot reshape {tuple(in_shape)} to {tuple(out_shape)}")
     result: list[E.Expr] = [E.imm(0)] * len(in_shape)
     if math.prod(out_shape) == 0:
@@ -98,8 +147,8 @@ def reshape_indices(
         group_in, group_out = [ins[a]], [outs[b]]
         p_in, p_out = in_shape[ins[a]], out_shape[outs[b]]
         a, b = a + 1, b + 1
-        while p_in != p_out:
-            if p_in < p_out:
+        while monomial(p_in) != monomial(p_out):
+            if _grows_input(p_in, p_out):
                 group_in.append(ins[a])
                 p_in *= in_shape[ins[a]]
                 a += 1
@@ -112,6 +161,8 @@ def reshape_indices(
             linear = linear * out_shape[d] + indices[d]
         for k, d in enumerate(group_in):
             inner = math.prod(in_shape[e] for e in group_in[k + 1 :])
+            if not isinstance(inner, int) or (k > 0 and not isinstance(in_shape[d], int)):
+                raise LoweringError("a reshape that divides an index by a size symbol")
             index = linear if inner == 1 else linear / inner
             result[d] = index if k == 0 else index % in_shape[d]
     return tuple(result)
@@ -180,8 +231,9 @@ def slice_(ctx: Ctx) -> E.Expr:
         raise LoweringError("slice step must be positive")
     if start < 0:
         start += size
-    start = min(max(start, 0), size)
-    if ctx.out_shape[dim] > 1:
+    if isinstance(size, int) or start != 0:  # (a dynamic kernel's whole slice: a symbol)
+        start = min(max(start, 0), size)
+    if not isinstance(ctx.out_shape[dim], int) or ctx.out_shape[dim] > 1:
         index = ctx.indices[dim] * step + start
     else:
         index = E.imm(start)
