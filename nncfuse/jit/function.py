@@ -183,7 +183,7 @@ class FusedFunction:
             # Fused forward and backward, through AOTAutograd (autograd.py).
             prog = variant.program
             return self.policy.call_with(
-                key, lambda: autograd.AutogradPlan(prog, self.options), values)
+                key, lambda: autograd.AutogradPlan(prog, self.options), values, prog.unfused)
         return self.policy.call(variant.program, key, values)
 
     def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:

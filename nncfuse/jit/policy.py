@@ -158,6 +158,7 @@ class Policy:
         self._classes: dict[tuple[int, Signature | None], ClassState] = {}
         self._shown: dict[int, tuple[Plan, torch._C.Graph | None]] = {}  # see `graph_of`
         self._lock = threading.RLock()
+        self._made = 0  # plans made by callers (`call_with`), up to max_specializations
 
     def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
         """Run `args`, of signature `key`, a signature of `prog`: with its plan, or making it."""
@@ -178,15 +179,23 @@ class Policy:
             plan = self.plans.setdefault(key, UnfusedPlan(fn, None))
         return plan.run(args)
 
-    def call_with(self, key: Signature, make: Callable[[], Plan], args: tuple[Any, ...]) -> Any:
+    def call_with(self, key: Signature, make: Callable[[], Plan], args: tuple[Any, ...],
+                  unfused: Callable[..., Any]) -> Any:
         """Run `args` with the plan for signature `key`, `make()` (once) if there is none: a plan
-        the caller builds (the autograd path, `autograd.py`)."""
+        the caller builds (the autograd path, `autograd.py`). At most `max_specializations`
+        such plans are made (each traces and compiles anew); later signatures run `unfused`."""
         plan = self.plans.get(key)
         if plan is None:
             with self._lock:
                 plan = self.plans.get(key)
                 if plan is None:
-                    plan = self.plans[key] = make()
+                    if self._made >= self.options.max_specializations:
+                        _log.update("Too many input signatures under autograd; running unfused")
+                        plan = UnfusedPlan(unfused, None)
+                    else:
+                        self._made += 1
+                        plan = make()
+                    self.plans[key] = plan
         return plan.run(args)
 
     def graph_of(self, plan: Plan) -> torch._C.Graph | None:

@@ -298,3 +298,21 @@ def test_a_traced_function_with_constants_fuses():
     assert torch.autograd.gradcheck(fused, (x,))
     plans = [p for p in fused.policy.plans.values() if isinstance(p, AutogradPlan)]
     assert len(plans) == 2 and all(p.joints() for p in plans)  # float32 and float64
+
+
+def test_signatures_under_autograd_are_bounded():
+    """Each new size traces and compiles anew under autograd: at most max_specializations
+    plans are made; later sizes run unfused, with eager's gradients still."""
+    def f(x, w):
+        return (torch.tanh(x * w) + x).sum()
+
+    g = nncfuse.jit(f, max_specializations=3)
+    w = torch.randn(8, requires_grad=True)
+    for n in range(1, 7):
+        x = torch.randn(n, 8, requires_grad=True)
+        got = torch.autograd.grad(g(x, w), (x, w))
+        want = torch.autograd.grad(f(x, w), (x, w))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+    plans = [p for p in g.policy.plans.values() if isinstance(p, AutogradPlan)]
+    assert len(plans) == 3
