@@ -46,7 +46,7 @@ def test_dumps_print_the_size_symbols_and_vector_tails_are_computed_at_run_time(
     kernel = dynamic_kernels(chain, torch.randn(4, 8, 100), torch.randn(4, 8, 100))[0]
     text = str(kernel.stmt)
     assert "s0" in text and "s2" in text and "100" not in text
-    # a vector loop and its tail, at the lanes the capability gives (AVX2 and float64: 4; default: 2)
+    # a vector loop and its tail, at the capability's lanes (AVX2, float64: 4; default: 2)
     assert "Ramp" in text and re.search(r"\) / (2|4|8|16|32);", text), text
     assert "parallel if" in text  # the choice to use threads is made per call
     assert "s0 = sh0[0]" in kernel.call.source
