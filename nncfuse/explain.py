@@ -62,6 +62,7 @@ from .config import Options
 from .jit import policy
 from .jit.freezing import FrozenFunction
 from .jit.function import FusedFunction
+from .jit.inplace import in_place
 from .jit.guard import CompileFailure, is_fused_op
 from .jit.subgraph import is_group
 from .jit.tensorexpr_fuser import why_not_fused
@@ -135,11 +136,6 @@ def is_compute(node: Any) -> bool:
 def is_external(node: Any) -> bool:
     """Whether `node` is a GEMM, convolution, attention or embedding op (counted apart)."""
     return node.kind() in EXTERNAL_KINDS
-
-
-def _is_in_place(kind: str) -> bool:
-    name = kind.split("::", 1)[-1]
-    return name.endswith("_") and not name.endswith("__")
 
 
 def _shape(value: Any) -> list[int] | None:
@@ -319,7 +315,7 @@ def report_for(graph: torch._C.Graph | None, options: Options,
             return
         reason = why_not(node)
         if reason is not None:
-            category = "alias or mutation" if _is_in_place(node.kind()) else categorize(reason)
+            category = "alias or mutation" if in_place(node.kind()) else categorize(reason)
         elif (node.kind(), _position(node)) in marks:
             failure = marks[(node.kind(), _position(node))]
             category, reason = "compile failure", f"its group failed to compile: {failure}"

@@ -38,6 +38,7 @@ import torch
 from .. import log
 from ..config import Options
 from .decompose import decompositions
+from .inplace import in_place
 from .policy import Policy, Program, program, signature
 
 __all__ = ["CompiledGraph", "compiled_graphs", "clear_compiled_graphs", "decompositions", "brief"]
@@ -166,18 +167,14 @@ def _functional(gm: torch.fx.GraphModule) -> bool:
         target = node.target
         if node.op == "call_module":
             return False
-        if node.op == "call_method" and _in_place_name(target):
+        if node.op == "call_method" and in_place(target):
             return False
         if node.op == "call_function":
             if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
                 return False
-            if target in _IN_PLACE_OPERATORS or _in_place_name(getattr(target, "__name__", "")):
+            if target in _IN_PLACE_OPERATORS or in_place(getattr(target, "__name__", "")):
                 return False
     return True
-
-
-def _in_place_name(name: str) -> bool:
-    return name.endswith("_") and not name.endswith("__")
 
 
 def brief(e: Exception) -> str:

@@ -85,9 +85,9 @@ def _example(value: Any) -> Any:
 _NO = object()
 
 
-def _in_place(kind: str) -> bool:
-    """Whether an op of `kind` writes its first input (`aten::add_`, `aten::copy_`): the only
-    writes `_plan` rewrites."""
+def in_place(kind: str) -> bool:
+    """Whether an op of `kind` (or an FX method or function name) writes its first input
+    (`aten::add_`, `aten::copy_`): the only writes `_plan` rewrites."""
     return kind.endswith("_") and not kind.endswith("__")
 
 
@@ -95,7 +95,7 @@ def _functional(node: Any) -> Any | None:
     """The functional kind of in-place `node` if it has a lowering and eager's functional
     result has the dtype and sizes of the written input; else None."""
     kind = node.kind()
-    if kind == WRITE_BACK or not _in_place(kind):
+    if kind == WRITE_BACK or not in_place(kind):
         return None
     functional = kind[:-1]
     schema = _schema(node)
@@ -430,7 +430,7 @@ def functionalize_input_writes(graph: torch._C.Graph) -> set[Any]:
     place; return the write-back nodes and the values only they write (for the fuser)."""
     exempt: set[Any] = set()
     _view_ops_as_copies(graph)
-    if not any(_in_place(node.kind()) for node in graph.nodes()):
+    if not any(in_place(node.kind()) for node in graph.nodes()):
         return exempt  # nothing to plan (AOTAutograd's graphs): skip a pass per input
     for x in list(graph.inputs()):
         if not is_tensor(x):

@@ -37,7 +37,13 @@ from ..config import Options
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases
 from ..tensorexpr.meta import is_tensor
 from . import guard
-from .inplace import chain_root, functionalize_input_writes, is_write_back, only_write_backs
+from .inplace import (
+    chain_root,
+    functionalize_input_writes,
+    in_place,
+    is_write_back,
+    only_write_backs,
+)
 from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
 from .supported import (
     feeds_external,
@@ -203,9 +209,8 @@ def _written_inputs(node: Any) -> set[int]:
     eager returns as their input (eval dropout), so the roots catch what alias analysis
     misses."""
     if not is_group(node):
-        kind = node.kind()
-        in_place = kind.startswith("aten::") and kind.endswith("_") and not kind.endswith("__")
-        return {chain_root(node.inputsAt(0)).unique()} if in_place and node.inputsSize() else set()
+        writes = node.kind().startswith("aten::") and in_place(node.kind()) and node.inputsSize()
+        return {chain_root(node.inputsAt(0)).unique()} if writes else set()
     subgraph = node.g("Subgraph")
     outer = {v.unique(): o for v, o in zip(subgraph.inputs(), node.inputs())}
     found = set()
