@@ -62,8 +62,8 @@ from .config import Options
 from .jit import policy
 from .jit.freezing import FrozenFunction
 from .jit.function import FusedFunction
-from .jit.inplace import in_place
 from .jit.guard import CompileFailure, is_fused_op
+from .jit.inplace import in_place
 from .jit.subgraph import is_group
 from .jit.tensorexpr_fuser import why_not_fused
 
