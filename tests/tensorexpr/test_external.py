@@ -11,7 +11,7 @@ from nncfuse.tensorexpr.buffer import Buf
 from nncfuse.tensorexpr.dtype import FLOAT32
 from nncfuse.tensorexpr.external import onednn_dtype_ok
 from nncfuse.tensorexpr.ir_eval import IREvaluator
-from nncfuse.tensorexpr.lowerings.external import ONEDNN_LINEAR_ROWS
+from nncfuse.tensorexpr.lowerings.external import ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interpreter")]
 
@@ -124,6 +124,18 @@ def test_float32_linear_is_atens_gemm_with_the_bias_added_by_the_loops(rows):
     (call,) = external_calls(kernel)
     assert call.fn == "nnc_aten_linear" and call.args[2] is None  # no bias: the loops add it
     assert "t2[" in str(kernel.stmt)  # the loops read the bias
+
+
+@pytest.mark.skipif(not MKL or not onednn_dtype_ok(torch.float32), reason="MKL and oneDNN")
+@pytest.mark.parametrize("rows, n, onednn", [
+    (ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT // 256, True),
+    (ONEDNN_LINEAR_ROWS - 1, ONEDNN_LINEAR_WEIGHT // 256, False),
+    (ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT // 256 - 1, False),
+])
+def test_a_float32_linear_of_a_large_weight_is_onednns_with_its_post_op(rows, n, onednn):
+    x, w, b = torch.randn(rows, 256), torch.randn(n, 256) / 16, torch.randn(n)
+    (call,) = external_calls(check(linear_gelu, (x, w, b)))
+    assert (call.fn == "nnc_mkldnn_linear_pointwise") == onednn
 
 
 def addmm_scaled(b, x, w):

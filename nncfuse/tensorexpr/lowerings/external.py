@@ -14,11 +14,11 @@ and those nodes lower to nothing (`Fused`):
     %y = aten::linear(%x, %w, %b)         ExternalCall(aten_linear, "nnc_mkldnn_linear_pointwise",
     %z = aten::gelu(%y, "none")       ->                 {x, w, b}, {'gelu', (), 'none'});
 
-A float32 linear (where torch has MKL) takes no oneDNN routine: oneDNN reorders
-an unpacked weight on every call, which costs more than the epilogue's pass
-(`ONEDNN_LINEAR_ROWS`). A linear's bias (an addmm's, with beta and alpha 1) is
-then added by the loops, which read the GEMM's result anyway, and a constant
-weight takes MKL's packed GEMM (`_gemm_plans`):
+A float32 linear (where torch has MKL) of a weight under a million elements takes
+no oneDNN routine: oneDNN reorders an unpacked weight on every call, which costs
+more than the epilogue's pass (`ONEDNN_LINEAR_ROWS`). A linear's bias (an addmm's,
+with beta and alpha 1) is then added by the loops, which read the GEMM's result
+anyway, and a constant weight takes MKL's packed GEMM (`_gemm_plans`):
 
     %y = aten::linear(%x, %w, %b)         ExternalCall(aten_linear, "nnc_aten_linear",
     %z = aten::silu(%y)               ->                 {x, w}, {None});
@@ -33,6 +33,7 @@ strides the buffer is declared with.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -70,14 +71,17 @@ EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 FOLD_BATCH_NORM = False
 
 
-#: oneDNN's linear with a fused post-op for at least this many rows, where MKL does not
-#: compute the GEMM (bfloat16, or a torch without MKL); else ATen's GEMM and nncfuse's loops
-#: after it. oneDNN reorders an unpacked weight on every call: float32, 1 thread, its GEMM
-#: alone against ATen's `mm` at 128 rows took 1.23x at 256 -> 1024, 1.25x at 256 -> 256,
-#: 1.09x at 768 -> 3072 (1.12-6x at 1-4 rows; 0.81-0.94x only at 8-32 rows of 768 -> 3072),
-#: more than the epilogue's pass saves (Llama: 316 us per `_linear_pointwise` call against
-#: 152 us per `mm`). So float32 with MKL never takes it.
+#: oneDNN's linear with a fused post-op for at least this many rows, else ATen's GEMM and
+#: nncfuse's loops after it; for float32 (where torch has MKL) only for a weight of at least
+#: ONEDNN_LINEAR_WEIGHT elements. oneDNN reorders an unpacked weight on every call. Float32,
+#: 1 thread, 128 rows, its GEMM alone against ATen's `mm`: 1.25x at 256 -> 256, 1.23x at
+#: 256 -> 1024, 1.09x at 768 -> 3072 (1.1-6x at 1-4 rows). With the epilogue (gelu, silu)
+#: against `mm` and eager's passes: 1.03-1.13x for weights of 256 x 256 to 256 x 1024 (the
+#: transformers' shapes; Llama end to end: 316 us per `_linear_pointwise` call against 152 us
+#: per `mm`), 0.94-1.04x at 262k-786k elements, 0.90-0.95x from 1M (768 -> 2048 and
+#: 768 -> 3072, 1024 -> 3072; 0.82-0.87x at 64 rows of 768 -> 3072).
 ONEDNN_LINEAR_ROWS = 32
+ONEDNN_LINEAR_WEIGHT = 1 << 20
 
 
 @register(tuple(ATEN_EXTERNALS), overloads=("",), constant_operands=True)
@@ -186,7 +190,9 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     after = _single_user(user.output(), outputs) if residual is not None else None
     then = _unary(after, user.output()) if after is not None else None
     plans: list[_Plan] = []
-    if kind == "aten::linear" and len(meta.sizes) >= 2 and _onednn_linear(meta):
+    packed = operands[1] in constant and mkl_packed_ok(meta.dtype)  # MKL's is faster then
+    if kind == "aten::linear" and len(meta.sizes) >= 2 and not packed and _onednn_linear(
+            meta, operands[1]):
         x, w, b = operands
         if unary is not None:
             plans.append(_Plan("nnc_mkldnn_linear_pointwise", (x, w, b, *unary),
@@ -233,10 +239,14 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     return plans
 
 
-def _onednn_linear(meta: TensorMeta) -> bool:
+def _onednn_linear(meta: TensorMeta, w: Any) -> bool:
     """Whether oneDNN's fused linear may be faster than ATen's (see ONEDNN_LINEAR_ROWS)."""
-    mkl = meta.dtype == torch.float32 and torch._C.has_mkl
-    return not mkl and _rows(meta) >= ONEDNN_LINEAR_ROWS
+    if _rows(meta) < ONEDNN_LINEAR_ROWS:
+        return False
+    if meta.dtype != torch.float32 or not torch._C.has_mkl:
+        return True
+    dims = w.static_dims() if isinstance(w, Buf) else None
+    return dims is not None and math.prod(dims) >= ONEDNN_LINEAR_WEIGHT
 
 
 def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> list[_Plan]:
