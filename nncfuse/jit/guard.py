@@ -62,8 +62,9 @@ STATIC_SIZES: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
 
 #: Threads that build the kernels of one graph's groups, each group a task. Lowering and the
 #: passes hold the GIL; LLVM's optimization and machine code (llvmlite) release it and take
-#: llvmlite's one lock, so two threads overlap one group's Python with another's LLVM (the
-#: transformer block's training step: 14 kernels, 1.2 -> 0.9 s). 1: one after the other.
+#: llvmlite's one lock, so two threads overlap one group's Python with another's LLVM (in the
+#: transformer block's training step LLVM is ~60% of building its 14 kernels). 1: one after
+#: the other.
 COMPILE_THREADS = min(2, os.cpu_count() or 1)
 
 _Key = tuple[str, bool, bool, str]
