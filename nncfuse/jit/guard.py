@@ -30,8 +30,10 @@ kernel serves every size of the class.
 from __future__ import annotations
 
 import contextvars
+import os
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,10 +60,31 @@ is_fused_op = runtime.is_fused_op
 STATIC_SIZES: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
     "STATIC_SIZES", default=frozenset())
 
+#: Threads that build the kernels of one graph's groups, each group a task. Lowering and the
+#: passes hold the GIL; LLVM's optimization and machine code (llvmlite) release it and take
+#: llvmlite's one lock, so two threads overlap one group's Python with another's LLVM (in the
+#: transformer block's training step LLVM is ~60% of building its 14 kernels). 1: one after
+#: the other.
+COMPILE_THREADS = min(2, os.cpu_count() or 1)
+
 _Key = tuple[str, bool, bool, str]
-_compiled: dict[_Key, str | Exception] = {}
+
+
+@dataclass
+class _Built:
+    """A group's kernel (or what building it raised), and the op kind that runs it once it is
+    registered (`_kind`): what identical groups share."""
+
+    kernel: TensorExprKernel | Exception
+    kind: str | None = None
+
+
+_compiled: dict[_Key, _Built] = {}
 _compiling: dict[_Key, threading.Lock] = {}
-_table_lock = threading.Lock()  # guards `_compiling`
+_table_lock = threading.Lock()  # guards `_compiling` and the registration of kernels
+_pool: list[ThreadPoolExecutor] = []  # made on first use
+# A forked child has none of the parent's threads: its pool would take tasks and never run them.
+os.register_at_fork(after_in_child=_pool.clear)
 
 
 def clear_kernel_cache() -> None:
@@ -96,48 +119,75 @@ def _cache_key(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Ke
     return text, options.use_llvm, options.verify, guards
 
 
-def _compile(group: Any, options: Options) -> str | Exception:
-    """The op kind running `group`'s kernel, or the exception that compiling it raised: with
-    the `dynamic` option, a dynamic kernel where the group can have one."""
+def _compile_all(groups: list[Any], options: Options) -> list[str | Exception]:
+    """For each group, the op kind running its kernel or the exception that building it
+    raised (`_build`): the kernels built by `COMPILE_THREADS` threads, registered in the
+    groups' order (so that op names do not depend on which thread finished first)."""
+    if COMPILE_THREADS < 2 or len(groups) < 2:
+        return [_kind(group, _build(group, options)) for group in groups]
+    with _table_lock:
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="nncfuse-compile"))
+    # Each task in a copy of this thread's context: STATIC_SIZES is the caller's.
+    futures = [_pool[0].submit(contextvars.copy_context().run, _build, group, options)
+               for group in groups]
+    return [_kind(group, future.result()) for group, future in zip(groups, futures)]
+
+
+def _build(group: Any, options: Options) -> _Built:
+    """`group`'s kernel: with the `dynamic` option, a dynamic kernel where the group can have
+    one, else a static one."""
     if options.dynamic is True:
-        kind = _compile_as(group, options, dynamic=True)
-        if not isinstance(kind, Exception):
-            return kind
-        _log.update("No dynamic kernel, compiling a static one: ", type(kind).__name__, ": ",
-                    kind)
-    return _compile_as(group, options, dynamic=False)
+        built = _build_as(group, options, dynamic=True)
+        if not isinstance(built.kernel, Exception):
+            return built
+        _log.update("No dynamic kernel, compiling a static one: ",
+                    type(built.kernel).__name__, ": ", built.kernel)
+    return _build_as(group, options, dynamic=False)
 
 
-def _compile_as(group: Any, options: Options, dynamic: bool) -> str | Exception:
+def _build_as(group: Any, options: Options, dynamic: bool) -> _Built:
     subgraph = group.g("Subgraph")
     if _has_tensor_constants(subgraph):
         # The text does not show a tensor constant's values (a frozen module's weights):
         # such a kernel is its own.
-        return _compile_uncached(group, subgraph, options, dynamic)
+        return _Built(_kernel(subgraph, options, dynamic))
     try:
         key = _cache_key(subgraph, options, dynamic)
     except LoweringError as e:
-        return e
+        return _Built(e)
     with _table_lock:
         lock = _compiling.setdefault(key, threading.Lock())
     with lock:
-        if key in _compiled:
-            _log.update("Reusing the kernel of an identical group: ", _compiled[key])
-            return _compiled[key]
-        kind = _compile_uncached(group, subgraph, options, dynamic)
-        _compiled[key] = kind
-        return kind
+        built = _compiled.get(key)
+        if built is not None:
+            _log.update("Reusing the kernel of an identical group: ", built.kind or key[0])
+            return built
+        built = _compiled[key] = _Built(_kernel(subgraph, options, dynamic))
+        return built
 
 
-def _compile_uncached(
-    group: Any, subgraph: torch._C.Graph, options: Options, dynamic: bool
-) -> str | Exception:
+def _kernel(
+    subgraph: torch._C.Graph, options: Options, dynamic: bool
+) -> TensorExprKernel | Exception:
     try:
         static = STATIC_SIZES.get() if dynamic else frozenset()
-        kernel = TensorExprKernel(subgraph.copy(), options, dynamic, static)
-        return runtime.register_kernel(kernel, list(group.inputs()), group.outputsSize())
+        return TensorExprKernel(subgraph.copy(), options, dynamic, static)
     except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
         return e
+
+
+def _kind(group: Any, built: _Built) -> str | Exception:
+    """The op kind that runs `built`'s kernel, registered for `group`'s inputs on first use;
+    or the exception that building or registering it raised."""
+    with _table_lock:
+        if built.kind is None and not isinstance(built.kernel, Exception):
+            try:
+                built.kind = runtime.register_kernel(built.kernel, list(group.inputs()),
+                                                     group.outputsSize())
+            except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
+                built.kernel = e
+        return built.kernel if isinstance(built.kernel, Exception) else built.kind
 
 
 def _has_tensor_constants(subgraph: torch._C.Graph) -> bool:
@@ -166,8 +216,7 @@ def guard_fusion_groups(
     """Replace each `prim::TensorExprGroup` in `groups` by a guarded kernel (or its nodes);
     return the groups that failed to compile."""
     failures = []
-    for group in groups:
-        kind = _compile(group, options)
+    for group, kind in zip(groups, _compile_all(groups, options), strict=True):
         if isinstance(kind, Exception):
             _log.dump(
                 "Fusion group not compiled, running it unfused: ",

@@ -233,7 +233,7 @@ def _crosses_write_back(producer: Any, consumer: Any) -> bool:
     read = _read_roots(producer) | _read_roots(consumer)
     node = consumer.prev()
     while node != producer and node.kind() != "prim::Param":
-        if _read_roots(node) & written:
+        if written and _read_roots(node) & written:  # (AOTAutograd's graphs write nothing)
             return True
         if _written_inputs(node) & read:
             return True

@@ -61,12 +61,26 @@ def _child_fields(cls: type) -> tuple[str, ...]:
 
 def children(node: Node) -> Iterator[Node]:
     """The expression and statement children of `node`, in field order."""
-    for name in _child_fields(type(node)):
+    return iter(_children(node))
+
+
+_NODES = (Expr, Stmt)
+
+
+def _children(node: Node) -> list[Node]:
+    """`children(node)` as a list: what the walks use (a generator per node costs more)."""
+    try:
+        names = _CHILD_FIELDS[type(node)]
+    except KeyError:
+        names = _child_fields(type(node))
+    kids: list[Node] = []
+    for name in names:
         value = getattr(node, name)
         if isinstance(value, tuple):
-            yield from (v for v in value if isinstance(v, (Expr, Stmt)))
-        elif isinstance(value, (Expr, Stmt)):
-            yield value
+            kids += [v for v in value if isinstance(v, _NODES)]
+        elif isinstance(value, _NODES):
+            kids.append(value)
+    return kids
 
 
 class Visitor:
@@ -79,7 +93,7 @@ class Visitor:
         return method(self, node)
 
     def generic_visit(self, node: Node) -> Any:
-        for child in children(node):
+        for child in _children(node):
             self.visit(child)
 
 
@@ -94,14 +108,19 @@ class Mutator:
 
     def generic_mutate(self, node: Any) -> Any:
         changes: dict[str, Any] = {}
-        for name in _child_fields(type(node)):
+        mutate = self.mutate
+        try:
+            names = _CHILD_FIELDS[type(node)]
+        except KeyError:
+            names = _child_fields(type(node))
+        for name in names:
             value = getattr(node, name)
             if isinstance(value, tuple):
-                new = tuple(self.mutate(v) if isinstance(v, (Expr, Stmt)) else v for v in value)
+                new = [mutate(v) if isinstance(v, _NODES) else v for v in value]
                 if any(n is not o for n, o in zip(new, value)):
-                    changes[name] = new
-            elif isinstance(value, (Expr, Stmt)):
-                new_value = self.mutate(value)
+                    changes[name] = tuple(new)
+            elif isinstance(value, _NODES):
+                new_value = mutate(value)
                 if new_value is not value:
                     changes[name] = new_value
         return dataclasses.replace(node, **changes) if changes else node
@@ -113,7 +132,10 @@ def walk(node: Node) -> Iterator[Node]:
     while stack:
         n = stack.pop()
         yield n
-        stack.extend(reversed(list(children(n))))
+        kids = _children(n)
+        if kids:
+            kids.reverse()
+            stack += kids
 
 
 class Substitute(Mutator):

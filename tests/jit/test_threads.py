@@ -178,3 +178,66 @@ def test_the_optimize_switch_is_per_thread():
     t.start()
     t.join()
     assert torch._C._get_graph_executor_optimize() == before
+
+
+def _three_groups(x, y):
+    """Three fusion groups (cumsum does not fuse), two of them named alike."""
+    a = torch.sigmoid(x * y) + 1.0
+    b = torch.cumsum(a, 0)
+    c = torch.sigmoid(b * y) + 2.0
+    return torch.cumsum(c, 1) * torch.tanh(y)
+
+
+def test_a_graphs_groups_compile_in_the_pool_named_in_graph_order(monkeypatch):
+    """The kernels of one graph's groups are built by the compile threads; their op names are
+    taken in the groups' order (the first alike-named group's serial is the lower), whichever
+    thread finished first."""
+    monkeypatch.setattr(guard, "COMPILE_THREADS", 2)
+    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: False)
+    real, threads = guard.TensorExprKernel, []
+
+    def kernel(*args):
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(guard, "TensorExprKernel", kernel)
+    guard.clear_kernel_cache()
+    fn = nncfuse.jit(_three_groups)
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    for _ in range(2):
+        torch.testing.assert_close(fn(x, y), _three_groups(x, y))
+    kinds = [n.kind() for n in nncfuse.fusion_groups(fn.graph_for(x, y))]
+    assert len(kinds) == 3 and len(threads) == 3
+    assert all(name.startswith("nncfuse-compile") for name in threads)
+    alike = [k for k in kinds if k.startswith("nncfuse::fused_mul_sigmoid_add")]
+    serials = [int(k.rsplit("_k", 1)[1]) if "_k" in k else 0 for k in alike]
+    assert len(serials) == 2 and serials[0] < serials[1]
+
+
+def _compile_in_child(queue):
+    guard.clear_kernel_cache()
+    fn = nncfuse.jit(_three_groups)
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    fn(x, y)
+    queue.put(bool(torch.allclose(fn(x, y), _three_groups(x, y))))
+
+
+def test_a_forked_child_compiles_with_its_own_threads(monkeypatch):
+    """After a fork the child has none of the parent's compile threads: it makes its own."""
+    import multiprocessing
+
+    monkeypatch.setattr(guard, "COMPILE_THREADS", 2)
+    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: False)
+    guard.clear_kernel_cache()
+    x, y = torch.randn(6, 2), torch.randn(6, 2)
+    nncfuse.jit(_three_groups)(x, y)  # the parent's pool exists
+    assert guard._pool
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_compile_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0, "the child hung or failed"
+    assert queue.get(timeout=5) is True

@@ -167,3 +167,21 @@ def test_reuse_outputs_keeps_a_temporary_in_the_buffer_overwriting_it():
     torch.testing.assert_close(got, x.exp() / x.exp().sum(-1, True))
     stmt, params = _softmax_like(True)
     assert reuse_outputs(stmt, params) is stmt
+
+
+@pytest.mark.parametrize("unroll", [False, True], ids=["kept", "unrolled"])
+def test_reduction_loops_are_not_unrolled_by_llvm(monkeypatch, unroll):
+    """A reduction's loop carries `llvm.loop.unroll.disable` (its full unrolling was most of
+    the LLVM time of training kernels): the optimized code keeps the loop, and agrees."""
+    from nncfuse.tensorexpr.codegen import llvm_codegen
+
+    monkeypatch.setattr(llvm_codegen, "UNROLL_REDUCTIONS", unroll)
+    stmt, params = row_reduce("Add", FLOAT32, rows=3, cols=37)
+    fn = compile_stmt(stmt, params, f"reduce_unroll_{unroll}")
+    assert ("llvm.loop.unroll.disable" in fn.ir_text) is not unroll
+    body = fn.optimized_ir.split("define ", 1)[1]
+    assert (body.count("fadd float") < 37) is not unroll  # 37 adds a row once unrolled
+    a = torch.randn(3, 37)
+    out = torch.empty(3)
+    fn.cfunc(a.data_ptr(), out.data_ptr())
+    torch.testing.assert_close(out, a.sum(1))

@@ -76,6 +76,11 @@ def _param_type(p: Buf | E.Var) -> ir.Type:
     return F64 if p.dtype.is_float else I64
 
 
+#: Whether LLVM may unroll the loops of a `Reduce`: not, since their full unrolling made
+#: most of the LLVM time of the transformer block's training kernels.
+UNROLL_REDUCTIONS = False
+
+
 class LLVMCodeGen(Visitor):
     """Emits LLVM IR for `stmt` as a function `name` over `params`.
 
@@ -425,9 +430,20 @@ class LLVMCodeGen(Visitor):
         i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
         if phi is not None:
             phi.add_incoming(out, b.block)
-        b.branch(header)
+        latch = b.branch(header)
+        if tag == "r" and not UNROLL_REDUCTIONS:
+            latch.set_metadata("llvm.loop", self.loop_id("llvm.loop.unroll.disable"))
         b.position_at_end(exit_)
         return phi
+
+    def loop_id(self, *properties: str) -> ir.MDValue:
+        """A new loop's `llvm.loop` metadata: a node that names itself first (distinct from
+        every other loop's), then the `properties`."""
+        module = self.module
+        node = ir.values.MDValue(module, [], name=str(len(module.metadata)))
+        node.operands = (node, *(module.add_metadata([ir.MetaDataString(module, p)])
+                                 for p in properties))
+        return node
 
     def visit_Allocate(self, s: S.Allocate) -> None:
         malloc = self.declare("malloc", PTR, [I64])

@@ -19,13 +19,14 @@ recomputed for every reuse, so that temporary stays a buffer.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
-from ..loopnest import Nest, as_block, buffers_loaded, definition, extent, loads
+from ..loopnest import Nest, as_block, definition, extent, loads
 
 
 def _expensive(value: E.Expr) -> bool:
@@ -61,6 +62,10 @@ def inline_intermediates(stmt: S.Stmt, outputs: Iterable[Buf] = ()) -> S.Stmt:
     """Inline every temporary defined by a `compute` nest; see the module docstring."""
     keep = {b.root for b in outputs}
     nests = list(as_block(stmt).stmts)
+    # Per nest, how often it loads each buffer, kept up to date as values are inlined: one
+    # walk of each nest, not one of every later nest per temporary (MobileNetV2's backward
+    # graphs have groups of hundreds of nests).
+    reads = [Counter(ld.buf.root for ld in loads(n)) for n in nests]
     result: list[S.Stmt] = []
     changed = False
     for k, nest in enumerate(nests):
@@ -69,16 +74,17 @@ def inline_intermediates(stmt: S.Stmt, outputs: Iterable[Buf] = ()) -> S.Stmt:
             result.append(nest)
             continue
         buf, indices, value = found
-        uses = sum(1 for n in nests[k + 1 :] for ld in loads(n) if ld.buf.root is buf)
-        if uses != 1:
+        consumers = [j for j in range(k + 1, len(nests)) if buf in reads[j]]
+        if sum(reads[j][buf] for j in consumers) != 1:
             result.append(nest)
             continue
-        consumers = [n for n in nests[k + 1 :] if buf in buffers_loaded(n)]
-        if _expensive(value) and any(_runs_more(c, nest) for c in consumers):
+        if _expensive(value) and any(_runs_more(nests[j], nest) for j in consumers):
             result.append(nest)
             continue
-        inline = _Inline(buf, indices, value)
-        nests[k + 1 :] = [inline.mutate(n) for n in nests[k + 1 :]]
+        (j,) = consumers  # its one load becomes `value`, which loads what `value` loads
+        nests[j] = _Inline(buf, indices, value).mutate(nests[j])
+        del reads[j][buf]
+        reads[j].update(ld.buf.root for ld in loads(value))
         changed = True
     if not changed:
         return stmt

@@ -1,0 +1,150 @@
+"""Where compile time goes: one first training step, or the first three inference calls of a
+model, split by pipeline stage (process CPU time, each stage's own, nested stages apart).
+
+    python benchmarks/compile_time.py block nncfuse-jit          # training.py's workloads
+    python benchmarks/compile_time.py mlp nncfuse-backend
+    python benchmarks/compile_time.py mobilenet nncfuse-backend --quick    # models.py's
+    python benchmarks/compile_time.py bert inference             # nncfuse.jit(traced), no grad
+
+Stages (wrapped functions): AOTAutograd's joint trace (`nncfuse.jit` under autograd) and the
+partitioner; the FX -> TorchScript conversion; profiling runs (their instrumented graph run
+included); the fuser and guards; lowering; the schedule's passes; the LLVM IR built in
+Python; LLVM's parse and verify, optimization pipeline and machine code; the MCJIT engine;
+the generated entry. "rest" is everything else: for the backend Dynamo and AOTAutograd's
+trace, for every contender the unfused ops a profiling run executes outside nncfuse's code.
+Kernels are built by one thread (`guard.COMPILE_THREADS = 1`) so that CPU time divides by
+stage. Nothing is compared here: for before/after, run it on both trees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import importlib
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import nncfuse
+
+Totals = collections.Counter[str]
+
+
+def _wrap(owner: Any, name: str, label: str, totals: Totals, stack: list[float]) -> None:
+    """Replace `owner.name` by a function that adds its own CPU time to `totals[label]`."""
+    fn = getattr(owner, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        stack.append(0.0)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            inner = stack.pop()
+            spent = time.process_time() - start
+            totals[label] += spent - inner
+            if stack:
+                stack[-1] += spent
+
+    setattr(owner, name, timed)
+
+
+def instrument(totals: Totals) -> None:
+    """Time the stages (see the module docstring) into `totals`."""
+    import torch._functorch.aot_autograd as aot
+    import torch._functorch.partitioners as partitioners
+
+    import nncfuse.backend as backend
+    from nncfuse.jit import fxgraph, guard, policy
+    from nncfuse.tensorexpr import kernel
+    from nncfuse.tensorexpr.codegen import llvm_codegen, llvm_jit
+
+    guard.COMPILE_THREADS = 1
+    stack: list[float] = []
+    for owner, name, label in [
+        (aot, "aot_export_joint_simple", "AOTAutograd trace (jit)"),
+        (partitioners, "min_cut_rematerialization_partition", "partition"),
+        (backend, "min_cut_rematerialization_partition", "partition"),
+        (fxgraph, "_convert", "FX -> TorchScript"),
+        (policy.Policy, "_profile", "profiling runs"),
+        (policy, "fuse_tensor_exprs", "fuser and guards"),
+        (kernel, "lower_graph", "lowering"),
+        (kernel.TensorExprKernel, "_run_schedule", "passes"),
+        (kernel, "compile_stmt", "LLVM IR (Python)"),
+        (llvm_jit, "_optimized", "LLVM parse, verify"),
+        (llvm_jit, "optimize", "LLVM optimization"),
+        (llvm_jit, "_object_code", "LLVM machine code"),
+        (llvm_codegen, "compile_ir", "MCJIT engine"),
+        (kernel, "make_entry", "entry"),
+    ]:
+        _wrap(owner, name, label, totals, stack)
+
+
+def training_step(name: str, contender: str, quick: bool) -> Callable[[], None]:
+    """The first step of training.py's `contender` on workload `name`, to be timed."""
+    import training
+
+    training._warm_up()
+    chosen = (training.workloads(quick) if name in ("mlp", "block")
+              else training.model_workloads([name], quick))
+    model, inputs = chosen[name]
+    model = copy.deepcopy(model)
+
+    def step() -> None:
+        fn = training.build(contender, model, inputs)
+        training.loss(fn(*inputs)).backward()
+
+    return step
+
+
+def inference_calls(name: str, quick: bool) -> Callable[[], None]:
+    """The first three calls of `nncfuse.jit(traced)` on models.py's model `name`, no grad."""
+    models = importlib.import_module("models")
+    (spec,) = [s for s in models.MODELS if s.name == name]
+    torch.manual_seed(0)
+    model, inputs = spec.build(quick)
+    model.eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, inputs, strict=False)
+        traced(*inputs)
+
+    def calls() -> None:
+        fn = nncfuse.jit(traced)
+        with torch.no_grad():
+            for _ in range(3):
+                fn(*inputs)
+
+    return calls
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("workload", help="mlp, block, or a models.py model (bert, mobilenet, ...)")
+    p.add_argument("contender", help="nncfuse-jit, nncfuse-backend, or inference")
+    p.add_argument("--quick", action="store_true", help="the small shapes")
+    args = p.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    totals: Totals = collections.Counter()
+    instrument(totals)
+    run = (inference_calls(args.workload, args.quick) if args.contender == "inference"
+           else training_step(args.workload, args.contender, args.quick))
+    totals.clear()
+    start = time.process_time()
+    run()
+    total = time.process_time() - start
+    print(f"{args.workload}, {args.contender}: {total * 1e3:.0f} ms CPU")
+    for label, spent in totals.most_common():
+        print(f"  {label:<26}{spent * 1e3:8.0f} ms")
+    print(f"  {'rest':<26}{(total - sum(totals.values())) * 1e3:8.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
