@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
+from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits
+from nncfuse.tensorexpr.ir_visitor import walk
 from tests.fused import BACKENDS, check, run_fused
 
 REDUCED = [torch.float16, torch.bfloat16]
@@ -310,6 +312,20 @@ def test_residual_layer_norm_is_one_sweep():
     close(fn, x, r, w, b)
     stmt = kernel_stmt(fn, x, r, w, b)
     assert len(loops(stmt)) == 1
+
+
+def test_row_statistics_are_read_once_per_row():
+    """The output loop of a layer_norm or softmax row loads no statistic per vector:
+    `hoist_loads` reads each into a let before the loop."""
+    x, w, b = randn(64, 768), randn(768), randn(768)
+    for fn, args in ((lambda x, w, b: F.layer_norm(x, (768,), w, b), (x, w, b)),
+                     (lambda x: torch.softmax(x, -1), (x,))):
+        stmt = kernel_stmt(fn, *args)
+        inner = [s for s in walk(stmt) if isinstance(s, S.For)
+                 and not any(isinstance(n, S.For) for n in walk(s.body))]
+        assert inner and all(isinstance(n, E.Ramp) for s in inner for n in walk(s.body)
+                             if isinstance(n, E.Load) for n in n.indices), str(stmt)
+        assert any(isinstance(s, S.Let) for s in walk(stmt))
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
