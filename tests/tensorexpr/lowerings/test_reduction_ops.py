@@ -29,12 +29,17 @@ def close(fn, *args, use_llvm=True, **tol):
     return got
 
 
-def kernel_stmt(fn, *args):
-    """The final loop nest of the one fusion group `fn` forms."""
+def kernel(fn, *args):
+    """The kernel of the one fusion group `fn` forms."""
     f = nncfuse.jit(torch.jit.trace(fn, args), min_group_size=1)
     f(*args)
     (group,) = nncfuse.fusion_groups(f.graph_for(*args))
-    return nncfuse.TensorExprKernel(group.g("Subgraph")).stmt
+    return nncfuse.TensorExprKernel(group.g("Subgraph"))
+
+
+def kernel_stmt(fn, *args):
+    """The final loop nest of the one fusion group `fn` forms."""
+    return kernel(fn, *args).stmt
 
 
 def loops(stmt):
@@ -326,6 +331,14 @@ def test_row_statistics_are_read_once_per_row():
         assert inner and all(isinstance(n, E.Ramp) for s in inner for n in walk(s.body)
                              if isinstance(n, E.Load) for n in n.indices), str(stmt)
         assert any(isinstance(s, S.Let) for s in walk(stmt))
+
+
+def test_row_reductions_prefetch_the_next_rows_and_column_sums_do_not():
+    """A row's first pass also prefetches the row 4 KB ahead, once per line of 64 bytes."""
+    ir = kernel(lambda x: torch.softmax(x, -1), randn(64, 128)).get_code_text("ir")
+    calls = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
+    assert calls and len(calls) <= 2 * 128 * 4 // 64  # the max's input and the sum's
+    assert "prefetch" not in kernel(lambda x: x.sum(0), randn(64, 128)).get_code_text("ir")
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
