@@ -147,10 +147,9 @@ def _zero(dtype: Dtype) -> E.Expr:
     return E.imm(False if dtype.is_bool else 0.0 if dtype.is_float else 0, dtype)
 
 
-def _alone_from(elements: int, widest_row: int | None = None,
-                most: int | None = None) -> Callable[[Any], bool]:
-    """`Lowering.alone`: a node whose input has at least `elements` elements (at most `most`;
-    for `widest_row`, a last dim at most that wide) is a kernel of its own; below those
+def _alone_from(elements: int, widest_row: int | None = None) -> Callable[[Any], bool]:
+    """`Lowering.alone`: a node whose input has at least `elements` elements (for
+    `widest_row`, a last dim at most that wide) is a kernel of its own; below those
     eager's op is as fast (call overhead). The sizes come from `benchmarks/reductions.py`
     at 1 and 2 threads."""
 
@@ -160,7 +159,7 @@ def _alone_from(elements: int, widest_row: int | None = None,
             return False
         wide = widest_row is not None and bool(meta.sizes) and meta.sizes[-1] > widest_row
         numel = math.prod(meta.sizes)
-        return numel >= elements and not wide and (most is None or numel <= most)
+        return numel >= elements and not wide
 
     return alone
 
@@ -397,11 +396,12 @@ def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: 
     return ctx.intermediate(name, compute, [box.x.shape[d] for d in box.kept], exp_sum)
 
 
-# Alone, from 64K elements (256 x 768 on) over rows up to 1024 wide: softmax 1.1-1.4x eager,
-# log_softmax 1.02-1.8x at 1 thread, 1.0x at 2 (a loaded machine); 4096-wide rows 0.97-1.0x.
-_ROWS_ALONE = _alone_from(1 << 16, widest_row=1024)
-# layer_norm: 1.2x eager at 256 x 768 (in cache), 0.87-0.93x at 4096 x 768 (from memory).
-LAYER_NORM_ALONE = _alone_from(1 << 16, widest_row=1024, most=1 << 20)
+# Alone, from 64K elements (256 x 768 on) over rows up to 4096 wide, at 1 thread: softmax
+# 1.1-1.5x eager (4096 wide 1.1-1.26x), log_softmax 1.6-2.2x; 8192 wide 1.0-1.1x.
+_ROWS_ALONE = _alone_from(1 << 16, widest_row=4096)
+# layer_norm: 1.3-1.5x eager at 256 x 768 (in cache), 1.1-1.9x from 4096 x 768 to 8192 x 768
+# and 1.3-2.0x over 4096-wide rows (from memory, next rows prefetched); 8192 wide 1.0x.
+LAYER_NORM_ALONE = _alone_from(1 << 16, widest_row=4096)
 
 
 @register(("aten::softmax", "aten::log_softmax"), overloads=("int",), alone=_ROWS_ALONE)
