@@ -250,6 +250,17 @@ def test_softmax_is_one_sweep_over_rows():
     assert str(stmt).count("exp(") == 1 + tail  # the vector loop (and its tail)
 
 
+def test_softmax_from_memory_writes_its_output_once_uncached():
+    """From 8 MB over rows of 512 on, each exponential is computed twice (for the sum, then
+    for the output) so that the output is written with streaming stores, not read back."""
+    x = randn(2048, 1024)
+    k = kernel(lambda x: torch.softmax(x, -1), x)
+    assert str(k.stmt).count("exp(") == 2
+    assert "!nontemporal" in k.get_code_text("ir")
+    close(lambda x: torch.softmax(x, -1), x)
+    assert str(kernel_stmt(lambda x: torch.softmax(x, -1), x[:, :256])).count("exp(") == 1
+
+
 @pytest.mark.parametrize("use_llvm", BACKENDS)
 def test_softmax_exponentials_live_in_whatever_follows(use_llvm):
     x = randn(8, 50)
