@@ -34,7 +34,7 @@ from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
 from ..ir_visitor import Visitor, walk
 from ..passes.simplify import Simplifier
-from . import llvm_math, llvm_parallel
+from . import llvm_math, llvm_parallel, llvm_prefetch
 from .llvm_jit import JitFunction, compile_ir, vector_bits
 from .llvm_types import (
     F32,
@@ -52,10 +52,6 @@ from .llvm_types import (
 )
 
 _log = log.get_logger(__file__)
-
-#: How far ahead a row reduction prefetches (`LLVMCodeGen.prefetch_next_row`): measured
-#: against 1 and 2 rows and 8 KB over softmax rows of 128 to 4096 floats.
-PREFETCH_BYTES = 4096
 
 #: LLVM instructions that `ops.Emit` names and the IRBuilder methods emitting them.
 INSTRUCTIONS = {
@@ -108,6 +104,7 @@ class LLVMCodeGen(Visitor):
         self.vector_bits = vector_bits()
         #: per statement loop being emitted, innermost last: its variable and the buffers a
         #: reduction in its body already prefetches the next iteration's part of
+        #: (`llvm_prefetch`)
         self.loops: list[tuple[E.Var, set[Buf]]] = []
         for p, arg in zip(self.params, self.fn.args):
             arg.name = p.name
@@ -266,48 +263,11 @@ class LLVMCodeGen(Visitor):
 
     def reduce_axes(self, e: E.Reduce, k: int, acc: ir.Value) -> ir.Value:
         if k == len(e.vars):
-            self.prefetch_next_row(e)
+            llvm_prefetch.prefetch_next_row(self, e)
             return self.combine(e.row, acc, self.expr(e.body), e.dtype)
         var = e.vars[k]
         return self.loop(var, ir.Constant(I64, 0), self.expr(e.stops[k]),
                          lambda carried: self.reduce_axes(e, k + 1, carried), acc, "r")
-
-    def prefetch_next_row(self, e: E.Reduce) -> None:
-        """Prefetch what the next iteration of the enclosing loop reads where this vector
-        reduction reads a buffer along its innermost axis, one vector after the other (a row,
-        not a column): the first reduction over a row (a softmax's max, a layer
-        norm's mean) also brings the next row into the caches while the row's other passes
-        compute from L1 (rows of 4 KB each start a page, where the hardware's prefetcher
-        stops): the iteration `PREFETCH_BYTES` ahead, one prefetch per 64-byte line, of
-        each buffer once per iteration. Softmax over 32768 x 128: 1.13 -> 1.49x eager,
-        4096 x 1024: 1.19 -> 1.24x; layer_norm 4096 x 768 1.66 -> 1.75x."""
-        if not self.loops:
-            return
-        var, done = self.loops[-1]
-        linear = Simplifier().linear
-        for n in walk(e.body):
-            if not (isinstance(n, E.Load) and n.dtype.lanes > 1 and n.buf.root not in done):
-                continue
-            (index,) = n.indices
-            if not (isinstance(index, E.Ramp) and E.is_const(index.stride, 1)):
-                continue
-            terms = linear(index.base).terms
-            if terms.get(e.vars[-1]) != n.dtype.lanes:
-                continue
-            step = terms.get(var)
-            if not isinstance(step, int) or step <= 0:
-                continue
-            done.add(n.buf.root)
-            item = n.buf.dtype.itemsize
-            b = self.builder
-            ahead = -(-PREFETCH_BYTES // (step * item))  # iterations: a row, or enough of them
-            first = self.address(n.buf, self.expr(index.base + E.imm(step * ahead)))
-            prefetch = self.declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
-            for offset in range(0, n.dtype.lanes * item, 64):
-                line = b.gep(first, [ir.Constant(I64, offset // item)],
-                             source_etype=memory_type(n.buf.dtype))
-                read, keep, data = (ir.Constant(I32, v) for v in (0, 3, 1))
-                b.call(prefetch, [line, read, keep, data])
 
     def visit_LaneReduce(self, e: E.LaneReduce) -> ir.Value:
         """Halves combined until one lane is left (the order `ir_eval` follows)."""

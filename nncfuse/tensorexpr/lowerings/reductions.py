@@ -27,7 +27,9 @@ Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `ReduceOpsKernel.cpp`,
   is NaN where Welford's is (an infinity before the row's last element);
 - softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`
   (over the last dim of float16/bfloat16 with the sum and its log rounded to
-  that type, as ATen keeps them).
+  that type, as ATen keeps them); a float32 softmax keeps its exponentials in
+  the output and scales them there, or, from memory (`_streamed`), computes
+  them again for the output (the same values, written once).
 """
 
 from __future__ import annotations
