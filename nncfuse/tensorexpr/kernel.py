@@ -69,6 +69,7 @@ from .passes.cse import eliminate_common_subexpressions
 from .passes.dead_stores import eliminate_dead_stores
 from .passes.flatten_indices import flatten_indices
 from .passes.fuse_loops import fuse_loops
+from .passes.hoist_loads import hoist_loads
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
 from .passes.parallelize import GRAIN, parallelize_outer_loops, symbolic_work, work
@@ -112,6 +113,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
         ("simplify", simplify),
         ("parallelize_outer_loops", parallelize_outer_loops),
         ("insert_allocations", partial(insert_allocations, params=bufs)),
+        ("hoist_loads", hoist_loads),  # a row's statistics read once per row, not per vector
     ]
 
 

@@ -34,7 +34,7 @@ from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
 from ..ir_visitor import Visitor, walk
 from ..passes.simplify import Simplifier
-from . import llvm_math, llvm_parallel
+from . import llvm_math, llvm_parallel, llvm_prefetch
 from .llvm_jit import JitFunction, compile_ir, vector_bits
 from .llvm_types import (
     F32,
@@ -107,6 +107,10 @@ class LLVMCodeGen(Visitor):
         self.vars: dict[E.Var, ir.Value] = {}
         self.decls: dict[str, ir.Function] = {}
         self.vector_bits = vector_bits()
+        #: per statement loop being emitted, innermost last: its variable and the buffers a
+        #: reduction in its body already prefetches the next iteration's part of
+        #: (`llvm_prefetch`)
+        self.loops: list[tuple[E.Var, set[Buf]]] = []
         for p, arg in zip(self.params, self.fn.args):
             arg.name = p.name
             if isinstance(p, Buf):
@@ -264,6 +268,7 @@ class LLVMCodeGen(Visitor):
 
     def reduce_axes(self, e: E.Reduce, k: int, acc: ir.Value) -> ir.Value:
         if k == len(e.vars):
+            llvm_prefetch.prefetch_next_row(self, e)
             return self.combine(e.row, acc, self.expr(e.body), e.dtype)
         var = e.vars[k]
         return self.loop(var, ir.Constant(I64, 0), self.expr(e.stops[k]),
@@ -424,7 +429,9 @@ class LLVMCodeGen(Visitor):
         b.position_at_end(body_block)
         self.vars[var] = i
         if phi is None:
+            self.loops.append((var, set()))
             self.stmt(body)  # type: ignore[arg-type]
+            self.loops.pop()
         else:
             out = body(phi)  # type: ignore[operator]
         i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)

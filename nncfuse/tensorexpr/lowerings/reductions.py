@@ -27,7 +27,9 @@ Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `ReduceOpsKernel.cpp`,
   is NaN where Welford's is (an infinity before the row's last element);
 - softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`
   (over the last dim of float16/bfloat16 with the sum and its log rounded to
-  that type, as ATen keeps them).
+  that type, as ATen keeps them); a float32 softmax keeps its exponentials in
+  the output and scales them there, or, from memory (`_streamed`), computes
+  them again for the output (the same values, written once).
 """
 
 from __future__ import annotations
@@ -147,10 +149,9 @@ def _zero(dtype: Dtype) -> E.Expr:
     return E.imm(False if dtype.is_bool else 0.0 if dtype.is_float else 0, dtype)
 
 
-def _alone_from(elements: int, widest_row: int | None = None,
-                most: int | None = None) -> Callable[[Any], bool]:
-    """`Lowering.alone`: a node whose input has at least `elements` elements (at most `most`;
-    for `widest_row`, a last dim at most that wide) is a kernel of its own; below those
+def _alone_from(elements: int, widest_row: int | None = None) -> Callable[[Any], bool]:
+    """`Lowering.alone`: a node whose input has at least `elements` elements (for
+    `widest_row`, a last dim at most that wide) is a kernel of its own; below those
     eager's op is as fast (call overhead). The sizes come from `benchmarks/reductions.py`
     at 1 and 2 threads."""
 
@@ -160,7 +161,7 @@ def _alone_from(elements: int, widest_row: int | None = None,
             return False
         wide = widest_row is not None and bool(meta.sizes) and meta.sizes[-1] > widest_row
         numel = math.prod(meta.sizes)
-        return numel >= elements and not wide and (most is None or numel <= most)
+        return numel >= elements and not wide
 
     return alone
 
@@ -397,11 +398,12 @@ def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: 
     return ctx.intermediate(name, compute, [box.x.shape[d] for d in box.kept], exp_sum)
 
 
-# Alone, from 64K elements (256 x 768 on) over rows up to 1024 wide: softmax 1.1-1.4x eager,
-# log_softmax 1.02-1.8x at 1 thread, 1.0x at 2 (a loaded machine); 4096-wide rows 0.97-1.0x.
-_ROWS_ALONE = _alone_from(1 << 16, widest_row=1024)
-# layer_norm: 1.2x eager at 256 x 768 (in cache), 0.87-0.93x at 4096 x 768 (from memory).
-LAYER_NORM_ALONE = _alone_from(1 << 16, widest_row=1024, most=1 << 20)
+# Alone, from 64K elements (256 x 768 on) over rows up to 4096 wide, at 1 thread: softmax
+# 1.1-1.5x eager (4096 wide 1.1-1.26x), log_softmax 1.6-2.2x; 8192 wide 1.0-1.1x.
+_ROWS_ALONE = _alone_from(1 << 16, widest_row=4096)
+# layer_norm: 1.3-1.5x eager at 256 x 768 (in cache), 1.1-1.9x from 4096 x 768 to 8192 x 768
+# and 1.3-2.0x over 4096-wide rows (from memory, next rows prefetched); 8192 wide 1.0x.
+LAYER_NORM_ALONE = _alone_from(1 << 16, widest_row=4096)
 
 
 @register(("aten::softmax", "aten::log_softmax"), overloads=("int",), alone=_ROWS_ALONE)
@@ -426,7 +428,7 @@ def softmax(ctx: Ctx) -> E.Expr:
         shifted = one - one  # x - max: 0, or NaN for an infinity or NaN
         return E.cast(out, shifted if log else E.call("exp", shifted))
     top = _row_max(ctx, box, value, compute)
-    if not log and out == compute:
+    if not log and out == compute and not _streamed(box):
         return _softmax_in_place(ctx, box, value, top, compute)
     if log:
         scale = _exp_sum(ctx, box, value, top, compute, _log_sum(ctx, box, out), "logsum")
@@ -438,6 +440,23 @@ def softmax(ctx: Ctx) -> E.Expr:
     m, s = E.Load(top.buf, kept), E.Load(scale.buf, kept)
     shifted = value(kept, here) - m
     return E.cast(out, shifted - s if log else E.call("exp", shifted) * s)
+
+
+#: Softmax over rows of at least `_STREAMED_ROW` elements and `_STREAMED_BYTES` in all (the
+#: size from which `kernel.STREAMING_BYTES` writes outputs with non-temporal stores)
+#: computes each exponential twice, for the sum and for the output, which it writes once,
+#: uncached, instead of reading it back from the caches: 16 MB over rows of 512-4096,
+#: 1.2-1.4x -> 1.4-1.6x eager; rows of 256 even, 128 and below 8 MB slower.
+_STREAMED_BYTES = 8 << 20
+_STREAMED_ROW = 512
+
+
+def _streamed(box: _Box) -> bool:
+    shape = box.x.shape
+    if not all(isinstance(d, int) for d in shape):
+        return False
+    nbytes = math.prod(shape) * box.x.dtype.itemsize  # type: ignore[arg-type]
+    return nbytes >= _STREAMED_BYTES and box.count >= _STREAMED_ROW
 
 
 def _softmax_in_place(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],

@@ -6,7 +6,7 @@ import torch
 
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr.buffer import Buf
-from nncfuse.tensorexpr.codegen import vecmath
+from nncfuse.tensorexpr.codegen import llvm_jit, llvm_math, vecmath
 from nncfuse.tensorexpr.codegen.llvm_codegen import compile_stmt
 from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits
 from nncfuse.tensorexpr.dtype import from_torch
@@ -85,3 +85,17 @@ def test_inline_erf_is_within_2_5_ulp_half_an_ulp_near_one_and_exact_at_special_
     assert got[at].tolist() == [0.0, -0.0, 1.0, -1.0]
     assert got[at].signbit().tolist() == [False, True, False, True]
     assert got[x.isnan()].isnan().all()
+
+
+@pytest.mark.skipif("avx512f" not in llvm_jit.host_features(), reason="AVX-512's vscalefps")
+def test_inline_exp_scales_by_vscalefps_with_the_two_step_products_results(monkeypatch):
+    x = whole_range(torch.float32, 3)
+    x[: N // 4] = torch.linspace(-110.0, -80.0, N // 4)  # denormal results and their edge
+    x[N // 4 : N // 2] = torch.linspace(80.0, 95.0, N // 2 - N // 4)  # overflow to inf
+    scaled = run_kernel("exp", [x])
+    monkeypatch.setattr(llvm_math, "host_features", lambda: set())
+    two_steps = run_kernel("exp", [x])
+    assert torch.equal(scaled.isnan(), two_steps.isnan())
+    assert torch.equal(scaled.nan_to_num(), two_steps.nan_to_num())
+    assert (scaled[: N // 4] == 0).any() and (scaled[: N // 4] < 2.0**-126).logical_and(
+        scaled[: N // 4] > 0).any()

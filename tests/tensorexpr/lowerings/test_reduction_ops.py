@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
+from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits
+from nncfuse.tensorexpr.ir_visitor import walk
 from tests.fused import BACKENDS, check, run_fused
 
 REDUCED = [torch.float16, torch.bfloat16]
@@ -27,12 +29,17 @@ def close(fn, *args, use_llvm=True, **tol):
     return got
 
 
-def kernel_stmt(fn, *args):
-    """The final loop nest of the one fusion group `fn` forms."""
+def kernel(fn, *args):
+    """The kernel of the one fusion group `fn` forms."""
     f = nncfuse.jit(torch.jit.trace(fn, args), min_group_size=1)
     f(*args)
     (group,) = nncfuse.fusion_groups(f.graph_for(*args))
-    return nncfuse.TensorExprKernel(group.g("Subgraph")).stmt
+    return nncfuse.TensorExprKernel(group.g("Subgraph"))
+
+
+def kernel_stmt(fn, *args):
+    """The final loop nest of the one fusion group `fn` forms."""
+    return kernel(fn, *args).stmt
 
 
 def loops(stmt):
@@ -243,6 +250,17 @@ def test_softmax_is_one_sweep_over_rows():
     assert str(stmt).count("exp(") == 1 + tail  # the vector loop (and its tail)
 
 
+def test_softmax_from_memory_writes_its_output_once_uncached():
+    """From 8 MB over rows of 512 on, each exponential is computed twice (for the sum, then
+    for the output) so that the output is written with streaming stores, not read back."""
+    x = randn(2048, 1024)
+    k = kernel(lambda x: torch.softmax(x, -1), x)
+    assert str(k.stmt).count("exp(") == 2
+    assert "!nontemporal" in k.get_code_text("ir")
+    close(lambda x: torch.softmax(x, -1), x)
+    assert str(kernel_stmt(lambda x: torch.softmax(x, -1), x[:, :256])).count("exp(") == 1
+
+
 @pytest.mark.parametrize("use_llvm", BACKENDS)
 def test_softmax_exponentials_live_in_whatever_follows(use_llvm):
     x = randn(8, 50)
@@ -269,6 +287,14 @@ def layer_norm_within_eagers_bound(x, shape, w, b, eps, use_llvm=True):
     50 +- 2) make the first term dominant, so an absolute or relative
     tolerance alone would be either loose everywhere or fail there.
     """
+    fused, eager = layer_norm_excess(x, shape, w, b, eps, use_llvm)
+    assert (eager <= 1.0).all(), "the bound is not eager's"
+    assert (fused <= 1.0).all(), f"{fused.max().item():.2f}x the bound"
+
+
+def layer_norm_excess(x, shape, w, b, eps, use_llvm=True):
+    """The fused and eager layer_norm's largest error per row, in units of twice the
+    bound of `layer_norm_within_eagers_bound`."""
     fn = lambda x: F.layer_norm(x, shape, w, b, eps)  # noqa: E731
     got, want = run_fused(fn, x, use_llvm=use_llvm), fn(x)
     dims = tuple(range(-len(shape), 0))
@@ -281,9 +307,9 @@ def layer_norm_within_eagers_bound(x, shape, w, b, eps, use_llvm=True):
     bound = u * ((x64.abs() + mean.abs()) * scale + (x64 - mean).abs() * scale
                  + (0.0 if b is None else b64.abs()))
     assert got.dtype == want.dtype and got.shape == want.shape
-    assert ((want - exact).abs() <= 2 * bound).all(), "the bound is not eager's"
-    excess = ((got - exact).abs() / (2 * bound)).max().item()
-    assert excess <= 1.0, f"{excess:.2f}x the bound"
+    rows = -len(shape)
+    return tuple(((y - exact).abs() / (2 * bound)).flatten(rows).max(-1).values
+                 for y in (got, want))
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
@@ -295,6 +321,34 @@ def test_layer_norm(affine, use_llvm):
     w2 = randn(6, 40) if affine else None
     layer_norm_within_eagers_bound(x, (6, 40), w2, None, 1e-3, use_llvm=use_llvm)
     close(lambda x: F.layer_norm(x, (40,), w, b, 1e-5), randn(4, 6, 40), use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("width", [40, 768])
+def test_layer_norm_extremal_rows(width, use_llvm):
+    """Rows where a one-pass variance would cancel: constant, a huge offset with small
+    noise, an outlier first (or last); and rows with NaN or infinities, NaN as eager's."""
+    w, b = randn(width), randn(width)
+    noise = randn(6, width)
+    x = torch.stack([
+        torch.full((width,), 3.0),  # variance 0: the output is the bias
+        1e4 + noise[0] * 1e-2,
+        -3e4 + noise[1],
+        torch.cat([torch.tensor([1e4]), noise[2, 1:]]),
+        torch.cat([noise[3, :-1], torch.tensor([-1e4])]),
+        noise[4] * 1e-20,  # a spread below eps
+    ])
+    for affine in ((w, b), (None, None)):
+        # An outlier's row has eager's variance off by more than the bound allows (which
+        # leaves out the variance's rounding): there, no worse than eager.
+        fused, eager = layer_norm_excess(x, (width,), *affine, 1e-5, use_llvm=use_llvm)
+        assert (fused <= eager.clamp(min=1.0)).all(), (fused, eager)
+    got = run_fused(lambda x: F.layer_norm(x, (width,), w, b), x, use_llvm=use_llvm)
+    assert torch.equal(got[0], b)
+    special = noise.clone()
+    special[0, 3], special[1, 0], special[2, -1] = float("nan"), float("inf"), -float("inf")
+    special[3, :] = float("inf")
+    close(lambda x: F.layer_norm(x, (width,), w, b), special, use_llvm=use_llvm)
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
@@ -310,6 +364,28 @@ def test_residual_layer_norm_is_one_sweep():
     close(fn, x, r, w, b)
     stmt = kernel_stmt(fn, x, r, w, b)
     assert len(loops(stmt)) == 1
+
+
+def test_row_statistics_are_read_once_per_row():
+    """The output loop of a layer_norm or softmax row loads no statistic per vector:
+    `hoist_loads` reads each into a let before the loop."""
+    x, w, b = randn(64, 768), randn(768), randn(768)
+    for fn, args in ((lambda x, w, b: F.layer_norm(x, (768,), w, b), (x, w, b)),
+                     (lambda x: torch.softmax(x, -1), (x,))):
+        stmt = kernel_stmt(fn, *args)
+        inner = [s for s in walk(stmt) if isinstance(s, S.For)
+                 and not any(isinstance(n, S.For) for n in walk(s.body))]
+        assert inner and all(isinstance(n, E.Ramp) for s in inner for n in walk(s.body)
+                             if isinstance(n, E.Load) for n in n.indices), str(stmt)
+        assert any(isinstance(s, S.Let) for s in walk(stmt))
+
+
+def test_row_reductions_prefetch_the_next_rows_and_column_sums_do_not():
+    """A row's first pass also prefetches the row 4 KB ahead, once per line of 64 bytes."""
+    ir = kernel(lambda x: torch.softmax(x, -1), randn(64, 128)).get_code_text("ir")
+    calls = [line for line in ir.splitlines() if "call void @llvm.prefetch" in line]
+    assert calls and len(calls) <= 2 * 128 * 4 // 64  # the max's input and the sum's
+    assert "prefetch" not in kernel(lambda x: x.sum(0), randn(64, 128)).get_code_text("ir")
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)

@@ -4,6 +4,7 @@ import torch
 
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
+from nncfuse.tensorexpr.buffer import Buf
 from nncfuse.tensorexpr.dtype import FLOAT32, INT64
 from nncfuse.tensorexpr.ir_visitor import walk
 from nncfuse.tensorexpr.loopnest import as_block, compute
@@ -12,6 +13,7 @@ from nncfuse.tensorexpr.passes.cse import eliminate_common_subexpressions
 from nncfuse.tensorexpr.passes.dead_stores import eliminate_dead_stores
 from nncfuse.tensorexpr.passes.flatten_indices import flatten_indices
 from nncfuse.tensorexpr.passes.fuse_loops import fuse_loops
+from nncfuse.tensorexpr.passes.hoist_loads import hoist_loads
 from nncfuse.tensorexpr.passes.inline import inline_intermediates
 from nncfuse.tensorexpr.passes.insert_allocations import insert_allocations
 from nncfuse.tensorexpr.passes.simplify import simplify
@@ -288,3 +290,43 @@ def test_collapse_loops_ignores_float_division():
     _, nest = compute("out", FLOAT32, [16, 8], lambda i, j: 1.0 / E.Load(a, (i, j)), out=out)
     collapsed = collapse_loops(simplify(flatten_indices(nest)))
     assert text(collapsed).splitlines()[0] == "for (int64_t i = 0; i < 128; i++) {"
+
+
+def _row_program(stop=4, write_mean=False):
+    """`out[i, j] = x[i, j] - mean[i]` after `mean[i] = x[i, 0]`; with `write_mean`, the
+    inner loop also stores into a view of `mean`."""
+    x, mean, out = buf("x", [12]), buf("mean", [3]), buf("out", [12])
+    i, j = var("i"), var("j")
+    inner = [S.Store(out, (i * 4 + j,), E.Load(x, (i * 4 + j,)) - E.Load(mean, (i,)))]
+    if write_mean:
+        view = Buf("mean_view", FLOAT32, mean.dims, mean.strides, base=mean)
+        inner.append(S.Store(view, (i,), E.Load(x, (i * 4 + j,))))
+    body = S.Block((S.Store(mean, (i,), E.Load(x, (i * 4,))),
+                    S.For(j, E.imm(0), E.imm(stop) if isinstance(stop, int) else stop,
+                          S.Block(tuple(inner)))))
+    return x, mean, out, S.For(i, E.imm(0), E.imm(3), body)
+
+
+def test_hoist_loads_reads_a_row_statistic_once_per_row():
+    x, mean, out, prog = _row_program()
+    after = hoist_loads(prog)
+    assert_expected_inline(text(after), """\
+for (int64_t i = 0; i < 3; i++) {
+  mean[i] = x[i * 4];
+  {
+    float mean_0 = mean[i];
+    for (int64_t j = 0; j < 4; j++) {
+      out[i * 4 + j] = x[i * 4 + j] - mean_0;
+    }
+  }
+}""")
+    same_results(prog, after, [x, mean, out], rand_args(12, 3, 12))
+
+
+def test_hoist_loads_leaves_loads_of_what_the_loop_writes_or_may_not_run():
+    _, _, _, prog = _row_program(write_mean=True)
+    assert hoist_loads(prog) is prog  # the loop stores into the buffer's memory
+    _, _, _, prog = _row_program(stop=0)
+    assert hoist_loads(prog) is prog  # no iteration: the load may be out of bounds
+    _, _, _, prog = _row_program(stop=E.Var("n"))
+    assert hoist_loads(prog) is prog  # a symbolic extent may be 0
