@@ -281,3 +281,13 @@ def test_traced_size_arithmetic_is_bookkeeping():
     # the arithmetic on 0-dim tensors is not counted.
     assert categories(report) == set()
     assert report.fused_nodes == 3
+
+
+def only_a_gemm(a, b):
+    return torch.mm(a, b)
+
+
+def test_nothing_to_fuse_says_so():
+    report = nncfuse.explain(only_a_gemm, torch.randn(4, 4), torch.randn(4, 4))
+    assert report.compute_nodes == 0 and report.external_nodes == 1
+    assert "nothing to fuse" in str(report) and "100.0%" not in str(report)
