@@ -14,19 +14,13 @@ from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.ir_visitor import walk
 from tests.fused import assert_exact
+from tests.jit.test_tensorexpr_fuser import optimized
 
 
 def traced(fn, *args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.jit.trace(fn, args, check_trace=False)
-
-
-def optimized(fn, *args, **options):
-    f = nncfuse.jit(fn, **options)
-    for _ in range(2):
-        f(*args)
-    return f, f.graph_for(*args)
 
 
 def kernels(graph):
