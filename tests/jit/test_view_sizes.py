@@ -240,3 +240,19 @@ def test_a_size_divided_by_a_size_is_not_copied():
     f, graph = optimized(divided, x, y)
     check(f, divided, x, y)
     assert "aten::view" not in fused_kinds(graph)
+
+
+def head_merge(h, p, v):
+    a = torch.matmul(p, v).transpose(1, 2).contiguous()
+    return a.view(h.size(0), -1, 256)
+
+
+def test_a_head_merge_reads_rows_not_gathers():
+    """T5's attention output: the view merges (heads, dim) of a transposed matmul result; the
+    kernel's loops split at the head size (`split_loops`), no index divides per element."""
+    h, p = torch.randn(1, 16, 256), torch.randn(1, 4, 16, 16)
+    v = torch.randn(1, 16, 4, 64).transpose(1, 2)
+    f, graph = optimized(traced(head_merge, h, p, v), h, p, v)
+    check(f, head_merge, h, p, v)
+    [(kernel, _)] = kernels(graph)
+    assert not [n for n in walk(kernel.stmt) if isinstance(n, (E.Div, E.Mod))], kernel.stmt
