@@ -214,8 +214,10 @@ class Report:
 
     def __str__(self) -> str:
         ext = ", ".join(f"{k} x{m}" for k, m in self.external.most_common())
-        lines = [f"nncfuse.explain: {len(self.groups)} group(s); {self.fused_nodes} of "
-                 f"{self.compute_nodes} compute nodes fused ({100 * self.coverage:.1f}%); "
+        fused = (f"{self.fused_nodes} of {self.compute_nodes} compute nodes fused "
+                 f"({100 * self.coverage:.1f}%)" if self.compute_nodes
+                 else "no compute nodes: nothing to fuse")
+        lines = [f"nncfuse.explain: {len(self.groups)} group(s); {fused}; "
                  f"{self.external_nodes} external" + (f" ({ext})" if ext else "")]
         if self.note:
             lines.append(f"  note: {self.note}")

@@ -24,6 +24,9 @@ from typing import Any
 
 import torch
 
+from . import sizes
+from .sizes import is_size_node
+
 GROUP = "prim::TensorExprGroup"
 
 
@@ -31,25 +34,41 @@ def is_group(node: Any) -> bool:
     return node.kind() == GROUP
 
 
-def make_group(graph: Any, node: Any) -> Any:
+#: Whether an operand of a node (node, value) is a size expression that the group copies in
+#: with the node (`sizes.py`), rather than taking it as an input.
+Copies = Callable[[Any, Any], bool]
+
+
+def _no_copies(node: Any, value: Any) -> bool:
+    return False
+
+
+def make_group(graph: Any, node: Any, copies: Copies = _no_copies) -> Any:
     """Wrap `node` alone in a new fusion group in its place."""
     group = graph.create(GROUP, 0)
     group.insertBefore(node)
     group.g_("Subgraph", torch._C.Graph())
-    _absorb(group, node)
+    _absorb(group, node, copies)
     return group
 
 
-def merge_into(graph: Any, group: Any, producer: Any) -> None:
-    """Move `producer` (a node or a group), which precedes `group`, into it."""
+def merge_into(graph: Any, group: Any, producer: Any, copies: Copies = _no_copies) -> None:
+    """Move `producer` (a node or a group), which precedes `group`, into it. A group's size
+    expressions are copied in again with the nodes that read them."""
     nodes = unmerge(graph, producer) if is_group(producer) else [producer]
+    copied = [n for n in nodes if is_size_node(n)]
     for node in reversed(nodes):
-        if node.kind() != "prim::Constant":
-            _absorb(group, node)
+        if node.kind() != "prim::Constant" and not is_size_node(node):
+            _absorb(group, node, copies, drop=not copied)
+    for node in reversed(copied):  # users first
+        if not any(v.uses() for v in node.outputs()):
+            node.destroy()
 
 
-def _absorb(group: Any, node: Any) -> None:
-    """Clone `node` into the start of `group`'s subgraph and route its values through."""
+def _absorb(group: Any, node: Any, copies: Copies = _no_copies, drop: bool = True) -> None:
+    """Clone `node` into the start of `group`'s subgraph and route its values through; its
+    operands that `copies` names are built again inside (and with `drop`, removed outside
+    when nothing else uses them)."""
     subgraph = group.g("Subgraph")
     inner_inputs = list(subgraph.inputs())
     index = {v.unique(): k for k, v in enumerate(group.inputs())}
@@ -62,9 +81,14 @@ def _absorb(group: Any, node: Any) -> None:
             clone.insertBefore(first)
         return clone
 
+    copied = []
+
     def lookup(v: Any) -> Any:
         if v.node().kind() == "prim::Constant":
             return place(subgraph.createClone(v.node(), lambda x: x)).output()
+        if copies(node, v):
+            copied.append(v)
+            return sizes.copy_into(subgraph, v, lookup, place)
         if v.unique() not in index:
             group.addInput(v)
             inner = subgraph.addInput()
@@ -91,6 +115,8 @@ def _absorb(group: Any, node: Any) -> None:
             new.setType(out.type())
             out.replaceAllUsesWith(new)
     node.destroy()
+    for v in copied if drop else ():
+        sizes.drop_unused(v)
 
 
 def unmerge(graph: Any, group: Any) -> list[Any]:
@@ -127,27 +153,33 @@ def move_aliases_out(graph: Any, group: Any, is_alias: Callable[[Any], bool]) ->
     and what is no longer used inside is removed.
     """
     subgraph = group.g("Subgraph")
+    inputs = {v.unique() for v in subgraph.inputs()}
+    env: dict[int, Any] = {}  # inner value -> its copy outside: chains share their prefixes
+    last = [group]  # the node the next copy goes after
+
+    def outer(v: Any) -> Any:
+        """`v` outside: an alias or size node built again after the group (and before the
+        copies that use it), anything else the group's input or output it is."""
+        if v.unique() not in env:
+            node = v.node()
+            if v.unique() not in inputs and (is_alias(node) or is_size_node(node)):
+                clone = graph.createClone(node, outer)
+                clone.insertAfter(last[0])
+                last[0] = clone
+                for out, new in zip(node.outputs(), clone.outputs()):
+                    new.setType(out.type())
+                    env[out.unique()] = new
+            else:
+                env[v.unique()] = _outer_value(graph, group, v)
+        return env[v.unique()]
+
     while True:
         found = _shared_alias(subgraph, is_alias)
         if found is None:
             break
-        k, chain = found
-        env: dict[int, Any] = {}
-
-        def outer(v: Any) -> Any:
-            if v.unique() not in env:
-                env[v.unique()] = _outer_value(graph, group, v)
-            return env[v.unique()]
-
-        prev = group
-        for node in reversed(chain):
-            clone = graph.createClone(node, outer)
-            clone.insertAfter(prev)
-            for out, new in zip(node.outputs(), clone.outputs()):
-                new.setType(out.type())
-                env[out.unique()] = new
-            prev = clone
-        group.outputsAt(k).replaceAllUsesWith(prev.output())
+        k, _ = found
+        new = outer(list(subgraph.outputs())[k])
+        group.outputsAt(k).replaceAllUsesWith(new)
         group.eraseOutput(k)
         subgraph.eraseOutput(k)
         torch._C._jit_pass_dce(subgraph)

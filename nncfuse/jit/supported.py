@@ -5,11 +5,13 @@ and every value it touches is something a CPU kernel can take: its tensor
 inputs and its outputs (one, or as many as the lowering's `outputs`: max.dim's
 values and indices) have complete profiled types on the CPU, in a dtype the
 loop IR has, not requiring grad (kernels record no autograd);
-its other inputs are numbers, or constants the lowering reads (only
-constants, for lowerings that compile them in: view sizes, dims, slice
-bounds). A `prim::ListConstruct` of tensors fuses with the one cat or stack
-that reads it, and only with it: the list is no value a kernel returns. The
-reasons are what `>>tensorexpr_fuser` logs for nodes left out.
+its other inputs are numbers, or constants the lowering reads (for
+lowerings that compile them in: view sizes, dims, slice bounds, only
+constants, or sizes of tensors a kernel can take: `sizes.py`, which the
+group copies in with the node, `copied_operand`). A `prim::ListConstruct`
+of tensors fuses with the one cat or stack that reads it, and only with it:
+the list is no value a kernel returns. The reasons are what
+`>>tensorexpr_fuser` logs for nodes left out.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from ..tensorexpr.dtype import from_torch
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, external_problem, lowering_for
 from ..tensorexpr.meta import TensorMeta, is_tensor
+from . import sizes
 
 _NUMBER_KINDS = {"FloatType", "IntType", "BoolType"}
 
@@ -96,10 +99,39 @@ def _node_problem(node: Any) -> str | None:
         elif value.node().kind() == "prim::Constant" or _fused_list(node, value):
             continue
         elif lowering.constant_operands:
-            return f"{node.kind()} compiles in %{value.debugName()}, which is not a constant"
+            problem = _sizes_problem(value)
+            if problem:
+                return (f"{node.kind()} compiles in %{value.debugName()}, which is not a "
+                        f"constant ({problem})")
         elif value.type().kind() not in _NUMBER_KINDS:
             return f"input %{value.debugName()} of type {value.type()} is not a constant"
     return None
+
+
+def _sizes_problem(value: Any) -> str | None:
+    """Why `value` is not a size expression (`sizes.py`) of tensors a kernel may take."""
+    problem, sources = sizes.problem(value)
+    if problem is None:
+        for source in sources:
+            problem = _tensor_problem(source, "size source")
+            if problem:
+                break
+    return problem
+
+
+def copied_operand(node: Any, value: Any) -> bool:
+    """Whether `value`, an operand of `node`, is a size expression that a group copies in
+    with `node` (`subgraph.make_group`): `node` compiles it in and it is no constant."""
+    if is_tensor(value) or value.node().kind() == "prim::Constant" or _fused_list(node, value):
+        return False
+    lowering, _ = lowering_for(node)
+    return bool(lowering is not None and lowering.constant_operands
+                and _sizes_problem(value) is None)
+
+
+def size_sources(node: Any) -> list[Any]:
+    """The tensors whose sizes the copied operands of `node` read (`copied_operand`)."""
+    return [t for v in node.inputs() if copied_operand(node, v) for t in sizes.problem(v)[1]]
 
 
 def fuses_alone(node: Any) -> bool:

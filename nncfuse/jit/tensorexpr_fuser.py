@@ -44,23 +44,32 @@ from .inplace import (
     is_write_back,
     only_write_backs,
 )
+from .sizes import is_size_node
 from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
 from .supported import (
+    copied_operand,
     feeds_external,
     fuses_alone,
     is_external,
+    size_sources,
     why_not_fusible,
     why_not_write_back,
 )
 
 _log = log.get_logger(__file__)
+def _body(group: Any) -> list[Any]:
+    """The nodes of `group` that compute: not constants, not copied size expressions."""
+    return [n for n in group.g("Subgraph").nodes()
+            if n.kind() != "prim::Constant" and not is_size_node(n)]
+
+
 def _body_size(group: Any) -> int:
-    return sum(1 for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant")
+    return len(_body(group))
 
 
 def _fuses_alone(group: Any) -> bool:
     """Whether `group` is one node that is worth a kernel on its own (`fuses_alone`)."""
-    nodes = [n for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
+    nodes = _body(group)
     return len(nodes) == 1 and fuses_alone(nodes[0])
 
 
@@ -70,7 +79,7 @@ _FREE_VIEWS = VIEWS - {"aten::contiguous", "aten::reshape", "aten::reshape_as", 
 
 def _external_and_views(group: Any) -> bool:
     """Whether `group` computes nothing but external calls and views of their results."""
-    kinds = [n.kind() for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
+    kinds = [n.kind() for n in _body(group)]
     return any(is_external(n) for n in group.g("Subgraph").nodes()) and all(
         k in _FREE_VIEWS or k in EXTERNAL_KINDS for k in kinds)
 
@@ -127,6 +136,8 @@ class _Fuser:
             reason = why_not_fusible(node)
         if reason is None and any(v.unique() in self.written for v in node.inputs()):
             reason = "an input is written to by another node"
+        if reason is None and any(v.unique() in self.written for v in size_sources(node)):
+            reason = "a tensor it reads the sizes of is written to by another node"
         if reason is None and any(v.unique() in self.written for v in node.outputs()):
             reason = "its output is written to by another node"
         if key is not None:
@@ -157,7 +168,7 @@ class _Fuser:
             lone = lone and not is_external(node)  # a library call alone: nothing to fuse
             lone = lone and (self.options.min_group_size <= 1 or fuses_alone(node))
             if lone and self.why_not(node) is None:
-                make_group(self.graph, node)
+                make_group(self.graph, node, copied_operand)
         self.merge_adjacent(block)
         for node in list(block.nodes()):
             if is_group(node):
@@ -189,9 +200,9 @@ class _Fuser:
                 continue
             if not _move_together(producer, node):
                 continue
-            group = node if is_group(node) else make_group(self.graph, node)
+            group = node if is_group(node) else make_group(self.graph, node, copied_operand)
             _log.update("Merging ", producer.kind(), " into ", group.kind())
-            merge_into(self.graph, group, producer)
+            merge_into(self.graph, group, producer, copied_operand)
             return group
         return None
 
@@ -199,7 +210,7 @@ class _Fuser:
         nodes = [n for n in block.nodes() if n.kind() != "prim::Constant"]
         for first, second in zip(nodes, nodes[1:]):
             if is_group(first) and is_group(second) and not _feeds_external(second, first):
-                merge_into(self.graph, second, first)
+                merge_into(self.graph, second, first, copied_operand)
 
 
 def _written_inputs(node: Any) -> set[int]:

@@ -192,6 +192,47 @@ def _lower_list(state: _GraphLowering, node: Any) -> None:
         raise LoweringError("a list of something other than tensors or constants")
 
 
+#: Integer ops on sizes (a group's copies of view sizes: `jit/sizes.py`), Python's meaning.
+_SIZE_OPS = {
+    "aten::add": lambda a, b: a + b, "aten::sub": lambda a, b: a - b,
+    "aten::mul": lambda a, b: a * b, "aten::floordiv": lambda a, b: a // b,
+    "aten::neg": lambda a: -a,
+}
+_SIZE_KINDS = frozenset({"aten::size", *_SIZE_OPS})
+
+
+def _int_node(node: Any) -> bool:
+    return node.outputsSize() == 1 and isinstance(node.output().type(), torch._C.IntType)
+
+
+def _lower_size(state: _GraphLowering, node: Any) -> None:
+    """`aten::size(%t, d)` is `%t`'s size along constant `d` (an int, or in a dynamic kernel
+    a size symbol's expression), integer ops on sizes their result; no loop nest. A result
+    that is not a constant (a symbol) is an expression the lowerings that need constants
+    refuse."""
+    args = [state.env[v.unique()] for v in node.inputs()]
+    if node.kind() == "aten::size":
+        source, dim = args
+        d = getattr(dim, "const", None)
+        if not isinstance(source, TensorArg) or not isinstance(d, int) or not (
+                -len(source.shape) <= d < len(source.shape)):
+            raise LoweringError("aten::size of a tensor along a constant dim in range")
+        size = source.shape[d]
+        value = (ScalarArg(E.imm(size, INT64), size) if isinstance(size, int)
+                 else ScalarArg(E.cast(INT64, size)))
+    else:
+        consts = [getattr(a, "const", None) for a in args]
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in consts):
+            raise LoweringError(f"{node.kind()} of sizes that are not constants")
+        if node.kind() == "aten::floordiv" and consts[1] == 0:
+            raise LoweringError("a size divided by zero")
+        result = _SIZE_OPS[node.kind()](*consts)
+        if not -2**63 <= result < 2**63:
+            raise LoweringError(f"{node.kind()} of sizes overflows int64")
+        value = ScalarArg(E.imm(result, INT64), result)
+    state.env[node.output().unique()] = value
+
+
 #: Op families (lowering modules) whose output sizes follow from their inputs' whatever the
 #: sizes: the ops a dynamic kernel takes (`registry` holds the `pointwise` ones). Reductions
 #: raise where a size they need is symbolic (the policy keeps the dims that do not change
@@ -342,6 +383,8 @@ def lower_graph(
             _lower_constant(state, node)
         elif node.kind() == "prim::ListConstruct":
             _lower_list(state, node)
+        elif node.kind() in _SIZE_KINDS and _int_node(node):
+            _lower_size(state, node)
         elif dynamic and node.kind() in ("aten::copy_", *EXTERNAL_KINDS):
             raise LoweringError(f"{node.kind()} in a dynamic kernel")
         elif node.kind() == "aten::copy_":

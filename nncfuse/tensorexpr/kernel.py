@@ -76,6 +76,7 @@ from .passes.parallelize import GRAIN, parallelize_outer_loops, symbolic_work, w
 from .passes.partition_loops import partition_loops
 from .passes.reuse_outputs import reuse_outputs
 from .passes.simplify import simplify
+from .passes.split_loops import split_loops
 from .passes.split_reductions import split_reductions
 from .passes.tile_transposes import tile_transposes
 from .passes.vectorize import vectorize_inner_loops
@@ -103,6 +104,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
         ("reuse_outputs", partial(reuse_outputs, params=bufs)),
         ("flatten_indices", flatten_indices),
         ("simplify", simplify),
+        ("split_loops", split_loops),  # a reshape's merged dims: no gather
         ("collapse_loops", collapse_loops),
         ("tile_transposes", tile_transposes),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),

@@ -12,6 +12,7 @@ from nncfuse.tensorexpr.passes.flatten_indices import flatten_indices
 from nncfuse.tensorexpr.passes.insert_allocations import insert_allocations
 from nncfuse.tensorexpr.passes.partition_loops import partition_loops
 from nncfuse.tensorexpr.passes.simplify import simplify
+from nncfuse.tensorexpr.passes.split_loops import MIN_INNER, split_loops
 from nncfuse.tensorexpr.passes.tile_transposes import TILE, tile_transposes
 from tests.tensorexpr.helpers import buf, same_results, text
 
@@ -115,3 +116,32 @@ def test_tile_transposes_copies_no_tiles_beyond_their_memory_bound(monkeypatch):
     monkeypatch.setattr(pass_module, "MAX_TILE_BYTES", 8 * TILE * TILE * 4 - 1)
     tiled = tile_transposes(flat)
     assert tiled is not flat and "_tile" not in text(tiled), text(tiled)
+
+
+def head_merge(heads, seq, dim):
+    """out[s, h * dim + d] = x[h, s, d]: a reshape of a transposed tensor merging (h, d)."""
+    x, out = buf("x", [heads, seq, dim]), buf("out", [seq, heads * dim])
+    _, nest = compute("out", FLOAT32, [seq, heads * dim], lambda s, k: E.Load(
+        x, (k / dim, s, k % dim)) * 2.0, out=out)
+    return simplify(flatten_indices(nest)), [x, out]
+
+
+def test_split_loops_splits_a_merged_dim_into_its_two_loops():
+    flat, params = head_merge(4, 8, 64)
+    assert "/ 64" in text(flat) and "% 64" in text(flat)
+    split = split_loops(flat)
+    loops = [line.strip() for line in text(split).splitlines() if "for" in line]
+    assert loops[1:] == ["for (int64_t j_o = 0; j_o < 4; j_o++) {",
+                         "for (int64_t j_i = 0; j_i < 64; j_i++) {"], text(split)
+    assert "/" not in text(split) and "%" not in text(split)
+    assert "x[512 * j_o + 64 * i + j_i]" in text(split), text(split)
+    same_results(flat, split, params, lambda: [torch.randn(4, 8, 64), torch.empty(8, 256)])
+
+
+def test_split_loops_leaves_short_divisors_and_other_loops():
+    flat, _ = head_merge(4, 8, MIN_INNER // 2)  # an inner loop too short to vectorize
+    assert split_loops(flat) is flat
+    a, out = buf("a", [16, 64]), buf("out", [16, 64])
+    _, nest = compute("out", FLOAT32, [16, 64], lambda i, j: E.Load(a, (i, j)) + 1.0, out=out)
+    flat = simplify(flatten_indices(nest))
+    assert split_loops(flat) is flat
