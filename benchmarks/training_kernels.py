@@ -72,21 +72,31 @@ def example(value: Any) -> Any:
     return out
 
 
-def groups_of(graph: torch._C.Graph) -> list[tuple[str, float, float, list[str]]]:
-    """(name, kernel seconds, ATen seconds, the ATen ops) for each fusion group of `graph`."""
+def kernels_of(graph: torch._C.Graph) -> list[tuple[str, Any, list[Any] | None, list[str]]]:
+    """(name, kernel, random inputs or None, the ATen ops it replaces) for each fusion group
+    of `graph`; inputs are None where a type is not a complete tensor type."""
     rows = []
     for node in nncfuse.fusion_groups(graph):
         kernel = runtime.kernel_of(node)
         inputs = [example(v) for v in node.inputs()]
         ops = [n.kind().split("::")[1] for n in kernel.graph.nodes()
                if n.kind().startswith("aten::")]
-        ops = [o for o in ops if o not in _VIEWS]
-        if any(x is None for x in inputs):
-            rows.append((node.kind().split("::")[1], float("nan"), float("nan"), ops))
+        rows.append((node.kind().split("::")[1], kernel,
+                     None if any(x is None for x in inputs) else inputs,
+                     [o for o in ops if o not in _VIEWS]))
+    return rows
+
+
+def groups_of(graph: torch._C.Graph) -> list[tuple[str, float, float, list[str]]]:
+    """(name, kernel seconds, ATen seconds, the ATen ops) for each fusion group of `graph`."""
+    rows = []
+    for name, kernel, inputs, ops in kernels_of(graph):
+        if inputs is None:
+            rows.append((name, float("nan"), float("nan"), ops))
             continue
-        fused = cpu_time(lambda: kernel.call(inputs))
-        unfused = cpu_time(lambda: kernel.fallback(inputs))
-        rows.append((node.kind().split("::")[1], fused, unfused, ops))
+        fused = cpu_time(lambda: kernel.call(inputs))  # noqa: B023 - timed here, not later
+        unfused = cpu_time(lambda: kernel.fallback(inputs))  # noqa: B023
+        rows.append((name, fused, unfused, ops))
     return rows
 
 
