@@ -63,3 +63,32 @@ def test_zero_gradients_where_eager_has_none_match(training):
     assert training.compare_gradients([torch.ones(3), torch.zeros(2)], want) is None
     assert training.compare_gradients([torch.ones(3), torch.ones(2)], want) is not None
     assert training.compare_gradients([None, None], want) is not None
+
+
+def test_training_kernels_times_each_fused_kernel_against_its_aten_ops(training):
+    """benchmarks/training_kernels.py: the backward GEMM of the MLP carries the GELU backward
+    as its epilogue, and each kernel it times computes what the ATen ops it is timed against
+    compute (on the random inputs it times them with)."""
+    import training_kernels
+
+    from nncfuse.jit import fxgraph
+
+    torch.manual_seed(0)
+    model, inputs = training.MLP(16, 32).train(), (torch.randn(4, 16),)
+    fxgraph.clear_compiled_graphs()
+    _, step, _ = training.gradients_after_one_step("nncfuse-jit", model, inputs)
+    step()
+    kinds = {cg.kind: cg for cg in fxgraph.compiled_graphs()}
+    backward = [row for g in kinds["backward"].graphs() for row in training_kernels.kernels_of(g)]
+    assert any({"mm", "erf", "exp"} <= set(ops) for _, _, _, ops in backward)
+    rows = [row for cg in kinds.values() for g in cg.graphs()
+            for row in training_kernels.kernels_of(g)]
+    assert rows and all(inputs is not None for _, _, inputs, _ in rows)
+    for name, kernel, inputs, _ in rows:
+        got, want = kernel.call(inputs), kernel.fallback(inputs)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(got) == len(want), name
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=name)
+    timed = training_kernels.groups_of(next(iter(kinds["forward"].graphs())))
+    assert timed and all(fused > 0 and unfused > 0 for _, fused, unfused, _ in timed)

@@ -1,0 +1,152 @@
+"""Where nncfuse's training step spends its time: each fused kernel of the forward and backward
+graphs against the ATen ops it replaces, the GEMMs and copies left outside kernels, and the
+graphs' own overhead.
+
+    python benchmarks/training_kernels.py                     # the MLP and the block, both ways
+    python benchmarks/training_kernels.py --workloads block --contenders nncfuse-jit
+
+Per workload and contender (`nncfuse-backend`, `nncfuse-jit`), after a few training steps of
+`training.py`'s workload, every optimized graph (forward, backward) is taken apart: each
+fusion group runs alone, on random inputs of the types its guard checks, first as the
+kernel and then as its fallback graph (the same ATen ops, unfused, in the TorchScript
+interpreter); each op left outside the groups is counted by kind. Times are the process's
+CPU time per call (best of rounds: one thread, other processes' load does not count), so
+they add up to less than a step, which also pays for cold caches, allocation, autograd and
+the optimizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import training  # noqa: E402 - the workloads and contenders of the training benchmark
+
+import nncfuse  # noqa: E402
+from nncfuse.jit import fxgraph, runtime  # noqa: E402
+
+#: ops that move no data: not worth a line
+_VIEWS = {"view", "t", "alias", "transpose", "expand", "_unsafe_view", "permute", "reshape",
+          "unsqueeze", "squeeze", "split", "chunk", "select", "slice", "TupleConstruct",
+          "TupleUnpack", "ListConstruct", "ListUnpack", "Constant", "TypeCheck", "If"}
+
+
+def cpu_time(fn: Callable[[], Any], budget_s: float = 0.02, rounds: int = 5) -> float:
+    """Seconds of this thread's CPU time per call of `fn`, best of `rounds` batches."""
+    fn()
+    start = time.thread_time()
+    fn()
+    once = max(time.thread_time() - start, 1e-7)
+    n = max(1, int(budget_s / once))
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.thread_time()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.thread_time() - start) / n)
+    return best
+
+
+def example(value: Any) -> Any:
+    """A random value of `value`'s type (a complete tensor type), or None."""
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType) or t.sizes() is None or t.strides() is None:
+        return None
+    dtype = t.dtype()
+    out = torch.empty_strided(t.sizes(), t.strides(), dtype=dtype)
+    if dtype.is_floating_point:
+        out.normal_()
+    elif dtype == torch.bool:
+        out.random_(0, 2)
+    else:
+        out.random_(0, 8)
+    return out
+
+
+def kernels_of(graph: torch._C.Graph) -> list[tuple[str, Any, list[Any] | None, list[str]]]:
+    """(name, kernel, random inputs or None, the ATen ops it replaces) for each fusion group
+    of `graph`; inputs are None where a type is not a complete tensor type."""
+    rows = []
+    for node in nncfuse.fusion_groups(graph):
+        kernel = runtime.kernel_of(node)
+        inputs = [example(v) for v in node.inputs()]
+        ops = [n.kind().split("::")[1] for n in kernel.graph.nodes()
+               if n.kind().startswith("aten::")]
+        rows.append((node.kind().split("::")[1], kernel,
+                     None if any(x is None for x in inputs) else inputs,
+                     [o for o in ops if o not in _VIEWS]))
+    return rows
+
+
+def groups_of(graph: torch._C.Graph) -> list[tuple[str, float, float, list[str]]]:
+    """(name, kernel seconds, ATen seconds, the ATen ops) for each fusion group of `graph`."""
+    rows = []
+    for name, kernel, inputs, ops in kernels_of(graph):
+        if inputs is None:
+            rows.append((name, float("nan"), float("nan"), ops))
+            continue
+        fused = cpu_time(lambda: kernel.call(inputs))  # noqa: B023 - timed here, not later
+        unfused = cpu_time(lambda: kernel.fallback(inputs))  # noqa: B023
+        rows.append((name, fused, unfused, ops))
+    return rows
+
+
+def outside(graph: torch._C.Graph) -> Counter[str]:
+    """The ops of `graph` that run outside fusion groups (in either branch of no guard), by
+    kind, views and control left out."""
+    kinds: Counter[str] = Counter()
+    for node in graph.nodes():  # top level only: the guards' fallback branches do not run
+        kind = node.kind().split("::")[-1]
+        if node.kind().startswith("aten::") and kind not in _VIEWS:
+            kinds[kind] += 1
+    return kinds
+
+
+def report(name: str, contender: str) -> None:
+    model, inputs = training.workloads(False)[name]
+    training._reset()
+    fxgraph.clear_compiled_graphs()
+    _, step, _ = training.gradients_after_one_step(contender, model, inputs)
+    for _ in range(3):
+        step()
+    print(f"\n{name}, {contender}: step {cpu_time(step, 0.2, 3) * 1e6:.0f} us")
+    print(f"  {'kernel':<40}{'nncfuse':>10}{'ATen ops':>10}{'ratio':>8}  ops it replaces")
+    total_k = total_a = 0.0
+    for compiled in fxgraph.compiled_graphs():
+        for graph in compiled.graphs():
+            print(f"  -- {compiled.kind} graph; outside kernels: " + ", ".join(
+                f"{k} x{n}" if n > 1 else k for k, n in sorted(outside(graph).items())))
+            for kernel, fused, unfused, ops in groups_of(graph):
+                if fused == fused:  # not NaN
+                    total_k += fused
+                    total_a += unfused
+                print(f"  {kernel[:40]:<40}{fused * 1e6:10.1f}{unfused * 1e6:10.1f}"
+                      f"{unfused / fused:7.2f}x  {' '.join(ops)[:60]}")
+    print(f"  {'all kernels':<40}{total_k * 1e6:10.1f}{total_a * 1e6:10.1f}"
+          f"{total_a / max(total_k, 1e-12):7.2f}x")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="mlp,block")
+    p.add_argument("--contenders", default="nncfuse-backend,nncfuse-jit")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")
+    for name in args.workloads.split(","):
+        for contender in args.contenders.split(","):
+            report(name, contender)
+
+
+if __name__ == "__main__":
+    main()
