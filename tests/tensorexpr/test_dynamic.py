@@ -199,3 +199,27 @@ def test_reductions_that_raise_on_an_empty_symbolic_dim_stay_static(monkeypatch,
     graph = graph_of(fn, torch.randn(6, 10))
     with pytest.raises(LoweringError):
         TensorExprKernel(graph, Options.from_env(), dynamic=True)
+
+
+def _transpose_add(x, y):
+    return (x + 1).transpose(0, 1) + y
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("static", [frozenset({256}), frozenset()])
+def test_transposes_over_symbolic_sizes_are_tiled_with_tails(llvm, static):
+    """tile_transposes tiles a symbolic extent: whole tiles, then the rows and columns past
+    the last one; every size (0, 1, not a multiple of the tile, non-contiguous) as eager."""
+    example = (torch.randn(300, 256), torch.randn(256, 300))
+    kernel = TensorExprKernel(graph_of(_transpose_add, *example),
+                              Options.from_env(use_llvm=llvm), dynamic=True, static_sizes=static)
+    assert "_tile" in str(kernel.stmt) and "s0 / 32" in str(kernel.stmt), kernel.stmt
+    sizes = [(300, 256), (0, 256), (1, 256), (31, 256), (64, 256), (97, 256)]
+    if not static:
+        sizes += [(70, 2), (2, 70), (65, 0), (100, 67)]
+    for rows, cols in sizes:
+        x, y = torch.randn(rows, cols), torch.randn(cols, rows)
+        for a, b in [(x, y), (torch.randn(cols, rows).t(), torch.randn(rows, cols).t())]:
+            got, want = kernel.run([a, b]), _transpose_add(a, b)  # the second: the fallback
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            assert got.stride() == want.stride() or not got.numel()
