@@ -406,16 +406,27 @@ def _int_size(size: Any) -> int | None:
     return int(size.value) if isinstance(size, E.Imm) else None
 
 
+#: Nodes that check the types (sizes) a graph was specialized to
+_TYPE_CHECKS = ("prim::TypeCheck", "prim::RequiresGradCheck", "prim::TensorExprDynamicGuard")
+
+
 def _dynamic_only(plan: Plan) -> bool:
-    """Whether every computation of `plan`'s graph runs in dynamic kernels (which check their
-    inputs themselves): then nothing in it depends on the sizes it was typed with."""
+    """Whether every kernel of `plan`'s graph is dynamic (checks its inputs itself) and
+    nothing checks the types it was typed with: then nothing in it depends on those sizes
+    (the nodes that run unfused, a GEMM between groups, run at any size)."""
     if plan.graph is None or isinstance(plan, UnfusedPlan):
         return False
-    nodes = [n for n in plan.graph.nodes()
-             if n.kind() not in ("prim::Constant", "prim::TupleConstruct")]
-    return bool(nodes) and all(
-        is_fused_op(n) and runtime.kernel_of(n).dynamic for n in nodes
-    )
+    nodes = list(_all_nodes(plan.graph.nodes()))
+    fused = [n for n in nodes if is_fused_op(n)]
+    return bool(fused) and all(runtime.kernel_of(n).dynamic for n in fused) and not any(
+        n.kind() in _TYPE_CHECKS for n in nodes)
+
+
+def _all_nodes(nodes: Any) -> Any:
+    for n in nodes:
+        yield n
+        for block in n.blocks():
+            yield from _all_nodes(block.nodes())
 
 
 def _all_contiguous(args: tuple[Any, ...]) -> bool:

@@ -342,7 +342,7 @@ def lower_graph(
             _lower_constant(state, node)
         elif node.kind() == "prim::ListConstruct":
             _lower_list(state, node)
-        elif dynamic and node.kind() in ("aten::copy_", *EXTERNAL_KINDS):
+        elif dynamic and node.kind() == "aten::copy_":
             raise LoweringError(f"{node.kind()} in a dynamic kernel")
         elif node.kind() == "aten::copy_":
             _lower_write_back(state, node, inputs)
@@ -526,15 +526,20 @@ def _lower_external(
         return state.env[value.unique()].buf  # type: ignore[union-attr]
 
     op = node.kind().split("::")[-1]
+    symbols = state.symbols
     fused = lower_external(node, args, sources, constants, graph_outputs,
-                           state.unique(f"aten_{op}"), buf_of)
+                           state.unique(f"aten_{op}"), buf_of,
+                           *(() if symbols is None else (symbols.at,)))
+    meta = state.metas[fused.value]
+    # a dynamic kernel's: the result in the symbols, the routine run at another size too
+    call = fused.call if symbols is None else symbols.external(fused.call, meta, constants)
     state.ops.append(op)
     how = ("oneDNN post-ops fused into the call" if fused.folded
            else "the epilogue runs over the whole output in the loops")
-    _log.debug(f"{node.kind()} as {fused.call.fn}: {how}")
-    state.externals.append(fused.call)
+    _log.debug(f"{node.kind()} as {call.fn}: {how}")
+    state.externals.append(call)
     state.folded |= fused.folded
-    state.env[fused.value] = TensorArg(fused.call.buf, state.metas[fused.value].sizes)
+    state.env[fused.value] = TensorArg(call.buf, state.sizes(meta))  # type: ignore[arg-type]
 
 
 def _collect_outputs(

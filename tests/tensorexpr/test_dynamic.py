@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nncfuse.config import Options
+from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr.kernel import TensorExprKernel
 from nncfuse.tensorexpr.lowerings import LoweringError, reductions
 
@@ -223,3 +224,90 @@ def test_transposes_over_symbolic_sizes_are_tiled_with_tails(llvm, static):
             got, want = kernel.run([a, b]), _transpose_add(a, b)  # the second: the fallback
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             assert got.stride() == want.stride() or not got.numel()
+
+
+_W, _B = torch.randn(48, 32), torch.randn(48)
+
+
+def _linear_gelu(x, w, b):
+    return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)) * 2
+
+
+def _linear_residual(x, w, b, r):
+    return torch.nn.functional.linear(x, w, b) + r
+
+
+def _mm(a, b):
+    return torch.mm(a, b).relu() * 2
+
+
+def _bmm(c, d):
+    return (torch.bmm(c, d) * 3).sum(0)
+
+
+def _matmul_scale(q, k):
+    return torch.matmul(q, k) * 0.125 + 1
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn, example, static, calls", [
+    (_linear_gelu, [(1, 40, 32), (48, 32), (48,)], {32, 48},
+     [[(1, 7, 32), (48, 32), (48,)], [(1, 0, 32), (48, 32), (48,)],
+      [(1, 2, 32), (48, 32), (48,)], [(1, 300, 32), (48, 32), (48,)]]),
+    (_linear_residual, [(40, 32), (48, 32), (48,), (40, 48)], {32, 48},
+     [[(9, 32), (48, 32), (48,), (9, 48)], [(0, 32), (48, 32), (48,), (0, 48)]]),
+    (_mm, [(6, 5), (5, 7)], {5}, [[(2, 5), (5, 11)], [(0, 5), (5, 0)], [(9, 5), (5, 9)]]),
+    (_bmm, [(3, 6, 5), (3, 5, 9)], {5, 3}, [[(3, 4, 5), (3, 5, 8)], [(3, 0, 5), (3, 5, 0)]]),
+    (_matmul_scale, [(2, 4, 9, 16), (2, 4, 16, 9)], {2, 4, 16},
+     [[(2, 4, 33, 16), (2, 4, 16, 33)], [(2, 4, 0, 16), (2, 4, 16, 0)]]),
+], ids=["linear_gelu", "linear_residual", "mm", "bmm", "matmul"])
+def test_external_calls_take_symbolic_sizes(llvm, fn, example, static, calls):
+    """A GEMM's result buffer is declared in the symbols (tried at the example and at other
+    sizes); the routine (oneDNN or ATen) runs at whatever size the call has."""
+    examples = [torch.randn(s) for s in example]
+    kernel = TensorExprKernel(graph_of(fn, *examples), Options.from_env(use_llvm=llvm),
+                              dynamic=True, static_sizes=frozenset(static))
+    assert kernel.lowered.externals and kernel.lowered.symbols
+    assert any(not isinstance(d, E.Imm) for c in kernel.lowered.externals for d in c.buf.dims)
+    for shapes in [example, *calls]:
+        args = [torch.randn(s) for s in shapes]
+        got, want = kernel.run(args), fn(*args)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.shape == want.shape and (got.stride() == want.stride() or not got.numel())
+
+
+def test_an_external_call_whose_sizes_do_not_follow_stays_static():
+    def conv(x, w):
+        return torch.nn.functional.conv2d(x, w).relu()  # the output's H is H - 2
+
+    graph = graph_of(conv, torch.randn(1, 3, 12, 12), torch.randn(4, 3, 3, 3))
+    with pytest.raises(LoweringError):
+        TensorExprKernel(graph, Options.from_env(), dynamic=True, static_sizes=frozenset({3, 4}))
+
+
+def _strided(q, k):
+    return (q * 2 + k.transpose(-2, -1)).relu()
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+def test_inputs_that_are_views_of_row_major_tensors_take_symbolic_strides(llvm):
+    """A head split of a slice (attention's q) and a transpose as inputs: their strides are
+    expressions of the symbols of the dims inside them in memory, checked on every call."""
+    def q_of(n):
+        return torch.randn(1, n, 96)[..., 32:64].reshape(1, n, 2, 16).transpose(1, 2)
+
+    def k_of(n):
+        return torch.randn(1, 2, n, 16).transpose(-2, -1).contiguous().transpose(-2, -1)
+
+    kernel = TensorExprKernel(graph_of(_strided, q_of(9), k_of(9).transpose(-2, -1)),
+                              Options.from_env(use_llvm=llvm), dynamic=True,
+                              static_sizes=frozenset({2, 16}))
+    assert kernel.lowered.symbols
+    guards = {g.position: g.strides for g in kernel.lowered.guards}
+    assert guards[0][1:] == (16, 96, 1), guards  # the slice: static strides
+    for n in (9, 4, 0, 33, 1):
+        args = [q_of(n), k_of(n).transpose(-2, -1)]
+        torch.testing.assert_close(kernel.run(args), _strided(*args))
+    q = torch.randn(1, 2, 5, 16)  # contiguous: another layout, the fallback runs
+    k = k_of(5).transpose(-2, -1)
+    torch.testing.assert_close(kernel.run([q, k]), _strided(q, k))
