@@ -37,7 +37,6 @@ from .ir_visitor import substitute
 from .loopnest import compute, definition
 from .lowerings import (
     EXTERNAL_KINDS,
-    VIEWS,
     Arg,
     ConstArg,
     Ctx,
@@ -192,24 +191,6 @@ def _lower_list(state: _GraphLowering, node: Any) -> None:
         raise LoweringError("a list of something other than tensors or constants")
 
 
-#: Op families (lowering modules) whose output sizes follow from their inputs' whatever the
-#: sizes: the ops a dynamic kernel takes (`registry` holds the `pointwise` ones). Reductions
-#: raise where a size they need is symbolic (the policy keeps the dims that do not change
-#: static, such as the extent of a softmax or a layer_norm).
-_DYNAMIC_FAMILIES = frozenset(
-    f"{__package__}.lowerings.{m}"
-    for m in ("registry", "arithmetic", "activation", "unary", "compare", "bitwise", "casts",
-              "reductions", "normalization")
-)
-#: Views and cat, whose constant operands are dims, not sizes: the same for every size (a
-#: cat whose lengths along its dim are symbols raises: they may be 0).
-_DYNAMIC_VIEWS = frozenset((
-    "aten::permute", "aten::transpose", "aten::t", "aten::movedim", "aten::swapaxes",
-    "aten::swapdims", "aten::mT", "aten::numpy_T", "aten::adjoint", "aten::unsqueeze",
-    "aten::squeeze", "aten::contiguous", "aten::cat", "aten::concat", "aten::concatenate",
-))
-
-
 _CATS = ("aten::cat", "aten::concat", "aten::concatenate")
 
 
@@ -320,11 +301,11 @@ def _no_expand(kind: str) -> int:
 
 
 def _check_dynamic(node: Any, lowering: Any) -> None:
-    """LoweringError unless `node` can take symbolic sizes (a dynamic kernel)."""
-    if node.kind() in _DYNAMIC_VIEWS or node.kind() in _SIZED_VIEWS:
-        return
-    if (lowering.fn.__module__ not in _DYNAMIC_FAMILIES or lowering.constant_operands
-            or node.kind() in VIEWS):
+    """LoweringError unless `node` can take symbolic sizes (a dynamic kernel): its lowering
+    says so (`Lowering.dynamic`). Reductions raise later where a size they need is symbolic
+    (the policy keeps the dims that do not change static, such as a softmax's extent); a cat
+    whose lengths along its dim are symbols too (they may be 0)."""
+    if not lowering.dynamic:
         raise LoweringError(f"{node.kind()} does not take symbolic sizes")
 
 

@@ -311,3 +311,17 @@ def test_inputs_that_are_views_of_row_major_tensors_take_symbolic_strides(llvm):
     q = torch.randn(1, 2, 5, 16)  # contiguous: another layout, the fallback runs
     k = k_of(5).transpose(-2, -1)
     torch.testing.assert_close(kernel.run([q, k]), _strided(q, k))
+
+
+@pytest.mark.parametrize("kind, dynamic", [
+    ("aten::relu", True), ("aten::add", True), ("aten::where", True), ("aten::to", True),
+    ("aten::sum", True), ("aten::softmax", True), ("aten::layer_norm", True),
+    ("aten::transpose", True), ("aten::reshape", True), ("aten::slice", True),
+    ("aten::expand", True), ("aten::cat", True),
+    ("aten::flip", False), ("aten::gather", False), ("aten::stack", False),
+    ("aten::batch_norm", False), ("aten::dropout", False), ("aten::linear", False),
+])
+def test_each_lowering_says_whether_it_takes_symbolic_sizes(kind, dynamic):
+    from nncfuse.tensorexpr.lowerings.registry import REGISTRY
+
+    assert REGISTRY[kind].dynamic is dynamic  # (GEMMs: lowered as external calls instead)
