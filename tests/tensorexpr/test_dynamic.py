@@ -7,6 +7,7 @@ import torch
 
 from nncfuse.config import Options
 from nncfuse.tensorexpr import expr as E
+from nncfuse.tensorexpr.ir_visitor import walk
 from nncfuse.tensorexpr.kernel import TensorExprKernel
 from nncfuse.tensorexpr.lowerings import LoweringError, reductions
 
@@ -176,14 +177,18 @@ _REDUCTIONS = [
 @pytest.mark.parametrize("fn", _REDUCTIONS, ids=["sum", "mean", "softmax", "log_softmax", "sum0",
                                                   "sum_all", "mean_double"])
 def test_sum_mean_softmax_over_a_symbolic_dim(monkeypatch, llvm, fn):
-    """The reduced extent is a symbol too (when enabled: `SYMBOLIC_EXTENTS`): empty rows give
-    eager's 0 (sum), NaN (mean) and an empty softmax; infinities as eager."""
+    """The reduced extent is a symbol too (`SYMBOLIC_EXTENTS`): empty rows give eager's 0
+    (sum), NaN (mean) and an empty softmax; infinities as eager. Vectorized, with a tail
+    computed at run time."""
     graph = graph_of(fn, torch.randn(6, 10))
-    with pytest.raises(LoweringError):  # off by default: not vectorized yet
+    monkeypatch.setattr(reductions, "SYMBOLIC_EXTENTS", False)
+    with pytest.raises(LoweringError):  # off: static kernels
         TensorExprKernel(graph, Options.from_env(), dynamic=True)
     monkeypatch.setattr(reductions, "SYMBOLIC_EXTENTS", True)
     kernel = dynamic_kernels(fn, torch.randn(6, 10))[not llvm]
     assert len(kernel.lowered.symbols) == 2
+    reduces = [n for n in walk(kernel.stmt) if isinstance(n, E.Reduce)]
+    assert any(r.dtype.lanes > 1 for r in reduces), kernel.stmt
     for shape in [(6, 10), (3, 17), (5, 0), (0, 4), (2, 1000), (64, 2100), (7, 3)]:
         x = torch.randn(shape)
         if x.numel():
@@ -325,3 +330,20 @@ def test_each_lowering_says_whether_it_takes_symbolic_sizes(kind, dynamic):
     from nncfuse.tensorexpr.lowerings.registry import REGISTRY
 
     assert REGISTRY[kind].dynamic is dynamic  # (GEMMs: lowered as external calls instead)
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn, rows", [
+    (lambda x: (x * 2).sum(-1), True),
+    (lambda x: torch.softmax(x, -1) + 1, True),
+    (lambda x: (x + 1).sum(0), False),
+], ids=["row_sum", "softmax", "column_sum"])
+def test_reductions_over_a_symbolic_extent_are_vectorized_with_run_time_tails(llvm, fn, rows):
+    """Every part of a vectorized reduction over a symbol may be empty: lengths around the
+    vector widths and the blocks of a cascaded sum (64 vectors of 64 lanes), as eager."""
+    kernel = dynamic_kernels(fn, torch.randn(3, 100) if rows else torch.randn(100, 3))[not llvm]
+    assert "Ramp" in str(kernel.stmt), kernel.stmt
+    lengths = [0, 1, 15, 16, 17, 63, 64, 65, 255, 4096, 4096 * 2 + 37]
+    for n in lengths if llvm else lengths[:-2]:
+        x = torch.randn(3, n) if rows else torch.randn(n, 3)
+        torch.testing.assert_close(kernel.run([x]), fn(x), rtol=1e-5, atol=1e-4)
