@@ -87,6 +87,18 @@ class Outcome:
     crashed: bool = False
     skipped: bool = False
     message: str = ""
+    out_of_scope: str = ""  # why nncfuse is not meant to fuse the sample; it must still match
+
+
+def _out_of_scope(sample: Any, wants: tuple[torch.Tensor, ...]) -> str:
+    """Why nncfuse is not meant to fuse `sample` ("" if it is): eager's results in a dtype
+    nncfuse has not, or a normalization in training mode (it writes running statistics in
+    place; issue #10 fuses batch norm in inference)."""
+    if any(w.is_complex() for w in wants):
+        return "a complex result (nncfuse has no complex dtypes)"
+    if sample.kwargs.get("training") is True:
+        return "a normalization in training mode (inference only)"
+    return ""
 
 
 def _split(sample: Any) -> tuple[list[torch.Tensor], Any]:
@@ -152,7 +164,7 @@ def run_sample(op: Any, sample: Any) -> Outcome:
             traced = torch.jit.trace(call, tuple(tensors), check_trace=False)
     except Exception as e:  # noqa: BLE001
         return Outcome(skipped=True, message=f"cannot trace: {type(e).__name__}")
-    outcome = Outcome()
+    outcome = Outcome(out_of_scope=_out_of_scope(sample, wants))
     try:
         fused = nncfuse.jit(traced, min_group_size=1)
         fused(*tensors)
@@ -177,7 +189,13 @@ class Tally:
     matched: int = 0
     fused: int = 0
     crashed: int = 0
+    out_of_scope: int = 0  # samples nncfuse is not meant to fuse (`Outcome.out_of_scope`)
     failures: list[str] = field(default_factory=list)
+
+    @property
+    def fusible(self) -> int:
+        """Samples nncfuse is meant to fuse."""
+        return self.total - self.out_of_scope
 
     def add(self, where: str, outcome: Outcome) -> None:
         if outcome.skipped:
@@ -186,6 +204,7 @@ class Tally:
         self.matched += outcome.matched
         self.fused += outcome.fused
         self.crashed += outcome.crashed
+        self.out_of_scope += bool(outcome.out_of_scope)
         if not outcome.matched:
             self.failures.append(f"{where}: {outcome.message}")
 

@@ -19,8 +19,11 @@ its result. Two families:
 - `..._packed`: the convolution routines with the weight in oneDNN's blocked
   layout (`mkldnn._reorder_convolution_weight`, what torch.compile's freezing
   does), packed on the first call and kept while the weight is the same
-  tensor at the same `_version` (`packed_conv_weight`); for a channels-last
-  input, whose output oneDNN writes channels-last.
+  tensor at the same `_version` (`packed_weight`); for a channels-last
+  input, whose output oneDNN writes channels-last;
+- `nnc_mkl_linear_packed`, `nnc_mkl_mm_packed`: MKL's GEMM on a weight packed
+  the same way (`mkl._mkl_reorder_linear_weight`, what torch.compile's freezing
+  does for float32), for a constant weight (a frozen module's).
 
 oneDNN takes float32 and bfloat16 (this torch: not float64; bfloat16 only where
 `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); `onednn_dtype_ok` says so.
@@ -86,22 +89,20 @@ def _conv_binary(x, other, w, b, padding, stride, dilation, groups, binary_attr,
         unary_attr, list(unary_scalars), unary_algorithm)
 
 
-#: id(weight) -> (a weak reference to it, {(version, geometry): its packed form})
+#: id(weight) -> (a weak reference to it, {key: its packed form}); one form per weight
 _packed: dict[int, tuple[weakref.ref, dict[tuple[Any, ...], torch.Tensor]]] = {}
 _packed_lock = threading.Lock()
 
 
-def packed_conv_weight(w: torch.Tensor, padding: Any, stride: Any, dilation: Any, groups: int,
-                       input_size: Any) -> torch.Tensor:
-    """`w` in oneDNN's blocked layout for this convolution, packed once per weight tensor
-    and `_version` (an in-place write is seen) and forgotten with the tensor."""
-    key = (w._version, tuple(w.shape), w.stride(), w.dtype, tuple(padding), tuple(stride),
-           tuple(dilation), groups, tuple(input_size))
+def packed_weight(w: torch.Tensor, key: tuple[Any, ...],
+                  pack: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`pack(w)`, computed once per weight tensor, `_version` (an in-place write is seen) and
+    `key` (the call's geometry), and forgotten with the tensor."""
+    key = (w._version, tuple(w.shape), w.stride(), w.dtype, *key)
     entry = _packed.get(id(w))
     if entry is not None and entry[0]() is w and key in entry[1]:
         return entry[1][key]
-    packed = torch.ops.mkldnn._reorder_convolution_weight(
-        w.detach(), list(padding), list(stride), list(dilation), groups, list(input_size))
+    packed = pack(w.detach())
     with _packed_lock:
         entry = _packed.get(id(w))
         if entry is None or entry[0]() is not w:
@@ -110,6 +111,14 @@ def packed_conv_weight(w: torch.Tensor, padding: Any, stride: Any, dilation: Any
         entry[1].clear()  # an older version, or another geometry: keep one packed form
         entry[1][key] = packed
     return packed
+
+
+def packed_conv_weight(w: torch.Tensor, padding: Any, stride: Any, dilation: Any, groups: int,
+                       input_size: Any) -> torch.Tensor:
+    """`w` in oneDNN's blocked layout for this convolution (`packed_weight`)."""
+    key = (tuple(padding), tuple(stride), tuple(dilation), groups, tuple(input_size))
+    return packed_weight(w, key, lambda t: torch.ops.mkldnn._reorder_convolution_weight(
+        t, list(padding), list(stride), list(dilation), groups, list(input_size)))
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
@@ -146,6 +155,32 @@ def _conv_bn_pointwise(x, w, b, gamma, beta, mean, var, eps, padding, stride, di
                            algorithm)
 
 
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def _mkl_linear_packed(x, w, b, transposed=False):  # noqa: ANN001, ANN202
+    # MKL's packed GEMM (`cblas_sgemm_compute`), the weight packed once for x's row count
+    # (`_mkl_linear` computes any other count unpacked). `transposed`: w is (k, n), x @ w.
+    rows = _rows(x)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkl._mkl_reorder_linear_weight(t.t() if transposed else t, rows)
+
+    packed = packed_weight(w, ("mkl", transposed, rows), pack)
+    return torch.ops.mkl._mkl_linear(x, packed, w.t() if transposed else w, b, rows)
+
+
+def _mkl_mm_packed(x, w):  # noqa: ANN001, ANN202
+    return _mkl_linear_packed(x, w, None, transposed=True)
+
+
+def mkl_packed_ok(dtype: torch.dtype) -> bool:
+    """Whether MKL's packed GEMM (`nnc_mkl_*_packed`) takes `dtype` on this machine."""
+    return dtype == torch.float32 and torch._C.has_mkl and hasattr(torch.ops.mkl,
+                                                                    "_mkl_linear")
+
+
 #: routine name -> the callable; `ExternalCall.fn` names one of these
 ROUTINES: dict[str, Callable[..., torch.Tensor]] = {
     **{f"nnc_aten_{k.split('::')[1]}": aten_op(k) for k in ATEN_EXTERNALS},
@@ -156,6 +191,8 @@ ROUTINES: dict[str, Callable[..., torch.Tensor]] = {
     "nnc_mkldnn_convolution_bn_pointwise": _conv_bn_pointwise,
     "nnc_mkldnn_convolution_pointwise_packed": _conv_pointwise_packed,
     "nnc_mkldnn_convolution_pointwise_binary_packed": _conv_binary_packed,
+    "nnc_mkl_linear_packed": _mkl_linear_packed,
+    "nnc_mkl_mm_packed": _mkl_mm_packed,
 }
 
 

@@ -521,6 +521,33 @@ def _lower_external(
     state.externals.append(call)
     state.folded |= fused.folded
     state.env[fused.value] = TensorArg(call.buf, state.sizes(meta))  # type: ignore[arg-type]
+    if fused.bias is not None:
+        _add_bias(state, replace(fused, call=call), graph_outputs)
+
+
+def _add_bias(state: _GraphLowering, fused: Any, graph_outputs: set[int]) -> None:
+    """The external node's value as the call's result plus the bias that its loops add
+    (broadcast along the leading dims), a nest like any elementwise node's."""
+    meta = state.metas[fused.value]
+    result, bias = fused.call.buf, fused.bias
+    sizes = state.sizes(meta)
+    offset = len(meta.sizes) - bias.ndim
+    is_output = fused.value in graph_outputs
+
+    def body(*idx: E.Expr) -> E.Expr:
+        at = tuple(E.imm(0) if E.is_const(d, 1) else idx[offset + k]
+                   for k, d in enumerate(bias.dims))
+        return E.Load(result, idx) + E.Load(bias, at)
+
+    strides = meta.strides if state.symbols is None or not is_output else (
+        state.symbols.dense(meta))
+    buf, nest = compute(state.unique(result.name), result.dtype, sizes, body,
+                        strides=strides if is_output else None,
+                        order=_layout_order(meta) if is_output else None)
+    if is_output:
+        state.output_metas[buf] = meta
+    state.env[fused.value] = TensorArg(buf, sizes)  # type: ignore[arg-type]
+    state.nests.append(nest)
 
 
 def _collect_outputs(

@@ -9,8 +9,9 @@ from torch import nn
 
 import nncfuse
 from nncfuse.jit.runtime import kernel_of
+from nncfuse.tensorexpr import external
 from nncfuse.tensorexpr import stmt as S
-from nncfuse.tensorexpr.external import onednn_dtype_ok
+from nncfuse.tensorexpr.external import mkl_packed_ok, onednn_dtype_ok
 
 
 class ConvBnAct(nn.Module):
@@ -131,6 +132,59 @@ def test_inverted_residual_is_oneDNN_calls_with_their_post_ops():
         assert calls == ["nnc_mkldnn_convolution_pointwise_packed",
                          "nnc_mkldnn_convolution_pointwise_packed",
                          "nnc_mkldnn_convolution_pointwise_binary_packed"] * 2
+
+class Conv1D(nn.Module):
+    """GPT-2's projection: addmm of the bias, the input's rows and a (k, n) weight."""
+
+    def __init__(self, nx=256, nf=256):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nx, nf) / 16)
+        self.bias = nn.Parameter(torch.randn(nf))
+
+    def forward(self, x):
+        y = torch.addmm(self.bias, x.view(-1, 256), self.weight).view(2, 8, 256)
+        return torch.tanh(y) * 0.5
+
+
+class MatmulSilu(nn.Module):
+    def __init__(self, k=256, n=512):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(k, n) / 16)
+
+    def forward(self, x):
+        return torch.nn.functional.silu(torch.matmul(x, self.weight)) + 1.0
+
+
+@pytest.mark.skipif(not mkl_packed_ok(torch.float32), reason="no MKL packed GEMM here")
+@pytest.mark.parametrize("make, routine", [
+    (lambda: nn.Sequential(nn.Linear(256, 256), nn.GELU()), "nnc_mkl_linear_packed"),
+    (lambda: nn.Sequential(nn.Linear(256, 512, bias=False), nn.SiLU()), "nnc_mkl_linear_packed"),
+    (Conv1D, "nnc_mkl_mm_packed"),
+    (MatmulSilu, "nnc_mkl_mm_packed"),
+    (lambda: nn.Sequential(nn.Linear(256, 255), nn.GELU()), "nnc_aten_linear"),  # too small
+])
+def test_frozen_linears_run_mkls_gemm_on_a_weight_packed_once(make, routine):
+    module = make().eval()
+    x = torch.randn(2, 8, 256)
+    fn = nncfuse.jit(module, freeze=True)
+    _check(fn, module, x)
+    (group,) = _groups(fn, x)
+    kernel = kernel_of(group)
+    (call,) = [s for s in kernel.stmt.stmts if isinstance(s, S.ExternalCall)]
+    assert call.fn == routine
+    if not routine.endswith("_packed"):
+        return
+    weights = [t for _, t in kernel.lowered.constants if t.dim() == 2]
+    assert len(weights) == 1 and id(weights[0]) in external._packed
+    packed = next(iter(external._packed[id(weights[0])][1].values()))
+    for _ in range(2):
+        _check(fn, module, x)
+    assert next(iter(external._packed[id(weights[0])][1].values())) is packed  # not repacked
+    with torch.no_grad():  # an optimizer step: frozen again, packed again, as eager computes
+        next(module.parameters()).mul_(-1.5)
+    _check(fn, module, x)
+    assert fn.freezes == 2
+
 
 def test_scripted_conv2d_fuses_once_frozen():
     # Unfrozen, a scripted nn.Conv2d's weights, strides and padding are GetAttrs and list

@@ -11,7 +11,7 @@ from nncfuse.tensorexpr.buffer import Buf
 from nncfuse.tensorexpr.dtype import FLOAT32
 from nncfuse.tensorexpr.external import onednn_dtype_ok
 from nncfuse.tensorexpr.ir_eval import IREvaluator
-from nncfuse.tensorexpr.lowerings.external import ONEDNN_LINEAR_ROWS
+from nncfuse.tensorexpr.lowerings.external import ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interpreter")]
 
@@ -63,6 +63,8 @@ CASES = {f.__name__: f for f in (linear_gelu, addmm_relu, conv_relu, depthwise_h
                                  conv_add_relu, mm_tanh_scale, linear_silu_mul)}
 #: whose whole epilogue oneDNN computes (float32): the kernel has no loops
 ONEDNN = {"linear_gelu", "conv_relu", "depthwise_hardtanh", "conv_add_relu"}
+#: float32 linears run MKL's GEMM (through ATen) and nncfuse's loops, not oneDNN's
+MKL = torch._C.has_mkl
 
 
 def kernels(fused, *args):
@@ -76,8 +78,9 @@ def check(fn, args, use_llvm=True, dtype=torch.float32):
             got = fused(*args)
         want = fn(*args)
     tol = dict(rtol=2e-2, atol=5e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got, want, **tol)
-    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
+    for g, w in zip(*(t if isinstance(t, tuple) else (t,) for t in (got, want))):
+        assert g.stride() == w.stride()
     (kernel,) = kernels(fused, *args)
     return kernel
 
@@ -89,22 +92,89 @@ def test_matches_eager_float32(name, n, use_llvm):
     kernel = check(CASES[name], inputs(name, n, torch.float32), use_llvm)
     calls = [s for s in kernel.stmt.stmts if isinstance(s, S.ExternalCall)]
     assert len(calls) == 1
-    # A linear of few rows is ATen's (MKL), with nncfuse's epilogue: faster than oneDNN's.
-    onednn = name in ONEDNN and not (name == "linear_gelu" and n < ONEDNN_LINEAR_ROWS)
+    # A float32 linear is ATen's (MKL), with nncfuse's epilogue: faster than oneDNN's.
+    onednn = name in ONEDNN and not (name == "linear_gelu" and (MKL or n < ONEDNN_LINEAR_ROWS))
     if onednn and onednn_dtype_ok(torch.float32):
         assert calls[0].fn.startswith("nnc_mkldnn_") and len(kernel.stmt.stmts) == 1
     elif not onednn:
         assert len(kernel.stmt.stmts) > 1  # nncfuse's loops run the epilogue
 
 
+def external_calls(kernel):
+    return [s for s in kernel.stmt.stmts if isinstance(s, S.ExternalCall)]
+
+
 @pytest.mark.parametrize("rows", [ONEDNN_LINEAR_ROWS - 1, ONEDNN_LINEAR_ROWS])
-def test_linear_post_op_in_onednn_from_enough_rows(rows):
+def test_linear_post_op_in_onednn_from_enough_rows_without_mkl(rows):
+    # bfloat16 (no MKL GEMM): oneDNN's linear with the post-op from ONEDNN_LINEAR_ROWS rows.
+    dtype = torch.bfloat16 if MKL else torch.float32
+    if not onednn_dtype_ok(dtype):
+        pytest.skip(f"oneDNN takes no {dtype} here")
+    kernel = check(linear_gelu, inputs("linear_gelu", rows, dtype), dtype=dtype)
+    (call,) = external_calls(kernel)
+    fused = rows >= ONEDNN_LINEAR_ROWS
+    assert (call.fn == "nnc_mkldnn_linear_pointwise") == fused
+    assert (len(kernel.stmt.stmts) == 1) == fused
+
+
+@pytest.mark.skipif(not MKL, reason="float32 GEMMs are MKL's only where torch has MKL")
+@pytest.mark.parametrize("rows", [1, ONEDNN_LINEAR_ROWS, 128])
+def test_float32_linear_is_atens_gemm_with_the_bias_added_by_the_loops(rows):
     kernel = check(linear_gelu, inputs("linear_gelu", rows, torch.float32))
-    (call,) = [s for s in kernel.stmt.stmts if isinstance(s, S.ExternalCall)]
-    if onednn_dtype_ok(torch.float32):
-        fused = rows >= ONEDNN_LINEAR_ROWS
-        assert (call.fn == "nnc_mkldnn_linear_pointwise") == fused
-        assert (len(kernel.stmt.stmts) == 1) == fused
+    (call,) = external_calls(kernel)
+    assert call.fn == "nnc_aten_linear" and call.args[2] is None  # no bias: the loops add it
+    assert "t2[" in str(kernel.stmt)  # the loops read the bias
+
+
+@pytest.mark.skipif(not MKL or not onednn_dtype_ok(torch.float32), reason="MKL and oneDNN")
+@pytest.mark.parametrize("rows, n, onednn", [
+    (ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT // 256, True),
+    (ONEDNN_LINEAR_ROWS - 1, ONEDNN_LINEAR_WEIGHT // 256, False),
+    (ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT // 256 - 1, False),
+])
+def test_a_float32_linear_of_a_large_weight_is_onednns_with_its_post_op(rows, n, onednn):
+    x, w, b = torch.randn(rows, 256), torch.randn(n, 256) / 16, torch.randn(n)
+    (call,) = external_calls(check(linear_gelu, (x, w, b)))
+    assert (call.fn == "nnc_mkldnn_linear_pointwise") == onednn
+
+
+def addmm_scaled(b, x, w):
+    return torch.relu(torch.addmm(b, x, w, beta=0.5))
+
+
+def linear_twice(x, w, b):
+    y = F.linear(x, w, b)
+    return y, torch.sigmoid(y)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("case, bias_shape, routine", [
+    ("addmm", (16,), "nnc_aten_mm"),  # GPT-2's Conv1D: the bias added by the loops
+    ("addmm", (1, 16), "nnc_aten_mm"),
+    ("addmm", (4, 16), "nnc_aten_mm"),
+    ("addmm", (4, 1), "nnc_aten_mm"),
+    ("addmm_scaled", (16,), "nnc_aten_addmm"),  # beta 0.5: the routine scales the bias
+    ("linear_twice", (16,), "nnc_aten_linear"),  # the sum is an output and read again
+])
+def test_a_bias_moves_into_the_loops_where_it_adds_as_eager(case, bias_shape, routine, use_llvm):
+    fn = {"addmm": addmm_relu, "addmm_scaled": addmm_scaled, "linear_twice": linear_twice}[case]
+    x, bias = torch.randn(4, 32), torch.randn(bias_shape)
+    x[0, 0], x[1, :] = float("nan"), 0.0
+    bias.view(-1)[0] = float("inf")
+    bias.view(-1)[-1] = -0.0
+    if case == "linear_twice":
+        args = (x, torch.randn(16, 32), bias)
+    else:
+        args = (bias, x, torch.randn(32, 16))
+    kernel = check(fn, args, use_llvm)  # NaN where eager's is, Inf, -0.0: as eager
+    (call,) = external_calls(kernel)
+    assert call.fn == routine
+    fused = nncfuse.jit(fn, use_llvm=use_llvm)
+    with torch.no_grad():
+        got, want = [fused(*args) for _ in range(3)][-1], fn(*args)
+    for g, w in zip(*(t if isinstance(t, tuple) else (t,) for t in (got, want))):
+        numbers = ~w.isnan()
+        assert torch.equal(g.signbit()[numbers], w.signbit()[numbers])  # -0.0 stays -0.0
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -171,9 +241,13 @@ def test_printed_stmt_shows_the_external_call():
     text = str(kernel.stmt)
     assert text.splitlines()[1].strip() == 'ExternalCall(aten_mm, "nnc_aten_mm", {t0, t1}, {});'
     fused = check(linear_gelu, inputs("linear_gelu", ONEDNN_LINEAR_ROWS, torch.float32))
+    if MKL:
+        assert 'ExternalCall(aten_linear, "nnc_aten_linear", {t0, t1}, {None});' in str(
+            fused.stmt)
+    conv = check(conv_relu, inputs("conv_relu", 2, torch.float32))
     if onednn_dtype_ok(torch.float32):
-        assert ('ExternalCall(aten_linear, "nnc_mkldnn_linear_pointwise", {t0, t1, t2}, '
-                "{'gelu', (), 'none'});") in str(fused.stmt)
+        assert ('ExternalCall(aten_conv2d, "nnc_mkldnn_convolution_pointwise", {t0, t1, t2}, '
+                "{(1, 1), (1, 1), (1, 1), 1, 'relu', (), None});") in str(conv.stmt)
 
 
 def test_an_external_call_reads_group_inputs_only():
@@ -271,3 +345,20 @@ def test_batch_norm_in_training_mode_does_not_fuse():
         want = batch_norm_training(x, m2, v2, w, b)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(mean, m2)  # the running statistics were updated alike
+
+
+@pytest.mark.skipif(not torch._C.has_mkl, reason="no MKL packed GEMM here")
+def test_mkls_packed_gemm_follows_the_weight_and_the_rows():
+    from nncfuse.tensorexpr.external import ROUTINES
+
+    linear, mm = ROUTINES["nnc_mkl_linear_packed"], ROUTINES["nnc_mkl_mm_packed"]
+    w, b, wt = torch.randn(16, 32), torch.randn(16), torch.randn(32, 16)
+    for rows in (3, 8, 1):  # a new row count packs again; the result is the same
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b))
+        torch.testing.assert_close(linear(x.view(1, rows, 32), w, None), F.linear(x, w)[None])
+        torch.testing.assert_close(mm(x, wt), x @ wt)
+    w.mul_(2.0)  # written in place: the version changed, packed again
+    wt.copy_(torch.randn(32, 16))
+    torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b))
+    torch.testing.assert_close(mm(x, wt), x @ wt)

@@ -14,6 +14,16 @@ and those nodes lower to nothing (`Fused`):
     %y = aten::linear(%x, %w, %b)         ExternalCall(aten_linear, "nnc_mkldnn_linear_pointwise",
     %z = aten::gelu(%y, "none")       ->                 {x, w, b}, {'gelu', (), 'none'});
 
+A float32 linear (where torch has MKL) of a weight under a million elements takes
+no oneDNN routine: oneDNN reorders an unpacked weight on every call, which costs
+more than the epilogue's pass (`ONEDNN_LINEAR_ROWS`). A linear's bias (an addmm's,
+with beta and alpha 1) is then added by the loops, which read the GEMM's result
+anyway, and a constant weight takes MKL's packed GEMM (`_gemm_plans`):
+
+    %y = aten::linear(%x, %w, %b)         ExternalCall(aten_linear, "nnc_aten_linear",
+    %z = aten::silu(%y)               ->                 {x, w}, {None});
+                                          for i, j: z[i, j] = silu(aten_linear[i, j] + b[j])
+
 The routine is tried once at lowering on random inputs of the group's types
 and compared with the unfused ops; a routine that raises or differs falls
 back to the plain ATen op with nncfuse's epilogue (and a call that still
@@ -23,6 +33,7 @@ strides the buffer is declared with.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +50,7 @@ from ..external import (
     ROUTINES,
     aten_op,
     aten_routine,
+    mkl_packed_ok,
     onednn_dtype_ok,
     post_op,
 )
@@ -59,11 +71,22 @@ EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 FOLD_BATCH_NORM = False
 
 
-#: oneDNN's linear with a fused post-op for at least this many rows, else ATen's linear (MKL)
-#: and nncfuse's loops after it. oneDNN reorders an unpacked weight on every call: at 1 row,
-#: 768 -> 3072 (1 thread) it took 395-415 us where ATen's linear and the epilogue took
-#: 375-380 us, as eager; at 8 rows 735-745 vs 690-730 us; from 32 rows on, the same.
+#: oneDNN's linear with a fused post-op for at least this many rows, else ATen's GEMM and
+#: nncfuse's loops after it; for float32 (where torch has MKL) only for a weight of at least
+#: ONEDNN_LINEAR_WEIGHT elements. oneDNN reorders an unpacked weight on every call. Float32,
+#: 1 thread, 128 rows, its GEMM alone against ATen's `mm`: 1.25x at 256 -> 256, 1.23x at
+#: 256 -> 1024, 1.09x at 768 -> 3072 (1.1-6x at 1-4 rows). With the epilogue (gelu, silu)
+#: against `mm` and eager's passes: 1.03-1.13x for weights of 256 x 256 to 256 x 1024 (the
+#: transformers' shapes; Llama end to end: 316 us per `_linear_pointwise` call against 152 us
+#: per `mm`), 0.94-1.04x at 262k-786k elements, 0.90-0.95x from 1M (768 -> 2048 and
+#: 768 -> 3072, 1024 -> 3072; 0.82-0.87x at 64 rows of 768 -> 3072).
 ONEDNN_LINEAR_ROWS = 32
+ONEDNN_LINEAR_WEIGHT = 1 << 20
+
+#: MKL's packed GEMM for constant weights of at least this many elements. It takes at least
+#: 7.9 MB per weight (MKL's packing pads: 1982689 floats for 64 x 32) and saved 8% at
+#: 128 x 256 -> 256 (1 thread: 93 against `mm`'s 101 us), 11-17% from 256 -> 1024 up.
+MKL_PACKED_WEIGHT = 1 << 16
 
 
 @register(tuple(ATEN_EXTERNALS), overloads=("",), constant_operands=True)
@@ -90,6 +113,7 @@ class Fused:
     call: S.ExternalCall
     value: int
     folded: frozenset[int]  # uniques of the outputs of nodes fused into the call
+    bias: Buf | None = None  # added to the call's result by the loops (the value is the sum)
 
 
 def _operand(arg: Any, sources: frozenset[Buf]) -> Any:
@@ -153,6 +177,7 @@ class _Plan:
     reference: Callable[..., torch.Tensor]  # the unfused ops, on the same operands
     last: Any  # the graph value the call computes
     folded: tuple[Any, ...]
+    bias: Buf | None = None  # what the loops add to the routine's result
 
 
 def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
@@ -170,7 +195,9 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     after = _single_user(user.output(), outputs) if residual is not None else None
     then = _unary(after, user.output()) if after is not None else None
     plans: list[_Plan] = []
-    if kind == "aten::linear" and len(meta.sizes) >= 2 and _rows(meta) >= ONEDNN_LINEAR_ROWS:
+    packed = operands[1] in constant and _packable(operands[0], operands[1], meta)  # faster
+    if kind == "aten::linear" and len(meta.sizes) >= 2 and not packed and _onednn_linear(
+            meta, operands[1]):
         x, w, b = operands
         if unary is not None:
             plans.append(_Plan("nnc_mkldnn_linear_pointwise", (x, w, b, *unary),
@@ -215,6 +242,69 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
                                (x, w, b, *geometry, "none", (), None), _reference(aten, value),
                                value, ()))
     return plans
+
+
+def _onednn_linear(meta: TensorMeta, w: Any) -> bool:
+    """Whether oneDNN's fused linear may be faster than ATen's (see ONEDNN_LINEAR_ROWS)."""
+    if _rows(meta) < ONEDNN_LINEAR_ROWS:
+        return False
+    if meta.dtype != torch.float32 or not torch._C.has_mkl:
+        return True
+    dims = w.static_dims() if isinstance(w, Buf) else None
+    return dims is not None and math.prod(dims) >= ONEDNN_LINEAR_WEIGHT
+
+
+def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> list[_Plan]:
+    """The plain GEMM of a linear, addmm, mm or matmul, best first, with nncfuse's loops after it:
+    MKL's packed GEMM where the weight is a constant (a frozen module's: packed once), and a
+    bias (linear's; addmm's with beta and alpha 1) added in the loops, which read the result
+    anyway, instead of by the routine (ATen's addmm writes it into the output first, then
+    accumulates onto it: 128 x 768 -> 3072, 1 thread, 4.37 ms against mm's 3.86 ms)."""
+    kind, value = node.kind(), node.output()
+    meta = TensorMeta.from_type(value.type())
+    if meta is None or kind not in ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul"):
+        return []
+    reference = _reference(ROUTINES[aten_routine(kind)], value)
+    if kind == "aten::linear":
+        x, w, bias = operands
+    elif kind in ("aten::mm", "aten::matmul"):
+        (x, w), bias = operands, None
+    else:
+        bias, x, w, beta, alpha = operands
+        if not isinstance(bias, Buf) or any(
+                not isinstance(c, (int, float)) or c != 1 for c in (beta, alpha)):
+            return []
+    if bias is not None and not (isinstance(bias, Buf) and _broadcasts(bias, meta)):
+        return []
+    if bias is not None and meta.dtype not in (torch.float32, torch.float64):
+        return []  # reduced precision: the routine adds the bias before rounding
+    linear = kind == "aten::linear"
+    plans = []
+    if w in constant and _packable(x, w, meta):
+        fn, args = (("nnc_mkl_linear_packed", (x, w, None)) if linear
+                    else ("nnc_mkl_mm_packed", (x, w)))
+        plans.append(_Plan(fn, args, reference, value, (), bias))
+    if bias is not None:
+        fn, args = ("nnc_aten_linear", (x, w, None)) if linear else ("nnc_aten_mm", (x, w))
+        plans.append(_Plan(fn, args, reference, value, (), bias))
+    return plans
+
+
+def _packable(x: Any, w: Any, meta: TensorMeta) -> bool:
+    """Whether MKL's packed GEMM computes `x` times the constant 2-d weight `w` (of at least
+    MKL_PACKED_WEIGHT elements) in `meta`'s dtype."""
+    dims = w.static_dims() if isinstance(w, Buf) else None
+    if not isinstance(x, Buf) or x.ndim < 2 or dims is None or len(dims) != 2:
+        return False
+    return mkl_packed_ok(meta.dtype) and math.prod(dims) >= MKL_PACKED_WEIGHT
+
+
+def _broadcasts(bias: Buf, meta: TensorMeta) -> bool:
+    """Whether `bias` has static sizes that broadcast to the output's without changing them."""
+    sizes = bias.static_dims()
+    if sizes is None or len(sizes) > len(meta.sizes):
+        return False
+    return all(b in (1, o) for b, o in zip(reversed(sizes), reversed(meta.sizes)))
 
 
 def _channels_last(buf: Any) -> bool:
@@ -337,7 +427,9 @@ def lower_external(
     gen = torch.Generator().manual_seed(0)
     example = partial(_example, constants=constants, gen=gen, sizes_of=sizes_of)
     examples = {b: example(b) for b in sources if b in set(_bufs(operands))}
-    plans = _fused_plans(node, operands, outputs, env_buf, frozenset(constants))
+    constant = frozenset(constants)
+    plans = [*_fused_plans(node, operands, outputs, env_buf, constant),
+             *_gemm_plans(node, operands, constant)]
     for plan in plans:
         for b in _bufs(plan.args):
             examples.setdefault(b, example(b))
@@ -346,7 +438,7 @@ def lower_external(
             examples[var] = examples[var].abs() + 0.5
         result = _try(plan, operands, examples, partial(_lookup, examples, env_buf))
         if result is not None:
-            return _fused(plan.fn, plan.args, name, result, plan.last, plan.folded)
+            return _fused(plan.fn, plan.args, name, result, plan.last, plan.folded, plan.bias)
     fn = aten_routine(kind)
     try:
         with torch.no_grad():
@@ -385,18 +477,19 @@ def _try(plan: _Plan, operands: Sequence[Any], examples: dict[Buf, torch.Tensor]
             want = plan.reference(_values(operands, examples), lookup)
     except (RuntimeError, KeyError, TypeError):
         return None
-    if got.shape != want.shape or got.dtype != want.dtype or got.stride() != want.stride():
+    full = got if plan.bias is None else got + examples[plan.bias]
+    if full.shape != want.shape or got.dtype != want.dtype or got.stride() != want.stride():
         return None
     tol = 1e-2 if got.dtype == torch.bfloat16 else 1e-3
     scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
-    return got if torch.allclose(got, want, rtol=tol, atol=tol * scale) else None
+    return got if torch.allclose(full, want, rtol=tol, atol=tol * scale) else None
 
 
 def _fused(fn: str, args: tuple[Any, ...], name: str, result: torch.Tensor,
-           last: Any, folded: Sequence[Any]) -> Fused:
+           last: Any, folded: Sequence[Any], bias: Buf | None = None) -> Fused:
     meta = TensorMeta.from_type(last.type())
     if meta is None or (tuple(result.shape), result.dtype) != (meta.sizes, meta.dtype):
         raise LoweringError(f"{fn} gives {tuple(result.shape)} {result.dtype}, not the graph's")
     buf = Buf.make(name, from_torch(result.dtype), meta.sizes, tuple(result.stride()))
     return Fused(S.ExternalCall(buf, fn, args), last.unique(),
-                 frozenset(n.output().unique() for n in folded))
+                 frozenset(n.output().unique() for n in folded), bias)
