@@ -11,7 +11,11 @@ from nncfuse.tensorexpr.buffer import Buf
 from nncfuse.tensorexpr.dtype import FLOAT32
 from nncfuse.tensorexpr.external import onednn_dtype_ok
 from nncfuse.tensorexpr.ir_eval import IREvaluator
-from nncfuse.tensorexpr.lowerings.external import ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT
+from nncfuse.tensorexpr.lowerings.external import (
+    ONEDNN_LINEAR_MANY_ROWS,
+    ONEDNN_LINEAR_ROWS,
+    ONEDNN_LINEAR_WEIGHT,
+)
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interpreter")]
 
@@ -131,6 +135,8 @@ def test_float32_linear_is_atens_gemm_with_the_bias_added_by_the_loops(rows):
     (ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT // 256, True),
     (ONEDNN_LINEAR_ROWS - 1, ONEDNN_LINEAR_WEIGHT // 256, False),
     (ONEDNN_LINEAR_ROWS, ONEDNN_LINEAR_WEIGHT // 256 - 1, False),
+    (ONEDNN_LINEAR_MANY_ROWS, 64, True),  # many rows: oneDNN whatever the weight
+    (ONEDNN_LINEAR_MANY_ROWS - 1, 64, False),
 ])
 def test_a_float32_linear_of_a_large_weight_is_onednns_with_its_post_op(rows, n, onednn):
     x, w, b = torch.randn(rows, 256), torch.randn(n, 256) / 16, torch.randn(n)

@@ -82,6 +82,14 @@ FOLD_BATCH_NORM = False
 #: 768 -> 3072, 1024 -> 3072; 0.82-0.87x at 64 rows of 768 -> 3072).
 ONEDNN_LINEAR_ROWS = 32
 ONEDNN_LINEAR_WEIGHT = 1 << 20
+#: ... and for float32 any weight from this many rows: the post-op runs on the GEMM's tiles
+#: while they are in cache, which pays most where the GEMM's reduction is short. Through
+#: nncfuse at 1 thread, oneDNN over ATen's GEMM and loops (gelu / residual add): ConvNeXt's
+#: 3136 rows of 40 -> 160 0.61x / 0.75x, 784 of 80 -> 320 0.77x / 0.88x, 512 of 256 -> 1024
+#: 0.89x / 0.95x; at 128 rows 0.94-1.13x (256 -> 256, 688, 1024; silu 1.13x), 196 of
+#: 160 -> 640 0.88x / 1.02x. (ConvNeXt end to end: 1.05x eager with ATen's GEMMs against
+#: 1.16x with oneDNN's.)
+ONEDNN_LINEAR_MANY_ROWS = 512
 
 #: MKL's packed GEMM for constant weights of at least this many elements. It takes at least
 #: 7.9 MB per weight (MKL's packing pads: 1982689 floats for 64 x 32) and saved 8% at
@@ -249,6 +257,8 @@ def _onednn_linear(meta: TensorMeta, w: Any) -> bool:
     if _rows(meta) < ONEDNN_LINEAR_ROWS:
         return False
     if meta.dtype != torch.float32 or not torch._C.has_mkl:
+        return True
+    if _rows(meta) >= ONEDNN_LINEAR_MANY_ROWS:
         return True
     dims = w.static_dims() if isinstance(w, Buf) else None
     return dims is not None and math.prod(dims) >= ONEDNN_LINEAR_WEIGHT
