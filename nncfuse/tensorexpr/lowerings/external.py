@@ -413,7 +413,10 @@ def lower_external(
     if meta is None:
         raise LoweringError(f"no type for the output of {kind}")
     gen = torch.Generator().manual_seed(0)
-    examples = {b: _example(b, constants, gen) for b in sources if b in set(_bufs(operands))}
+    # Drawn in operand order (not `sources`' set order, which follows object ids): the
+    # examples decide which plan passes, so the plan, and the IR, must not vary by process.
+    examples = {b: _example(b, constants, gen) for b in dict.fromkeys(_bufs(operands))
+                if b in sources}
     constant = frozenset(constants)
     plans = [*_fused_plans(node, operands, outputs, env_buf, constant),
              *_gemm_plans(node, operands, constant)]
