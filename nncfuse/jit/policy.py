@@ -287,7 +287,7 @@ class Policy:
             plan = self.optimize(graph, prog, dynamic)
         finally:
             STATIC_SIZES.reset(token)
-        if dynamic and _dynamic_only(plan):
+        if dynamic and _dynamic_only(plan, static):
             self._classes[cls].adopt(plan, now, static)
         return plan
 
@@ -406,16 +406,67 @@ def _int_size(size: Any) -> int | None:
     return int(size.value) if isinstance(size, E.Imm) else None
 
 
-def _dynamic_only(plan: Plan) -> bool:
-    """Whether every computation of `plan`'s graph runs in dynamic kernels (which check their
-    inputs themselves): then nothing in it depends on the sizes it was typed with."""
+#: Nodes that check the types (sizes) a graph was specialized to
+_TYPE_CHECKS = ("prim::TypeCheck", "prim::RequiresGradCheck", "prim::TensorExprDynamicGuard")
+
+
+#: Views whose constant operands may be sizes of the signature the graph was typed with (the
+#: fuser spells a `chunk` as slices of the profiled lengths, an in-place slice assignment is
+#: rebuilt from slices): unfused, they are right at other sizes only along a dim that is fixed
+_CONSTANT_VIEWS = ("aten::slice", "aten::select", "aten::narrow")
+
+
+def _dynamic_only(plan: Plan, static: frozenset[int] = frozenset()) -> bool:
+    """Whether every kernel of `plan`'s graph is dynamic (checks its inputs itself), nothing
+    checks the types it was typed with, and the views that run unfused with constant
+    operands are along dims of the same size at every signature the plan serves (`static`:
+    the sizes it keeps): then nothing in it depends on the sizes it was typed with (other
+    nodes that run unfused, a GEMM between groups, run at any size)."""
     if plan.graph is None or isinstance(plan, UnfusedPlan):
         return False
-    nodes = [n for n in plan.graph.nodes()
-             if n.kind() not in ("prim::Constant", "prim::TupleConstruct")]
-    return bool(nodes) and all(
-        is_fused_op(n) and runtime.kernel_of(n).dynamic for n in nodes
-    )
+    nodes = list(_all_nodes(plan.graph.nodes()))
+    fused = [n for n in nodes if is_fused_op(n)]
+    return bool(fused) and all(runtime.kernel_of(n).dynamic for n in fused) and not any(
+        n.kind() in _TYPE_CHECKS or n.kind() in _CONSTANT_VIEWS and not _fixed_view(n, static)
+        for n in nodes)
+
+
+def _fixed_view(node: Any, static: frozenset[int]) -> bool:
+    """Whether a slice, select or narrow is along a dim whose size `_fixed` shows, or has
+    operands computed when it runs."""
+    if any(v.node().kind() != "prim::Constant" for v in list(node.inputs())[2:]):
+        return True
+    dim = node.inputsAt(1).toIValue()
+    sizes = _sizes(node.inputsAt(0))
+    return isinstance(dim, int) and sizes is not None and -len(sizes) <= dim < len(sizes) and (
+        _fixed(node.inputsAt(0), dim % len(sizes), static))
+
+
+def _sizes(value: Any) -> list[int | None] | None:
+    t = value.type()
+    return t.sizes() if isinstance(t, torch._C.TensorType) and t.dim() is not None else None
+
+
+def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
+    """Whether dim `dim` of graph value `value` has one size at every signature of the plan:
+    a module attribute's; an argument's kept static (the plan serves only that size, or 1:
+    part of the class); the last of a `linear` of a fixed weight. Else not known: False."""
+    sizes, node = _sizes(value), value.node()
+    if sizes is None or sizes[dim] is None:
+        return False
+    if node.kind() == "prim::GetAttr":
+        return True
+    if node.kind() == "prim::Param":
+        return sizes[dim] == 1 or sizes[dim] in static
+    return (node.kind() == "aten::linear" and dim == len(sizes) - 1
+            and _fixed(node.inputsAt(1), 0, static))
+
+
+def _all_nodes(nodes: Any) -> Any:
+    for n in nodes:
+        yield n
+        for block in n.blocks():
+            yield from _all_nodes(block.nodes())
 
 
 def _all_contiguous(args: tuple[Any, ...]) -> bool:

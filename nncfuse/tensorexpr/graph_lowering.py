@@ -37,7 +37,6 @@ from .ir_visitor import substitute
 from .loopnest import compute, definition
 from .lowerings import (
     EXTERNAL_KINDS,
-    VIEWS,
     Arg,
     ConstArg,
     Ctx,
@@ -233,24 +232,6 @@ def _lower_size(state: _GraphLowering, node: Any) -> None:
     state.env[node.output().unique()] = value
 
 
-#: Op families (lowering modules) whose output sizes follow from their inputs' whatever the
-#: sizes: the ops a dynamic kernel takes (`registry` holds the `pointwise` ones). Reductions
-#: raise where a size they need is symbolic (the policy keeps the dims that do not change
-#: static, such as the extent of a softmax or a layer_norm).
-_DYNAMIC_FAMILIES = frozenset(
-    f"{__package__}.lowerings.{m}"
-    for m in ("registry", "arithmetic", "activation", "unary", "compare", "bitwise", "casts",
-              "reductions", "normalization")
-)
-#: Views and cat, whose constant operands are dims, not sizes: the same for every size (a
-#: cat whose lengths along its dim are symbols raises: they may be 0).
-_DYNAMIC_VIEWS = frozenset((
-    "aten::permute", "aten::transpose", "aten::t", "aten::movedim", "aten::swapaxes",
-    "aten::swapdims", "aten::mT", "aten::numpy_T", "aten::adjoint", "aten::unsqueeze",
-    "aten::squeeze", "aten::contiguous", "aten::cat", "aten::concat", "aten::concatenate",
-))
-
-
 _CATS = ("aten::cat", "aten::concat", "aten::concatenate")
 
 
@@ -361,11 +342,11 @@ def _no_expand(kind: str) -> int:
 
 
 def _check_dynamic(node: Any, lowering: Any) -> None:
-    """LoweringError unless `node` can take symbolic sizes (a dynamic kernel)."""
-    if node.kind() in _DYNAMIC_VIEWS or node.kind() in _SIZED_VIEWS:
-        return
-    if (lowering.fn.__module__ not in _DYNAMIC_FAMILIES or lowering.constant_operands
-            or node.kind() in VIEWS):
+    """LoweringError unless `node` can take symbolic sizes (a dynamic kernel): its lowering
+    says so (`Lowering.dynamic`). Reductions raise later where a size they need is symbolic
+    (the policy keeps the dims that do not change static, such as a softmax's extent); a cat
+    whose lengths along its dim are symbols too (they may be 0)."""
+    if not lowering.dynamic:
         raise LoweringError(f"{node.kind()} does not take symbolic sizes")
 
 
@@ -385,7 +366,7 @@ def lower_graph(
             _lower_list(state, node)
         elif node.kind() in _SIZE_KINDS and _int_node(node):
             _lower_size(state, node)
-        elif dynamic and node.kind() in ("aten::copy_", *EXTERNAL_KINDS):
+        elif dynamic and node.kind() == "aten::copy_":
             raise LoweringError(f"{node.kind()} in a dynamic kernel")
         elif node.kind() == "aten::copy_":
             _lower_write_back(state, node, inputs)
@@ -569,17 +550,22 @@ def _lower_external(
         return state.env[value.unique()].buf  # type: ignore[union-attr]
 
     op = node.kind().split("::")[-1]
+    symbols = state.symbols
     fused = lower_external(node, args, sources, constants, graph_outputs,
-                           state.unique(f"aten_{op}"), buf_of)
+                           state.unique(f"aten_{op}"), buf_of,
+                           *(() if symbols is None else (symbols.at,)))
+    meta = state.metas[fused.value]
+    # a dynamic kernel's: the result in the symbols, the routine run at another size too
+    call = fused.call if symbols is None else symbols.external(fused.call, meta, constants)
     state.ops.append(op)
     how = ("oneDNN post-ops fused into the call" if fused.folded
            else "the epilogue runs over the whole output in the loops")
-    _log.debug(f"{node.kind()} as {fused.call.fn}: {how}")
-    state.externals.append(fused.call)
+    _log.debug(f"{node.kind()} as {call.fn}: {how}")
+    state.externals.append(call)
     state.folded |= fused.folded
-    state.env[fused.value] = TensorArg(fused.call.buf, state.metas[fused.value].sizes)
+    state.env[fused.value] = TensorArg(call.buf, state.sizes(meta))  # type: ignore[arg-type]
     if fused.bias is not None:
-        _add_bias(state, fused, graph_outputs)
+        _add_bias(state, replace(fused, call=call), graph_outputs)
 
 
 def _add_bias(state: _GraphLowering, fused: Any, graph_outputs: set[int]) -> None:
@@ -587,20 +573,23 @@ def _add_bias(state: _GraphLowering, fused: Any, graph_outputs: set[int]) -> Non
     (broadcast along the leading dims), a nest like any elementwise node's."""
     meta = state.metas[fused.value]
     result, bias = fused.call.buf, fused.bias
+    sizes = state.sizes(meta)
     offset = len(meta.sizes) - bias.ndim
     is_output = fused.value in graph_outputs
 
     def body(*idx: E.Expr) -> E.Expr:
-        at = tuple(E.imm(0) if d == 1 else idx[offset + k]
-                   for k, d in enumerate(bias.static_dims() or ()))
+        at = tuple(E.imm(0) if E.is_const(d, 1) else idx[offset + k]
+                   for k, d in enumerate(bias.dims))
         return E.Load(result, idx) + E.Load(bias, at)
 
-    buf, nest = compute(state.unique(result.name), result.dtype, meta.sizes, body,
-                        strides=meta.strides if is_output else None,
+    strides = meta.strides if state.symbols is None or not is_output else (
+        state.symbols.dense(meta))
+    buf, nest = compute(state.unique(result.name), result.dtype, sizes, body,
+                        strides=strides if is_output else None,
                         order=_layout_order(meta) if is_output else None)
     if is_output:
         state.output_metas[buf] = meta
-    state.env[fused.value] = TensorArg(buf, meta.sizes)  # type: ignore[arg-type]
+    state.env[fused.value] = TensorArg(buf, sizes)  # type: ignore[arg-type]
     state.nests.append(nest)
 
 

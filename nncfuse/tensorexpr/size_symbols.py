@@ -36,14 +36,17 @@ the group then gets a static kernel.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from . import expr as E
+from . import stmt as S
+from .buffer import Buf
 from .dtype import INDEX
 from .lowerings import LoweringError
+from .lowerings.external import trial
 from .lowerings.shapes import monomial
 from .meta import TensorMeta
 
@@ -177,8 +180,8 @@ class SizeSymbols:
         return tuple(out)
 
     def _strides(self, meta: TensorMeta) -> tuple[Size, ...]:
-        """An input's strides as expressions: row-major over its non-broadcast dims; else
-        LoweringError (that layout gets a static kernel)."""
+        """An input's strides as expressions: row-major over its non-broadcast dims, or else
+        (`_strided`) what a view of a row-major tensor has."""
         sizes = self.sizes(meta)
         out: list[Size] = []
         acc: Size = 1
@@ -188,10 +191,35 @@ class SizeSymbols:
                 out.append(0)
                 continue
             if size > 1 and stride != evaluate(acc, self.values) and not empty:
-                raise LoweringError("an input's layout is not row-major over its dims")
+                return self._strided(meta, sizes)
             out.append(acc)
             acc = _mul(acc, sym)
         return tuple(reversed(out))
+
+    def _strided(self, meta: TensorMeta, sizes: Sequence[Size]) -> tuple[Size, ...]:
+        """The strides of an input laid out otherwise (a transpose, a slice of the last dim,
+        a head split of one: `q` of attention, (1, 4, s0, 64) with strides (768 * s0, 64,
+        768, 1)), per dim above 1: its example stride over the symbols among the sizes of
+        the dims inside it in memory (a smaller stride), times those symbols; 0 for a
+        broadcast. LoweringError if that does not divide (the layout gets a static kernel).
+
+            (s0, s1) strides (1, s0)           ->  1, s0            (a transpose)
+            (1, 4, s0, 64) strides (.., 64, 768, 1)  ->  .., 64, 768, 1   (static: a slice)
+        """
+        out: list[Size] = []
+        for d, (size, stride) in enumerate(zip(meta.sizes, meta.strides)):
+            if size == 1 or stride == 0:
+                out.append(0 if size != 1 else stride)
+                continue
+            inner: Size = 1
+            for e, (other, sym) in enumerate(zip(meta.strides, sizes)):
+                if e != d and meta.sizes[e] > 1 and 0 < other < stride and not isinstance(sym, int):
+                    inner = _mul(inner, sym)
+            value = evaluate(inner, self.values)
+            if value == 0 or stride % value:
+                raise LoweringError("an input's layout is not a view of a row-major tensor")
+            out.append(_mul(stride // value, inner))
+        return tuple(out)
 
     def dense(self, meta: TensorMeta) -> tuple[Size, ...]:
         """`meta`'s strides (an output's) as expressions of its symbolic sizes: dense in the
@@ -208,3 +236,36 @@ class SizeSymbols:
             out[d] = acc
             acc = _mul(acc, sizes[d])
         return tuple(out)
+
+    def at(self, buf: Buf, values: Mapping[E.Var, int] | None = None
+           ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """`buf`'s sizes and strides at `values` of the symbols (by default the example's)."""
+        values = self.values if values is None else values
+        return (tuple(evaluate(d, values) for d in buf.dims),  # type: ignore[arg-type]
+                tuple(evaluate(d, values) for d in buf.strides))  # type: ignore[arg-type]
+
+    def external(self, call: S.ExternalCall, meta: TensorMeta,
+                 constants: dict[Buf, torch.Tensor]) -> S.ExternalCall:
+        """`call`, tried at the example (`lower_external`), with its result declared in the
+        symbols (`meta`: the graph's type of it): its sizes and dense strides, checked
+        against what the routine returns at the example and at other values of the symbols
+        (a GEMM's result sizes are its operands'); else LoweringError."""
+        sizes, strides = self.sizes(meta), self.dense(meta)
+        buf = Buf.make(call.buf.name, call.buf.dtype, sizes, strides)
+        want = self.at(buf)
+        got = (tuple(d.value for d in call.buf.dims), tuple(d.value for d in call.buf.strides))
+        other: dict[E.Var, int] = {}
+        taken = set(self.static) | set(self.values.values())
+        for var, value in self.values.items():
+            other[var] = value + 3
+            while other[var] in taken:
+                other[var] += 1
+            taken.add(other[var])
+        result = trial(call, constants, lambda b: self.at(b, other))
+        for (sizes_a, strides_a), (sizes_b, strides_b) in (
+                (want, got), (self.at(buf, other), (tuple(result.shape), result.stride()))):
+            if sizes_a != sizes_b or any(
+                    n > 1 and a != b for n, a, b in zip(sizes_a, strides_a, strides_b)):
+                raise LoweringError(f"{call.fn}'s result is not {sizes} (strides {strides}) "
+                                    "at every size")
+        return replace(call, buf=buf)

@@ -218,3 +218,39 @@ def test_graph_for_a_dynamic_plan_shows_its_symbolic_dims_as_stars():
     assert "Float(*, 64, device=cpu)" in shown and "Float(11" not in shown
     assert "Float(*, 64" in shown.split("with ")[1]  # the subgraph's values too
     f(torch.randn(37, 64), torch.randn(64))  # the plan still runs after it was shown
+
+
+def _around_an_unfused_op(x):
+    a = (x * 2).sin() + 1
+    return (torch.cumsum(a, 1) + 1).cos() * 3  # cumsum: no lowering, runs between groups
+
+
+def test_a_plan_whose_kernels_are_dynamic_serves_the_class_with_unfused_nodes_between(
+        monkeypatch):
+    compiled = count_compiles(monkeypatch)
+    f = nncfuse.jit(_around_an_unfused_op)
+    for n in (5, 9, 3, 0, 17, 40, 2):
+        x = torch.randn(n, 6)
+        torch.testing.assert_close(f(x), _around_an_unfused_op(x))
+    assert compiled == [False, False, True, True], compiled  # then the dynamic plan serves
+    assert len(distinct_plans(f)) == 2
+
+
+def _split_of_a_changing_dim(x):
+    a, b = (x.abs() + 1).log().split([3, 5], -1)  # the fuser spells it as two slices
+    return a, b
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_slices_of_profiled_lengths_outside_groups_keep_a_plan_from_serving_other_sizes(dynamic):
+    """Fuzzer seed 13221: the slices a split became, unfused, along a dim that changes: a
+    plan with them is not the class's plan, so a length the split does not fit still raises
+    as eager does."""
+    f = nncfuse.jit(_split_of_a_changing_dim, dynamic=dynamic)
+    for n in (8, 8, 8):
+        x = torch.rand(n)
+        for got, want in zip(f(x), _split_of_a_changing_dim(x)):
+            torch.testing.assert_close(got, want)
+    for n in (13, 9):
+        with pytest.raises(RuntimeError, match="split"):
+            f(torch.rand(n))

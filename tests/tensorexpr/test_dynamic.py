@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from nncfuse.config import Options
+from nncfuse.tensorexpr import expr as E
+from nncfuse.tensorexpr.ir_visitor import walk
 from nncfuse.tensorexpr.kernel import TensorExprKernel
 from nncfuse.tensorexpr.lowerings import LoweringError, reductions
 
@@ -175,14 +177,18 @@ _REDUCTIONS = [
 @pytest.mark.parametrize("fn", _REDUCTIONS, ids=["sum", "mean", "softmax", "log_softmax", "sum0",
                                                   "sum_all", "mean_double"])
 def test_sum_mean_softmax_over_a_symbolic_dim(monkeypatch, llvm, fn):
-    """The reduced extent is a symbol too (when enabled: `SYMBOLIC_EXTENTS`): empty rows give
-    eager's 0 (sum), NaN (mean) and an empty softmax; infinities as eager."""
+    """The reduced extent is a symbol too (`SYMBOLIC_EXTENTS`): empty rows give eager's 0
+    (sum), NaN (mean) and an empty softmax; infinities as eager. Vectorized, with a tail
+    computed at run time."""
     graph = graph_of(fn, torch.randn(6, 10))
-    with pytest.raises(LoweringError):  # off by default: not vectorized yet
+    monkeypatch.setattr(reductions, "SYMBOLIC_EXTENTS", False)
+    with pytest.raises(LoweringError):  # off: static kernels
         TensorExprKernel(graph, Options.from_env(), dynamic=True)
     monkeypatch.setattr(reductions, "SYMBOLIC_EXTENTS", True)
     kernel = dynamic_kernels(fn, torch.randn(6, 10))[not llvm]
     assert len(kernel.lowered.symbols) == 2
+    reduces = [n for n in walk(kernel.stmt) if isinstance(n, E.Reduce)]
+    assert any(r.dtype.lanes > 1 for r in reduces), kernel.stmt
     for shape in [(6, 10), (3, 17), (5, 0), (0, 4), (2, 1000), (64, 2100), (7, 3)]:
         x = torch.randn(shape)
         if x.numel():
@@ -199,3 +205,145 @@ def test_reductions_that_raise_on_an_empty_symbolic_dim_stay_static(monkeypatch,
     graph = graph_of(fn, torch.randn(6, 10))
     with pytest.raises(LoweringError):
         TensorExprKernel(graph, Options.from_env(), dynamic=True)
+
+
+def _transpose_add(x, y):
+    return (x + 1).transpose(0, 1) + y
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("static", [frozenset({256}), frozenset()])
+def test_transposes_over_symbolic_sizes_are_tiled_with_tails(llvm, static):
+    """tile_transposes tiles a symbolic extent: whole tiles, then the rows and columns past
+    the last one; every size (0, 1, not a multiple of the tile, non-contiguous) as eager."""
+    example = (torch.randn(300, 256), torch.randn(256, 300))
+    kernel = TensorExprKernel(graph_of(_transpose_add, *example),
+                              Options.from_env(use_llvm=llvm), dynamic=True, static_sizes=static)
+    assert "_tile" in str(kernel.stmt) and "s0 / 32" in str(kernel.stmt), kernel.stmt
+    sizes = [(300, 256), (0, 256), (1, 256), (31, 256), (64, 256), (97, 256)]
+    if not static:
+        sizes += [(70, 2), (2, 70), (65, 0), (100, 67)]
+    for rows, cols in sizes:
+        x, y = torch.randn(rows, cols), torch.randn(cols, rows)
+        for a, b in [(x, y), (torch.randn(cols, rows).t(), torch.randn(rows, cols).t())]:
+            got, want = kernel.run([a, b]), _transpose_add(a, b)  # the second: the fallback
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            assert got.stride() == want.stride() or not got.numel()
+
+
+_W, _B = torch.randn(48, 32), torch.randn(48)
+
+
+def _linear_gelu(x, w, b):
+    return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)) * 2
+
+
+def _linear_residual(x, w, b, r):
+    return torch.nn.functional.linear(x, w, b) + r
+
+
+def _mm(a, b):
+    return torch.mm(a, b).relu() * 2
+
+
+def _bmm(c, d):
+    return (torch.bmm(c, d) * 3).sum(0)
+
+
+def _matmul_scale(q, k):
+    return torch.matmul(q, k) * 0.125 + 1
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn, example, static, calls", [
+    (_linear_gelu, [(1, 40, 32), (48, 32), (48,)], {32, 48},
+     [[(1, 7, 32), (48, 32), (48,)], [(1, 0, 32), (48, 32), (48,)],
+      [(1, 2, 32), (48, 32), (48,)], [(1, 300, 32), (48, 32), (48,)]]),
+    (_linear_residual, [(40, 32), (48, 32), (48,), (40, 48)], {32, 48},
+     [[(9, 32), (48, 32), (48,), (9, 48)], [(0, 32), (48, 32), (48,), (0, 48)]]),
+    (_mm, [(6, 5), (5, 7)], {5}, [[(2, 5), (5, 11)], [(0, 5), (5, 0)], [(9, 5), (5, 9)]]),
+    (_bmm, [(3, 6, 5), (3, 5, 9)], {5, 3}, [[(3, 4, 5), (3, 5, 8)], [(3, 0, 5), (3, 5, 0)]]),
+    (_matmul_scale, [(2, 4, 9, 16), (2, 4, 16, 9)], {2, 4, 16},
+     [[(2, 4, 33, 16), (2, 4, 16, 33)], [(2, 4, 0, 16), (2, 4, 16, 0)]]),
+], ids=["linear_gelu", "linear_residual", "mm", "bmm", "matmul"])
+def test_external_calls_take_symbolic_sizes(llvm, fn, example, static, calls):
+    """A GEMM's result buffer is declared in the symbols (tried at the example and at other
+    sizes); the routine (oneDNN or ATen) runs at whatever size the call has."""
+    examples = [torch.randn(s) for s in example]
+    kernel = TensorExprKernel(graph_of(fn, *examples), Options.from_env(use_llvm=llvm),
+                              dynamic=True, static_sizes=frozenset(static))
+    assert kernel.lowered.externals and kernel.lowered.symbols
+    assert any(not isinstance(d, E.Imm) for c in kernel.lowered.externals for d in c.buf.dims)
+    for shapes in [example, *calls]:
+        args = [torch.randn(s) for s in shapes]
+        got, want = kernel.run(args), fn(*args)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.shape == want.shape and (got.stride() == want.stride() or not got.numel())
+
+
+def test_an_external_call_whose_sizes_do_not_follow_stays_static():
+    def conv(x, w):
+        return torch.nn.functional.conv2d(x, w).relu()  # the output's H is H - 2
+
+    graph = graph_of(conv, torch.randn(1, 3, 12, 12), torch.randn(4, 3, 3, 3))
+    with pytest.raises(LoweringError):
+        TensorExprKernel(graph, Options.from_env(), dynamic=True, static_sizes=frozenset({3, 4}))
+
+
+def _strided(q, k):
+    return (q * 2 + k.transpose(-2, -1)).relu()
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+def test_inputs_that_are_views_of_row_major_tensors_take_symbolic_strides(llvm):
+    """A head split of a slice (attention's q) and a transpose as inputs: their strides are
+    expressions of the symbols of the dims inside them in memory, checked on every call."""
+    def q_of(n):
+        return torch.randn(1, n, 96)[..., 32:64].reshape(1, n, 2, 16).transpose(1, 2)
+
+    def k_of(n):
+        return torch.randn(1, 2, n, 16).transpose(-2, -1).contiguous().transpose(-2, -1)
+
+    kernel = TensorExprKernel(graph_of(_strided, q_of(9), k_of(9).transpose(-2, -1)),
+                              Options.from_env(use_llvm=llvm), dynamic=True,
+                              static_sizes=frozenset({2, 16}))
+    assert kernel.lowered.symbols
+    guards = {g.position: g.strides for g in kernel.lowered.guards}
+    assert guards[0][1:] == (16, 96, 1), guards  # the slice: static strides
+    for n in (9, 4, 0, 33, 1):
+        args = [q_of(n), k_of(n).transpose(-2, -1)]
+        torch.testing.assert_close(kernel.run(args), _strided(*args))
+    q = torch.randn(1, 2, 5, 16)  # contiguous: another layout, the fallback runs
+    k = k_of(5).transpose(-2, -1)
+    torch.testing.assert_close(kernel.run([q, k]), _strided(q, k))
+
+
+@pytest.mark.parametrize("kind, dynamic", [
+    ("aten::relu", True), ("aten::add", True), ("aten::where", True), ("aten::to", True),
+    ("aten::sum", True), ("aten::softmax", True), ("aten::layer_norm", True),
+    ("aten::transpose", True), ("aten::reshape", True), ("aten::slice", True),
+    ("aten::expand", True), ("aten::cat", True),
+    ("aten::flip", False), ("aten::gather", False), ("aten::stack", False),
+    ("aten::batch_norm", False), ("aten::dropout", False), ("aten::linear", False),
+])
+def test_each_lowering_says_whether_it_takes_symbolic_sizes(kind, dynamic):
+    from nncfuse.tensorexpr.lowerings.registry import REGISTRY
+
+    assert REGISTRY[kind].dynamic is dynamic  # (GEMMs: lowered as external calls instead)
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn, rows", [
+    (lambda x: (x * 2).sum(-1), True),
+    (lambda x: torch.softmax(x, -1) + 1, True),
+    (lambda x: (x + 1).sum(0), False),
+], ids=["row_sum", "softmax", "column_sum"])
+def test_reductions_over_a_symbolic_extent_are_vectorized_with_run_time_tails(llvm, fn, rows):
+    """Every part of a vectorized reduction over a symbol may be empty: lengths around the
+    vector widths and the blocks of a cascaded sum (64 vectors of 64 lanes), as eager."""
+    kernel = dynamic_kernels(fn, torch.randn(3, 100) if rows else torch.randn(100, 3))[not llvm]
+    assert "Ramp" in str(kernel.stmt), kernel.stmt
+    lengths = [0, 1, 15, 16, 17, 63, 64, 65, 255, 4096, 4096 * 2 + 37]
+    for n in lengths if llvm else lengths[:-2]:
+        x = torch.randn(3, n) if rows else torch.randn(n, 3)
+        torch.testing.assert_close(kernel.run([x]), fn(x), rtol=1e-5, atol=1e-4)

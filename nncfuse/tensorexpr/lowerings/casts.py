@@ -233,7 +233,7 @@ def to(ctx: Ctx) -> E.Expr:
     return convert(ctx.load(source), ctx.out_dtype)
 
 
-@register(_VIEWS, overloads=("",), constant_operands=True, view=True)
+@register(_VIEWS, overloads=("",), constant_operands=True, view=True, dynamic=True)
 def expand(ctx: Ctx) -> E.Expr:
     """A broadcast view: each output element reads the input element it broadcasts from."""
     source = ctx.args[0]

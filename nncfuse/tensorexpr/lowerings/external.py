@@ -57,7 +57,7 @@ from ..external import (
 from ..meta import TensorMeta
 from .registry import ConstArg, LoweringError, ScalarArg, TensorArg, register, schema_overload
 
-__all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem"]
+__all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem", "trial"]
 
 EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 
@@ -374,13 +374,23 @@ def _reference(aten: Callable[..., torch.Tensor], value: Any,
     return run
 
 
-def _example(buf: Buf, constants: dict[Buf, torch.Tensor], gen: torch.Generator) -> torch.Tensor:
-    if buf in constants:
-        return constants[buf]
+#: A buffer's sizes and strides as ints (a dynamic kernel's at some values of its symbols).
+SizesOf = Callable[[Buf], tuple[tuple[int, ...], tuple[int, ...]]]
+
+
+def _static_sizes(buf: Buf) -> tuple[tuple[int, ...], tuple[int, ...]]:
     sizes = buf.static_dims()
     strides = tuple(getattr(s, "value", None) for s in buf.strides)
     if sizes is None or None in strides:
         raise LoweringError(f"external call operand {buf.name} has symbolic sizes")
+    return tuple(sizes), strides  # type: ignore[return-value]
+
+
+def _example(buf: Buf, constants: dict[Buf, torch.Tensor], gen: torch.Generator,
+             sizes_of: SizesOf = _static_sizes) -> torch.Tensor:
+    if buf in constants:
+        return constants[buf]
+    sizes, strides = sizes_of(buf)
     t = torch.empty_strided(sizes, strides, dtype=buf.dtype.torch)
     return t.copy_(torch.randn(sizes, generator=gen).to(buf.dtype.torch))
 
@@ -398,10 +408,12 @@ def lower_external(
     outputs: set[int],
     name: str,
     env_buf: Callable[[Any], Buf],
+    sizes_of: SizesOf = _static_sizes,
 ) -> Fused:
     """The `ExternalCall` computing `node` (and the post-ops oneDNN fuses into it); raise
     LoweringError if its routine does not run on the group's types. `env_buf(value)` is the
-    buffer of a graph value; `outputs` the uniques of the graph's outputs."""
+    buffer of a graph value; `outputs` the uniques of the graph's outputs; `sizes_of` the
+    operands' sizes for the trial (a dynamic kernel's: the example's)."""
     kind = node.kind()
     if kind not in EXTERNAL_KINDS:
         raise LoweringError(f"{kind} is not an external call")
@@ -413,16 +425,16 @@ def lower_external(
     if meta is None:
         raise LoweringError(f"no type for the output of {kind}")
     gen = torch.Generator().manual_seed(0)
+    example = partial(_example, constants=constants, gen=gen, sizes_of=sizes_of)
     # Drawn in operand order (not `sources`' set order, which follows object ids): the
     # examples decide which plan passes, so the plan, and the IR, must not vary by process.
-    examples = {b: _example(b, constants, gen) for b in dict.fromkeys(_bufs(operands))
-                if b in sources}
+    examples = {b: example(b) for b in dict.fromkeys(_bufs(operands)) if b in sources}
     constant = frozenset(constants)
     plans = [*_fused_plans(node, operands, outputs, env_buf, constant),
              *_gemm_plans(node, operands, constant)]
     for plan in plans:
         for b in _bufs(plan.args):
-            examples.setdefault(b, _example(b, constants, gen))
+            examples.setdefault(b, example(b))
         if plan.fn == "nnc_mkldnn_convolution_bn_pointwise" and isinstance(plan.args[6], Buf):
             var = plan.args[6]  # a variance: positive
             examples[var] = examples[var].abs() + 0.5
@@ -436,6 +448,16 @@ def lower_external(
     except RuntimeError as e:
         raise LoweringError(f"{kind} fails on the group's types: {e}") from e
     return _fused(fn, tuple(operands), name, result, node.output(), ())
+
+
+def trial(call: S.ExternalCall, constants: dict[Buf, torch.Tensor],
+          sizes_of: SizesOf) -> torch.Tensor:
+    """`call`'s routine on random operands of sizes `sizes_of` (a dynamic kernel checks the
+    sizes and strides of its result at other values of its symbols)."""
+    gen = torch.Generator().manual_seed(0)
+    examples = {b: _example(b, constants, gen, sizes_of) for b in _bufs(call.args)}
+    with torch.no_grad():
+        return ROUTINES[call.fn](*_values(call.args, examples))
 
 
 def _lookup(examples: dict[Buf, torch.Tensor], env_buf: Callable[[Any], Buf], value: Any) -> Any:

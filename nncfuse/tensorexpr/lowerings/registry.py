@@ -355,6 +355,12 @@ class Lowering:
     #: whether a node of this kind makes a group on its own, below `min_group_size`: where
     #: its one kernel was measured faster than eager's one op (a softmax between two GEMMs)
     alone: Callable[[Any], bool] | None = None
+    #: whether the lowering takes symbolic sizes (a dynamic kernel's): its output sizes follow
+    #: from its inputs' whatever the sizes (elementwise ops, reductions and normalizations,
+    #: which raise where a size they need is symbolic; views whose constant operands are
+    #: dims, or sizes `graph_lowering.view_sizes` derives). By default, those without
+    #: `constant_operands`.
+    dynamic: bool = False
 
 
 REGISTRY: dict[str, Lowering] = {}
@@ -374,19 +380,22 @@ def register(
     outputs: int = 1,
     problem: Callable[[Any], str | None] | None = None,
     alone: Callable[[Any], bool] | None = None,
+    dynamic: bool | None = None,
 ):
     """Decorator: `fn(ctx) -> Expr` lowers nodes of `kinds` with the given schema overloads.
 
-    `constant_operands`, `outputs`, `problem`, `alone`: see `Lowering`; `view`: the kinds go into
-    `VIEWS`. A kind registered again with other overloads keeps both lowerings, each its own.
+    `constant_operands`, `outputs`, `problem`, `alone`, `dynamic`: see `Lowering`; `view`: the
+    kinds go into `VIEWS`. A kind registered again with other overloads keeps both lowerings,
+    each its own.
     """
     names = [kinds] if isinstance(kinds, str) else list(kinds)
+    takes_symbols = not constant_operands if dynamic is None else dynamic
 
     def wrap(fn: Lowerer) -> Lowerer:
         for name in names:
             lowering = Lowering(
                 name, fn, frozenset(overloads) if overloads else None, constant_operands, outputs,
-                problem, alone,
+                problem, alone, takes_symbols,
             )
             before = REGISTRY.get(name)
             if before is not None and before.overloads and lowering.overloads:

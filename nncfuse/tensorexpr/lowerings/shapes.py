@@ -168,7 +168,8 @@ def reshape_indices(
     return tuple(result)
 
 
-@register(_RESHAPES, overloads=_RESHAPE_OVERLOADS, constant_operands=True, view=True)
+@register(_RESHAPES, overloads=_RESHAPE_OVERLOADS, constant_operands=True, view=True,
+          dynamic=True)
 def reshape(ctx: Ctx) -> E.Expr:
     """The element at the same position in row-major order."""
     source = _source(ctx)
@@ -188,7 +189,8 @@ def _permutation(ctx: Ctx, ndim: int) -> list[int]:
     return [s.bit_length() - 1 for s in out.stride()]
 
 
-@register(_PERMUTATIONS, overloads=_PERMUTATION_OVERLOADS, constant_operands=True, view=True)
+@register(_PERMUTATIONS, overloads=_PERMUTATION_OVERLOADS, constant_operands=True, view=True,
+          dynamic=True)
 def permute(ctx: Ctx) -> E.Expr:
     """The input element whose indices are the output's, permuted."""
     source = _source(ctx)
@@ -218,7 +220,8 @@ def _along(ctx: Ctx, source: TensorArg, dim: int, index: E.Expr, keep: bool) -> 
     return ctx.load_at(source, indices)
 
 
-@register("aten::slice", overloads=("Tensor",), constant_operands=True, view=True)
+@register("aten::slice", overloads=("Tensor",), constant_operands=True, view=True,
+          dynamic=True)
 def slice_(ctx: Ctx) -> E.Expr:
     """Output index i along `dim` reads `start + i * step` (start clamped as eager does)."""
     source = _source(ctx)
@@ -240,7 +243,8 @@ def slice_(ctx: Ctx) -> E.Expr:
     return _along(ctx, source, dim, index, keep=True)
 
 
-@register("aten::select", overloads=("int",), constant_operands=True, view=True)
+@register("aten::select", overloads=("int",), constant_operands=True, view=True,
+          dynamic=True)
 def select(ctx: Ctx) -> E.Expr:
     """The input at `index` along `dim`, the output's indices elsewhere."""
     source = _source(ctx)
@@ -251,7 +255,8 @@ def select(ctx: Ctx) -> E.Expr:
     return _along(ctx, source, dim, E.imm(index % size), keep=False)
 
 
-@register("aten::narrow", overloads=("",), constant_operands=True, view=True)
+@register("aten::narrow", overloads=("",), constant_operands=True, view=True,
+          dynamic=True)
 def narrow(ctx: Ctx) -> E.Expr:
     """Output index i along `dim` reads `start + i`."""
     source = _source(ctx)
@@ -313,7 +318,7 @@ def _parts(ctx: Ctx) -> list[TensorArg]:
 
 
 @register(("aten::cat", "aten::concat", "aten::concatenate"), overloads=("",),
-          constant_operands=True)
+          constant_operands=True, dynamic=True)
 def cat(ctx: Ctx) -> E.Expr:
     """Parts one after another along `dim`; 1-dim empty parts are skipped, as eager does."""
     parts = [p for p in _parts(ctx) if p.shape != (0,) or len(ctx.out_shape) == 1]

@@ -11,10 +11,19 @@ A transpose (`x + y.t()`) reads one operand with a large stride in the inner
 loop: every element is in another cache line, and a line is used once per
 row of the outer loop, long after it was evicted. In tiles of `TILE` x
 `TILE`, the `TILE` lines one inner sweep touches are reused by the next
-`TILE - 1` rows. Only top-level nests of two loops from 0 whose extents are
-multiples of `TILE` (at least two tiles each) are tiled, when some access has
-a stride of at least `MIN_STRIDE` elements in the inner loop and another a
-stride of 1.
+`TILE - 1` rows. Only top-level nests of two loops from 0 (at least two tiles
+each, when the extents are constants) are tiled, when some access has a stride
+of at least `MIN_STRIDE` elements in the inner loop (or a stride that is a
+product of size symbols) and another a stride of 1. Extents need not be
+multiples of `TILE`, nor constants (a dynamic kernel's `s0`): the tile loops
+run over the whole tiles, `s0 / 32` of them, then the columns past the last
+whole tile of each tile row and the rows past the last whole tile row run
+untiled:
+
+    for j in [0, s0):                  for jo in [0, s0 / 32):
+      for i in [0, 300):         ->      for io in [0, 9): ...tiles as above...
+        out[i + 300 * j] = ...           for ji in [0, 32): for it in [288, 300): ...
+                                       for j in [32 * (s0 / 32), s0): for i in [0, 300): ...
 
 Tiling alone is not enough when the stride is a power of two (a 2048-wide
 matrix): the `TILE` rows of one sweep all fall in the same set of the L1
@@ -35,62 +44,104 @@ from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
 from ..loopnest import as_block, buffers_stored
+from .parallelize import GRAIN, work
 from .simplify import Simplifier, simplify
 
 TILE = 32
 MIN_STRIDE = 256
 #: The most memory the tiles of one crossing load take (one tile per outer tile row);
-#: beyond it (a very tall nest) the nest is tiled without copies.
+#: beyond it (a very tall nest) the nest is tiled without copies. A symbolic outer extent is
+#: not capped: the tiles then take `TILE` elements per row of the nest, where the crossing
+#: input has the inner extent's worth (256 in the example above).
 MAX_TILE_BYTES = 1 << 21
 
 
-def _coefficients(index: E.Expr, vars_: tuple[E.Var, ...]) -> tuple[int, ...] | None:
-    """The coefficient of each of `vars_` in `index`, or None if one also occurs in a
-    non-linear part (under a division, a clamp, a select)."""
-    lin = Simplifier().linear(index)
-    for atom in lin.terms:
-        if atom not in vars_ and any(n in vars_ for n in walk(atom)):
-            return None
-    return tuple(lin.terms.get(v, 0) for v in vars_)
+def _coefficient(index: E.Expr, var: E.Var, loop_vars: tuple[E.Var, ...]) -> E.Expr | None:
+    """The coefficient of `var` in `index`: a constant or a product of size symbols (`16 *
+    i * s0`: `16 * s0`); None if `var` also occurs in a non-linear part (a division, a
+    clamp, a select, a product with another loop variable)."""
+    total: E.Expr = E.imm(0)
+    for atom, c in Simplifier().linear(index).terms.items():
+        if atom is var:
+            total = total + c
+        elif any(n is var for n in walk(atom)):
+            factors = _factors(atom)
+            rest = [f for f in factors if f is not var]
+            if len(rest) != len(factors) - 1 or any(
+                    n in loop_vars for f in rest for n in walk(f)):
+                return None
+            term: E.Expr = E.imm(c)
+            for f in rest:
+                term = term * f
+            total = total + term
+    return simplify(total)
 
 
-def _inner_strides(body: S.Stmt, var: E.Var) -> list[int]:
-    """The coefficient of `var` in the flat index of each load and store of `body`."""
+def _factors(e: E.Expr) -> list[E.Expr]:
+    return [*_factors(e.a), *_factors(e.b)] if isinstance(e, E.Mul) else [e]
+
+
+def _large(stride: E.Expr) -> bool:
+    """Whether an inner stride is at least `MIN_STRIDE`: a product of size symbols is taken
+    to be (a small one only makes the tiles useless, never wrong)."""
+    if isinstance(stride, E.Imm):
+        return abs(stride.value) >= MIN_STRIDE  # type: ignore[operator]
+    return True
+
+
+def _strides(body: S.Stmt, var: E.Var, loop_vars: tuple[E.Var, ...]) -> list[E.Expr]:
+    """The coefficient of `var` in the flat index of each load and store of `body` (that
+    has one)."""
     strides = []
-    linear = Simplifier().linear
     for node in walk(body):
         if isinstance(node, (E.Load, S.Store)) and len(node.indices) == 1:
-            strides.append(abs(linear(node.indices[0]).terms.get(var, 0)))
+            c = _coefficient(node.indices[0], var, loop_vars)
+            if c is not None:
+                strides.append(c)
     return strides
 
 
 class _ReadTiles(Mutator):
-    """Replaces each crossing load of the tile body by a load of its tile buffer, and
-    records the copy that fills that buffer."""
+    """Replaces each crossing load of the nest's body (over `outer`, `inner`) by a load of
+    its tile buffer at tile element (`ii`, `ji`), and records the copy that fills that
+    buffer for tile (`jo`, `io`)."""
 
-    def __init__(self, outer: E.Var, inner: E.Var, slot: E.Expr, written: set[Buf],
-                 tiles: int):
-        self.outer, self.inner, self.slot = outer, inner, slot
+    def __init__(self, outer: E.Var, inner: E.Var, tile_vars: tuple[E.Var, ...],
+                 written: set[Buf], tiles: E.Expr):
+        self.outer, self.inner = outer, inner
+        self.jo, self.io, self.ji, self.ii = tile_vars
+        self.slot = self.jo * (TILE * TILE)
         self.written, self.tiles = written, tiles
         self.copies: dict[E.Load, tuple[Buf, S.Stmt]] = {}
 
     def mutate_Load(self, e: E.Load) -> E.Expr:
         if len(e.indices) != 1 or e.buf.root in self.written:
             return e
-        coefficients = _coefficients(e.indices[0], (self.outer, self.inner))
-        if coefficients is None or coefficients[0] != 1 or abs(coefficients[1]) < MIN_STRIDE:
+        loop_vars = (self.outer, self.inner)
+        outer = _coefficient(e.indices[0], self.outer, loop_vars)
+        inner = _coefficient(e.indices[0], self.inner, loop_vars)
+        if outer is None or inner is None or not E.is_const(outer, 1) or not _large(inner):
             return e
-        if self.tiles * TILE * TILE * e.buf.dtype.itemsize > MAX_TILE_BYTES:
+        if isinstance(self.tiles, E.Imm) and (
+                self.tiles.value * TILE * TILE * e.buf.dtype.itemsize  # type: ignore[operator]
+                > MAX_TILE_BYTES):
             return e
         if e not in self.copies:
-            tile = Buf.make(f"{e.buf.name}_tile", e.buf.dtype, [self.tiles * TILE * TILE])
-            r, c = E.Var(f"{self.inner.name}_r"), E.Var(f"{self.outer.name}_c")
-            source = substitute(e, {self.inner: r, self.outer: c})
-            copy = S.Store(tile, (self.slot + r * TILE + c,), source)
+            size = simplify(self.tiles * (TILE * TILE))
+            tile = Buf.make(f"{e.buf.name}_tile", e.buf.dtype, [size])
+            r, c = E.Var(f"{self.ii.name}_r"), E.Var(f"{self.ji.name}_c")
+            source = substitute(e, {self.inner: self.io * TILE + r,
+                                    self.outer: self.jo * TILE + c})
+            copy = S.Store(tile, (self.slot + r * TILE + c,), simplify(source))
             loops = S.For(r, E.imm(0), E.imm(TILE), S.For(c, E.imm(0), E.imm(TILE), copy))
             self.copies[e] = (tile, loops)
         tile = self.copies[e][0]
-        return E.Load(tile, (self.slot + self.inner * TILE + self.outer,))
+        return E.Load(tile, (self.slot + self.ii * TILE + self.ji,))
+
+
+def _whole(extent: E.Expr) -> bool:
+    """Whether an extent is known to be a multiple of `TILE` (no tail)."""
+    return isinstance(extent, E.Imm) and extent.value % TILE == 0  # type: ignore[operator]
 
 
 def _tile(nest: S.Stmt) -> S.Stmt | None:
@@ -101,29 +152,39 @@ def _tile(nest: S.Stmt) -> S.Stmt | None:
         inner = inner.stmts[0]
     if not isinstance(inner, S.For) or any(isinstance(n, S.For) for n in walk(inner.body)):
         return None
-    extents = []
-    for loop in (nest, inner):
-        if not (E.is_const(loop.start, 0) and isinstance(loop.stop, E.Imm)):
-            return None
-        extents.append(loop.stop.value)
-    if any(n % TILE or n < 2 * TILE for n in extents):  # type: ignore[operator]
+    if not (E.is_const(nest.start, 0) and E.is_const(inner.start, 0)):
         return None
-    strides = _inner_strides(inner.body, inner.var)
-    if not strides or max(strides) < MIN_STRIDE or 1 not in strides:
+    rows, cols = nest.stop, inner.stop
+    if any(isinstance(n, E.Imm) and n.value < 2 * TILE for n in (rows, cols)):  # type: ignore
         return None
-    jo, io, ji, ii = (E.Var(v.name + s) for v, s in
+    loop_vars = (nest.var, inner.var)
+    strides = _strides(inner.body, inner.var, loop_vars)
+    if not any(_large(s) for s in strides) or not any(E.is_const(s, 1) for s in strides):
+        return None
+    tile_vars = tuple(E.Var(v.name + s) for v, s in
                       ((nest.var, "o"), (inner.var, "o"), (nest.var, "i"), (inner.var, "i")))
-    body = substitute(inner.body, {nest.var: jo * TILE + ji, inner.var: io * TILE + ii})
-    body = simplify(body)
-    tiles = extents[0] // TILE  # type: ignore[operator]
-    reader = _ReadTiles(ji, ii, jo * (TILE * TILE), buffers_stored(body), tiles)
-    body = reader.mutate(body)
+    jo, io, ji, ii = tile_vars
+    tiles, col_tiles = simplify(rows / TILE), simplify(cols / TILE)
+    reader = _ReadTiles(nest.var, inner.var, tile_vars, buffers_stored(inner.body), tiles)
+    body = reader.mutate(inner.body)
+    body = simplify(substitute(body, {nest.var: jo * TILE + ji, inner.var: io * TILE + ii}))
     out: S.Stmt = S.For(ii, E.imm(0), E.imm(TILE), body)
     out = S.For(ji, E.imm(0), E.imm(TILE), out)
     if reader.copies:
         out = S.Block((*(copy for _, copy in reader.copies.values()), out))
-    out = S.For(io, E.imm(0), E.imm(extents[1] // TILE), out)  # type: ignore[operator]
-    out = S.For(jo, E.imm(0), E.imm(tiles), out)
+    out = S.For(io, E.imm(0), col_tiles, out)
+    if not _whole(cols):  # the columns past the last whole tile, in this tile row
+        jt, it = E.Var(ji.name), E.Var(inner.var.name + "t")
+        tail = substitute(inner.body, {nest.var: jo * TILE + jt, inner.var: it})
+        tail = S.For(jt, E.imm(0), E.imm(TILE), S.For(it, col_tiles * TILE, cols, tail))
+        out = S.Block((out, tail))
+    # parallelize_outer_loops counts one pass through a loop body made of loops: a nest of
+    # constant extents whose work asks for threads is marked here (symbolic ones decide
+    # at run time there)
+    amount = work(nest)
+    out = S.For(jo, E.imm(0), tiles, out, parallel=amount is not None and amount >= GRAIN)
+    if not _whole(rows):  # the rows past the last whole tile row, untiled
+        out = S.Block((out, S.For(nest.var, tiles * TILE, rows, inner)))
     return simplify(out)
 
 
@@ -133,4 +194,7 @@ def tile_transposes(stmt: S.Stmt) -> S.Stmt:
     tiled = [_tile(n) for n in nests]
     if all(t is None for t in tiled):
         return stmt
-    return S.Block(tuple(t if t is not None else n for t, n in zip(tiled, nests)))
+    out: list[S.Stmt] = []
+    for t, n in zip(tiled, nests):
+        out += [n] if t is None else as_block(t).stmts
+    return S.Block(tuple(out))

@@ -21,6 +21,15 @@ across the kept inner dim instead; here, an innermost loop of such
 reductions is widened to `ACCUMULATORS` registers of columns first (a tail
 of fewer columns is left to `vectorize_inner_loops`). Run on flat indices, before
 `vectorize_inner_loops`.
+
+Over a symbolic extent (a dynamic kernel's) the counts are computed at run
+time, and each part may be empty; a sum is blocked whatever its length:
+
+    out[i] = reduce_add(0.f, x[s1 * i + r] for r < s1);
+->  out[i] = reduce_add(0.f + lanes_add(<blocks of 64 vectors of 64 lanes, s1 / 64 in all>)
+                 + lanes_add(reduce_add(Broadcast(-0.f, 16), x[Ramp(.., 1, 16)]
+                     for r < (s1 - 64 * (s1 / 64)) / 16)),
+                 x[s1 * i + r_1 + ..] for r_1 < s1 - ..);
 """
 
 from __future__ import annotations
@@ -76,19 +85,23 @@ def _blocked(e: E.Reduce) -> E.Reduce:
     if len(e.vars) != 1:
         return e
     (var,), (stop,) = e.vars, e.stops
-    if e.op != "Add" or not isinstance(stop, E.Imm) or stop.value < 2 * BLOCK:  # type: ignore
+    if e.op != "Add" or isinstance(stop, E.Imm) and stop.value < 2 * BLOCK:  # type: ignore
         return e
-    blocks, rest = divmod(stop.value, BLOCK)  # type: ignore[operator]
+    if isinstance(stop, E.Imm):
+        blocks, rest = (E.imm(n) for n in divmod(stop.value, BLOCK))  # type: ignore[operator]
+    else:  # a symbolic extent: the split is computed at run time
+        blocks = stop / BLOCK
+        rest = stop - blocks * BLOCK
     block, within = E.Var(var.name), E.Var(var.name)
     zero = E.identity(e.op, e.dtype)
     inner = E.Reduce(e.op, zero, substitute(e.body, {var: block * BLOCK + within}),
                      (within,), (E.imm(BLOCK),))
-    total = E.Reduce(e.op, e.init, inner, (block,), (E.imm(blocks),))
-    if not rest:
+    total = E.Reduce(e.op, e.init, inner, (block,), (blocks,))
+    if E.is_const(rest, 0):
         return total
     tail = E.Var(var.name)
     body = substitute(e.body, {var: tail + blocks * BLOCK})
-    return E.Reduce(e.op, total, body, (tail,), (E.imm(rest),))
+    return E.Reduce(e.op, total, body, (tail,), (rest,))
 
 
 class _VectorizeReductions(Mutator):
@@ -111,11 +124,11 @@ class _VectorizeReductions(Mutator):
             return e
         e = _merge_axes(e)
         var, stop = e.vars[-1], e.stops[-1]
-        if not isinstance(stop, E.Imm):
-            return e
         if not _contiguous(e.body, var):
             return _blocked(e)
         native = lanes_for(e.body, self.vector_bits)
+        if not isinstance(stop, E.Imm):
+            return self.symbolic(e, native)
         count = stop.value
         if native < 2 or count < native:  # type: ignore[operator]
             return e
@@ -131,20 +144,34 @@ class _VectorizeReductions(Mutator):
                 done += n * native
         except _Unvectorizable:
             return e
-        total = e.init
-        for part in parts:
-            total = E.combine(e.op, total, E.LaneReduce(e.op, part))
         if done == count:
-            return total
-        # The scalar tail, from the vectors' total.
-        fresh = {v: E.Var(v.name) for v in e.vars}
-        tail = substitute(e.body, {**fresh, var: fresh[var] + E.imm(done)})
-        return E.Reduce(e.op, total, tail, tuple(fresh[v] for v in e.vars),
-                        (*e.stops[:-1], E.imm(count - done)))  # type: ignore[operator]
+            return _total(e, parts)
+        return _tail(e, _total(e, parts), E.imm(done))
 
-    def vector_reduce(self, e: E.Reduce, lanes: int, vectors: int, offset: int) -> E.Expr:
+    def symbolic(self, e: E.Reduce, native: int) -> E.Expr:
+        """A reduction over a symbolic extent (a dynamic kernel's `s0`): vectors of all the
+        accumulators' lanes, then of one register's, then the scalar tail, each count
+        computed at run time (any of them may be 0)."""
+        count = e.stops[-1]
+        if native < 2:
+            return e
+        wide = native * ACCUMULATORS
+        try:
+            first = count / wide
+            parts = [self.vector_reduce(e, wide, first, E.imm(0))]
+            done = first * wide
+            second = (count - done) / native
+            parts.append(self.vector_reduce(e, native, second, done, block=False))  # < 4
+            done = done + second * native
+        except _Unvectorizable:
+            return e
+        return _tail(e, _total(e, parts), simplify(done))
+
+    def vector_reduce(self, e: E.Reduce, lanes: int, vectors: int | E.Expr,
+                      offset: int | E.Expr, block: bool = True) -> E.Expr:
         """Partial results of points `offset` to `offset + vectors * lanes` of the innermost
-        axis (every point of the outer ones), `lanes` lanes wide."""
+        axis (every point of the outer ones), `lanes` lanes wide; a sum of many vectors (or
+        of a symbolic count, unless not `block`) in blocks."""
         var = e.vars[-1]
         outer = {v: E.Var(v.name) for v in e.vars[:-1]}
         source = substitute(e.body, outer)
@@ -152,24 +179,45 @@ class _VectorizeReductions(Mutator):
         zero = E.identity(e.op, e.dtype.with_lanes(lanes))
 
         def widened(first: E.Expr) -> E.Expr:
-            return _Widen(var, E.Ramp(first + E.imm(offset), E.imm(1), lanes)).expr(source)
+            return _Widen(var, E.Ramp(first + offset, E.imm(1), lanes)).expr(source)
 
-        blocked = e.op in ("Add", "Mul") and not outer and vectors >= 2 * BLOCK
+        static = isinstance(vectors, int)
+        # a symbolic count is blocked whatever it is at run time (the blocks may be none)
+        blocked = block and e.op in ("Add", "Mul") and not outer and (
+            not static or vectors >= 2 * BLOCK)
+        count = E.imm(vectors) if isinstance(vectors, int) else vectors
         if not blocked:
             step = E.Var(var.name)
             return E.Reduce(e.op, zero, widened(step * lanes), (*outer_vars, step),
-                            (*outer_stops, E.imm(vectors)))
-        blocks = vectors // BLOCK
+                            (*outer_stops, count))
+        blocks = E.imm(vectors // BLOCK) if isinstance(vectors, int) else vectors / BLOCK
         block, within = E.Var(var.name), E.Var(var.name)
         body = widened((block * BLOCK + within) * lanes)
         inner = E.Reduce(e.op, zero, body, (within,), (E.imm(BLOCK),))
-        acc = E.Reduce(e.op, zero, inner, (block,), (E.imm(blocks),))
-        rest = vectors - blocks * BLOCK
-        if rest:
+        acc = E.Reduce(e.op, zero, inner, (block,), (blocks,))
+        rest = simplify(count - blocks * BLOCK)
+        if not E.is_const(rest, 0):
             step = E.Var(var.name)
             body = widened((step + blocks * BLOCK) * lanes)
-            acc = E.combine(e.op, acc, E.Reduce(e.op, zero, body, (step,), (E.imm(rest),)))
+            acc = E.combine(e.op, acc, E.Reduce(e.op, zero, body, (step,), (rest,)))
         return acc
+
+
+def _total(e: E.Reduce, parts: list[E.Expr]) -> E.Expr:
+    """`e`'s initial value combined with the lanes of each vector part."""
+    total = e.init
+    for part in parts:
+        total = E.combine(e.op, total, E.LaneReduce(e.op, part))
+    return total
+
+
+def _tail(e: E.Reduce, total: E.Expr, done: E.Expr) -> E.Expr:
+    """The scalar tail of `e`'s innermost axis from point `done` on, from the vectors'
+    `total`."""
+    fresh = {v: E.Var(v.name) for v in e.vars}
+    tail = substitute(e.body, {**fresh, e.vars[-1]: fresh[e.vars[-1]] + done})
+    return E.Reduce(e.op, total, tail, tuple(fresh[v] for v in e.vars),
+                    (*e.stops[:-1], simplify(e.stops[-1] - done)))
 
 
 def vectorize_reductions(stmt: S.Stmt, vector_bits: int = 512) -> S.Stmt:

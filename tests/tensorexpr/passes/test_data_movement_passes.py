@@ -56,7 +56,7 @@ def test_tile_transposes_tiles_a_transposed_read():
     tiled = tile_transposes(flat)
     loops = [line.strip() for line in text(tiled).splitlines() if "for" in line]
     assert loops == [
-        f"for (int64_t io = 0; io < {n // TILE}; io++) {{",
+        f"for (int64_t io = 0; io < {n // TILE}; io++) /* parallel */ {{",  # the work asks
         f"for (int64_t jo = 0; jo < {n // TILE}; jo++) {{",
         f"for (int64_t ji_r = 0; ji_r < {TILE}; ji_r++) {{",  # y's tile, copied row by row
         f"for (int64_t ii_c = 0; ii_c < {TILE}; ii_c++) {{",
@@ -84,11 +84,50 @@ def test_tile_transposes_copies_no_tile_of_a_buffer_the_nest_writes():
     del out
 
 
-def test_tile_transposes_leaves_short_strides_and_odd_extents():
+def test_tile_transposes_leaves_short_strides_and_short_extents():
     flat, _ = transposed_sum(4 * TILE)  # a stride of 128: rows stay in cache
     assert tile_transposes(flat) is flat
-    flat, _ = transposed_sum(8 * TILE + 1)
-    assert tile_transposes(flat) is flat
+    x, y, out = buf("x", [8 * TILE, 2 * TILE - 1]), buf("y", [2 * TILE - 1, 8 * TILE]), \
+        buf("out", [8 * TILE, 2 * TILE - 1])
+    _, nest = compute("out", FLOAT32, [8 * TILE, 2 * TILE - 1],
+                      lambda i, j: E.Load(x, (i, j)) + E.Load(y, (j, i)), out=out)
+    flat = simplify(flatten_indices(nest))
+    assert tile_transposes(flat) is flat  # fewer than two tiles across
+
+
+@pytest.mark.parametrize("n", [8 * TILE + 3, 9 * TILE - 1])
+def test_tile_transposes_runs_the_rows_and_columns_past_the_last_whole_tile(n):
+    flat, params = transposed_sum(n)
+    tiled = tile_transposes(flat)
+    assert "y_tile" in text(tiled), text(tiled)
+    loops = [line.strip() for line in text(tiled).splitlines() if "for" in line]
+    assert f"for (int64_t jt = {n // TILE * TILE}; jt < {n}; jt++) {{" in loops, loops
+    assert f"for (int64_t i = {n // TILE * TILE}; i < {n}; i++) {{" in loops, loops
+    same_results(flat, insert_allocations(tiled, params), params,
+                 lambda: [torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)])
+
+
+def symbolic_transposed_sum(cols):
+    """out[s0, cols] = x[s0, cols] + y[cols, s0].t(): the rows a size symbol."""
+    s0 = E.Var("s0")
+    x, y, out = buf("x", [s0, cols]), buf("y", [cols, s0]), buf("out", [s0, cols])
+    _, nest = compute("out", FLOAT32, [s0, cols],
+                      lambda i, j: E.Load(x, (i, j)) + E.Load(y, (j, i)), out=out)
+    return simplify(flatten_indices(nest)), [x, y, out, s0]
+
+
+@pytest.mark.parametrize("cols", [8 * TILE, 8 * TILE + 5])
+def test_tile_transposes_tiles_symbolic_extents_with_tails(cols):
+    flat, params = symbolic_transposed_sum(cols)
+    tiled = tile_transposes(flat)
+    assert "y_tile" in text(tiled) and "s0 / 32" in text(tiled), text(tiled)
+    # the sum reads y through its tile, at a constant stride
+    sums = [s for s in walk(tiled) if isinstance(s, S.Store) and s.buf.name == "out"]
+    assert any("y_tile[" in text(s) for s in sums), text(tiled)
+    for rows in (0, 1, TILE - 1, 2 * TILE, 3 * TILE + 7):
+        same_results(flat, insert_allocations(tiled, params[:3]), params,
+                     lambda: [torch.randn(rows, cols), torch.randn(cols, rows),
+                              torch.empty(rows, cols), rows])
 
 
 def flip_next_to_a_reuse(x, d):
