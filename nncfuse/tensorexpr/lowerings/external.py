@@ -436,7 +436,9 @@ def lower_external(
         raise LoweringError(f"no type for the output of {kind}")
     gen = torch.Generator().manual_seed(0)
     example = partial(_example, constants=constants, gen=gen, sizes_of=sizes_of)
-    examples = {b: example(b) for b in sources if b in set(_bufs(operands))}
+    # Drawn in operand order (not `sources`' set order, which follows object ids): the
+    # examples decide which plan passes, so the plan, and the IR, must not vary by process.
+    examples = {b: example(b) for b in dict.fromkeys(_bufs(operands)) if b in sources}
     constant = frozenset(constants)
     plans = [*_fused_plans(node, operands, outputs, env_buf, constant),
              *_gemm_plans(node, operands, constant)]

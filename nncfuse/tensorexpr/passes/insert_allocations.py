@@ -13,10 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import walk
-from ..loopnest import as_block, buffers_loaded, buffers_stored
+from ..loopnest import as_block
+
+
+def _touched(s: S.Stmt) -> dict[Buf, None]:
+    """The roots of the buffers `s` stores or loads, in the order a walk meets them (not a
+    set's order, which follows object ids: the IR text, the cache key, must not)."""
+    return dict.fromkeys(n.buf.root for n in walk(s) if isinstance(n, (S.Store, E.Load)))
 
 
 def insert_allocations(stmt: S.Stmt, params: Iterable[Buf] = ()) -> S.Stmt:
@@ -27,7 +34,7 @@ def insert_allocations(stmt: S.Stmt, params: Iterable[Buf] = ()) -> S.Stmt:
     last: dict[Buf, int] = {}
     views: dict[Buf, Buf] = {}
     for k, s in enumerate(stmts):
-        for buf in buffers_stored(s) | buffers_loaded(s):
+        for buf in _touched(s):
             if buf in known:
                 continue
             first.setdefault(buf, k)

@@ -124,9 +124,12 @@ def reuse_outputs(stmt: S.Stmt, params: Iterable[Buf] = ()) -> S.Stmt:
     while changed:
         changed = False
         leaves = _Leaves(stmt).leaves
-        temps = {s.buf for s, _ in leaves if isinstance(s, S.Store)
-                 and s.buf.root not in keep and s.buf.base is None}
-        for temp in temps:
+        # In program order, not a set's (object ids): which temporary moves first must not
+        # change from one process to the next. The last first: softmax's exponentials go
+        # into its output (not its scaled input into the exponentials' temporary).
+        temps = dict.fromkeys(s.buf for s, _ in leaves if isinstance(s, S.Store)
+                              and s.buf.root not in keep and s.buf.base is None)
+        for temp in reversed(temps):
             out = _candidate(leaves, temp, keep)
             if out is not None:
                 stmt = _Rename({temp: out}).mutate(stmt)
