@@ -141,3 +141,47 @@ def test_slice_write_rebuilt_at_varying_sizes(dynamic):
         mine = x.clone()
         _same(_outcome(fused, mine, e), _outcome(slice_write, x, e))
         assert torch.equal(mine, x)
+
+
+def write_through_chunk(x, y):
+    a, b = x.chunk(2, 1)
+    a.mul_(y)  # an in-place write through a slice of the argument
+    return x + 1
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_write_through_a_chunk_at_varying_sizes(dynamic):
+    fused = nncfuse.jit(write_through_chunk, min_group_size=1, dynamic=dynamic)
+    for w in (6, 6, 8, 8, 10, 7):
+        x, y = torch.randn(3, w), torch.randn(3, 1)
+        mine = x.clone()
+        _same(_outcome(fused, mine, y), _outcome(write_through_chunk, x, y))
+        assert torch.equal(mine, x)
+
+
+class BufferWrite(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("w", torch.randn(3, n))
+
+    def forward(self, e):
+        a, b = self.w.chunk(2, 1)
+        a.copy_(e)  # a slice write into a buffer, then a read of all of it
+        return self.w * 2
+
+
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_write_into_a_replaced_buffer(how):
+    module, twin = BufferWrite(6), BufferWrite(6)
+    e = torch.randn(3, 1)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.jit.script(module) if how == "script" else torch.jit.trace(
+            module, (e,), check_trace=False)
+        fused = nncfuse.jit(compiled, min_group_size=1)
+        for n in (6, 8, 5):
+            buffer = torch.randn(3, n)
+            compiled.w, twin.w = buffer, buffer.clone()
+            for _ in range(3):
+                _same(_outcome(fused, e), _outcome(twin, e))
+                assert torch.equal(compiled.w, twin.w)
