@@ -271,6 +271,12 @@ def _rebuild(graph: torch._C.Graph, copy: Any) -> Any:
     the input's slices before and after it, dimension by dimension (`cat`):
 
         x[:, 2:5] = e   ->   cat([x[:, 0:2], e, x[:, 5:]], 1)
+
+    The slices' bounds are the profiled sizes of `x`, a graph input (never a module
+    attribute: only inputs are functionalized), whose sizes the plan's signature fixes;
+    dynamic plans serve other sizes only where their kernels check them or
+    `policy._dynamic_only` finds the unfused constant views along dims of one size
+    (tests/jit/test_split_sizes.py).
     """
     top = next(iter(graph.nodes()))
     prev, new = copy, copy.inputsAt(1)

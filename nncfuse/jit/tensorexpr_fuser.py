@@ -34,7 +34,7 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases
+from ..tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
 from ..tensorexpr.meta import is_tensor
 from . import guard
 from .inplace import (
@@ -321,6 +321,39 @@ _SPLITS = {"aten::chunk", "aten::split", "aten::split_with_sizes", "aten::unsafe
            "aten::unsafe_split", "aten::unbind"}
 
 
+#: Non-tensor operands that never size a lowered op's result when not constants.
+_SIZELESS = (torch._C.FloatType, torch._C.BoolType, torch._C.NoneType)
+
+
+def _size_fixed(value: Any, seen: dict[int, bool]) -> bool:
+    """Whether the sizes of tensor `value` follow from the plan's signature: an argument of
+    the graph, or the result of ops nncfuse lowers (whose sizes follow from their operands')
+    on such tensors, constants and floats or bools (ints may be sizes: `arange(n)`,
+    `view(x, [n])`). Not a module attribute (`prim::GetAttr`: it may be replaced by one of
+    another shape), nor anything else."""
+    key = value.unique()
+    if key not in seen:
+        seen[key] = False  # (no cycles in a block; this only bounds the walk)
+        seen[key] = _made_from_fixed(value, seen)
+    return seen[key]
+
+
+def _made_from_fixed(value: Any, seen: dict[int, bool]) -> bool:
+    node = value.node()
+    if node.kind() == "prim::Param":
+        return node.owningBlock().owningNode() is None and is_tensor(value)
+    if node.kind() == "prim::Constant":
+        return True
+    if node.kind() == "prim::ListConstruct":
+        return all(is_tensor(v) and _size_fixed(v, seen) for v in node.inputs())
+    if list(node.blocks()) or lowering_for(node)[0] is None or not is_tensor(value):
+        return False
+    return all(
+        v.node().kind() == "prim::Constant" or isinstance(v.type(), _SIZELESS)
+        or (is_tensor(v) or v.node().kind() == "prim::ListConstruct") and _size_fixed(v, seen)
+        for v in node.inputs())
+
+
 def _chunks_to_slices(graph: Any, block: Any) -> None:
     """Spell `chunk`, `split` and `unbind` unpacked into their parts as one `slice` (`select`
     for unbind) per part, which fuse: the same views of the same input.
@@ -328,8 +361,16 @@ def _chunks_to_slices(graph: Any, block: Any) -> None:
         %l : Tensor[] = aten::chunk(%x, 2, 1)           %a = aten::slice(%x, 1, 0, 3, 1)
         %a : Tensor, %b : Tensor = prim::ListUnpack(%l) -> %b = aten::slice(%x, 1, 3, 6, 1)
 
-    Each part's extent along the dim comes from its profiled type; a split whose list is
-    used otherwise, or whose operands are not constants, stays as it is.
+    Each part's extent along the dim comes from its profiled type, so the slices are right
+    only at the profiled size of the input: a split whose list is used otherwise, whose
+    operands are not constants, or whose input's size the plan does not fix (`_size_fixed`)
+    stays as it is. Where the slices join a group, its TypeCheck guards that size; but they
+    also run unguarded, outside groups and in the guard's fallback (run when the TypeCheck
+    fails), so the input's size must not change while the plan's signature stays: a module
+    attribute replaced by one of another shape, `torch.arange(n)` with `n` an int argument
+    (a value, not part of the signature) would be sliced at the old size. Dynamic plans serve
+    other sizes of an argument only where `policy._dynamic_only` finds every constant view
+    along a dim of fixed size, or in kernels that check their sizes.
     """
     for node in list(block.nodes()):
         for sub in node.blocks():
@@ -343,6 +384,10 @@ def _chunks_to_slices(graph: Any, block: Any) -> None:
         operands = [v.toIValue() for v in list(split.inputs())[1:]
                     if v.node().kind() == "prim::Constant"]
         if len(operands) != split.inputsSize() - 1 or not is_tensor(source):
+            continue
+        if not _size_fixed(source, {}):
+            _log.update("Not slicing ", split.kind(), ": its input's size is not fixed by "
+                        "the signature")
             continue
         ndim = source.type().dim()
         sizes = [v.type().sizes() if is_tensor(v) else None for v in node.outputs()]
