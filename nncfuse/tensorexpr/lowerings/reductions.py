@@ -610,7 +610,8 @@ def max_min_dim(ctx: Ctx) -> E.Expr:
 @register("aten::linalg_vector_norm", overloads=("",))
 def vector_norm(ctx: Ctx) -> E.Expr:
     """`ord` 2: sqrt of the sum of squares; 1: sum of |x|; inf, -inf: max, min of |x|; 0: the
-    count of nonzeros; other p: (sum |x|^p)^(1/p). In float32 for reduced floats."""
+    count of nonzeros; other p: (sum |x|^p)^(1/p). In float32 for reduced floats. Over one
+    element every p but 0 is |x|, as eager's is (sqrt(x * x) would overflow from 1.9e19)."""
     x = _tensor(ctx)
     out = ctx.out_dtype
     if not out.is_float or not x.dtype.is_float:
@@ -621,6 +622,8 @@ def vector_norm(ctx: Ctx) -> E.Expr:
     compute = compute_type(out)
     kept = box.kept_indices(ctx.indices)
     magnitude = lambda r: E.call("abs", E.cast(compute, E.cast(out, box.load(kept, r))))  # noqa
+    if p != 0 and box.count == 1:
+        p = math.inf
     if math.isinf(p):
         if box.may_be_empty:
             raise LoweringError("an infinity norm over an empty dim: eager raises")

@@ -443,6 +443,15 @@ def test_vector_norm(ord, use_llvm):
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("ord", [2, 1, 3, -1, float("inf"), 0])
+def test_vector_norm_of_one_element_is_its_magnitude(ord, use_llvm):
+    # Eager gives |x| over one element (fuzzer seeds 820075, 820123): sqrt(x * x) overflows.
+    x = torch.tensor([[3e38], [-1e30], [float("nan")], [0.0], [-0.0], [2.5]])
+    close(lambda x: torch.linalg.vector_norm(x, ord, -1), x, use_llvm=use_llvm)
+    close(lambda x: torch.linalg.vector_norm(x, ord, 0, keepdim=True), x[:1], use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
 @pytest.mark.parametrize("affine", [False, True])
 def test_batch_norm_inference(affine, use_llvm):
     x = randn(4, 6, 5, 7)
