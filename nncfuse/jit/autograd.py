@@ -291,6 +291,8 @@ def _scalar_constants(graph: torch._C.Graph) -> int:
             schema = new.schema()
             returns = schema.rsplit("-> ", 1)[-1].strip()
             result = _NUMBER_RESULTS.get(returns)
+            if returns.startswith("Tensor("):  # an in-place op's alias annotation: Tensor(a!)
+                returns = "Tensor"
             if schema == "(no schema)" or (returns != "Tensor" and result is None) or (
                     "Scalar" not in schema.split("(", 1)[1].split(",")[use.offset]
                     and result is None):

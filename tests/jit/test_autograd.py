@@ -182,6 +182,22 @@ def test_saved_input_modified_in_place_raises_as_eager():
         out.sum().backward()
 
 
+def _steps_as_eager(fused, model, reference, make_input):
+    """Three steps of `fused` (running `model`) and of `reference`: the same outputs,
+    parameters' gradients and buffers."""
+    for _ in range(3):
+        x = make_input()
+        for m in (model, reference):
+            m.zero_grad()
+        got, want = fused(x), reference(x)
+        torch.testing.assert_close(got, want)
+        got.square().sum().backward()
+        want.square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
+
+
 class Norms(torch.nn.Module):
     def __init__(self, batch_norm):
         super().__init__()
@@ -203,17 +219,7 @@ def test_a_block_with_norms_trains_as_eager(batch_norm):
     reference = Norms(batch_norm).train()
     reference.load_state_dict(model.state_dict())
     fused = nncfuse.jit(model)
-    for _ in range(3):
-        x = torch.randn(5, 12)
-        for m in (model, reference):
-            m.zero_grad()
-        got, want = fused(x), reference(x)
-        torch.testing.assert_close(got, want)
-        got.square().sum().backward()
-        want.square().sum().backward()
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
+    _steps_as_eager(fused, model, reference, lambda: torch.randn(5, 12))
     forward, backward = _groups(fused)
     assert forward >= 1 and backward >= 1
     if batch_norm:
@@ -316,3 +322,32 @@ def test_signatures_under_autograd_are_bounded():
             torch.testing.assert_close(a, b)
     plans = [p for p in g.policy.plans.values() if isinstance(p, AutogradPlan)]
     assert len(plans) == 3
+
+
+class ConvBn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, bias=False)  # a bias before batch norm: no grad
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return torch.nn.functional.hardtanh(self.bn(self.conv(x)), 0.0, 6.0)
+
+
+def test_a_traced_batch_norm_keeps_its_fused_forward():
+    """A traced BatchNorm writes `num_batches_tracked.add_(1)`, the 1 a wrapped-number
+    constant: rewritten to add_.Scalar (not lifted to an input, which the interpreter would
+    hand the kernels as a Python int: the program failed at its second call and the forward
+    ran as the FX graph from then on)."""
+    torch.manual_seed(0)
+    model, reference = ConvBn().train(), ConvBn().train()
+    x = torch.randn(2, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = nncfuse.jit(torch.jit.trace(model, (x,)))
+    reference.load_state_dict(model.state_dict())  # the trace's call stepped the buffers
+    _steps_as_eager(fused, model, reference, lambda: torch.randn(2, 3, 8, 8))
+    (joint,) = _plan(fused).joints()
+    assert joint.written
+    assert joint.forward.program is not None, joint.forward.reason
+    assert joint.backward.program is not None, joint.backward.reason
