@@ -132,6 +132,10 @@ class CompiledGraph:
         self.reason = f"the TorchScript program failed: {brief(error)}"
         self.program = None
         _log.dump(f"Graph {self.id} ({self.kind}) runs as the FX graph from now on: ", self.reason)
+        # Not the program's error (the FX graph ran): nncfuse's, so say it, as a failed
+        # optimization says it (a silent fallback once cost MobileNetV2's training its fusion).
+        warnings.warn(f"nncfuse: graph {self.id} ({self.kind}) runs unfused from now on: "
+                      f"{self.reason}", stacklevel=2)
         return result
 
 
