@@ -44,7 +44,7 @@ def _var_mean(x: torch.Tensor, dim: Any = None, *, correction: Any = None,
               keepdim: bool = False) -> Any:
     """var_mean as two single-output reductions, each of which fuses."""
     return (aten.var.correction(x, dim, correction=correction, keepdim=keepdim),
-            aten.mean.dim(x, dim, keepdim) if dim is not None else aten.mean.default(x))
+            aten.mean.dim(x, dim, keepdim))
 
 
 @functools.cache

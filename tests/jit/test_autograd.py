@@ -351,3 +351,16 @@ def test_a_traced_batch_norm_keeps_its_fused_forward():
     assert joint.written
     assert joint.forward.program is not None, joint.forward.reason
     assert joint.backward.program is not None, joint.backward.reason
+
+
+@pytest.mark.parametrize("dim", [None, 1, [0, 1]])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_var_mean_decomposition_keeps_eagers_shapes(dim, keepdim):
+    from nncfuse.jit.decompose import _var_mean
+
+    x = torch.randn(3, 4)
+    got = _var_mean(x, dim, correction=1, keepdim=keepdim)
+    want = torch.var_mean(x, dim, correction=1, keepdim=keepdim)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w)
