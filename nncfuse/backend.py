@@ -51,16 +51,12 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from .config import Options
-from .explain import report_for
 from .jit import fxgraph
 from .jit.fxgraph import CompiledGraph, clear_compiled_graphs, compiled_graphs
 
 __all__ = ["nncfuse", "nncfuse_ts", "make_backend", "CompiledGraph", "compiled_graphs",
            "clear_compiled_graphs", "DECOMPOSITIONS"]
 
-fxgraph.report = report_for  # what fused, in the `>backend` log
-
-aten = torch.ops.aten
 #: Decomposed before partitioning (`fxgraph.decompositions`)
 DECOMPOSITIONS = fxgraph.decompositions()
 

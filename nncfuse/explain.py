@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from .config import Options
-from .jit import policy
+from .jit import fxgraph, policy
 from .jit.freezing import FrozenFunction
 from .jit.function import FusedFunction
 from .jit.guard import CompileFailure, is_fused_op
@@ -421,3 +421,4 @@ def _strict_check(plan: Any, failures: list[CompileFailure], options: Options) -
 
 
 policy.strict_check = _strict_check  # the jit layer calls up through this hook
+fxgraph.report = report_for  # what fused, in the `>backend` and autograd logs

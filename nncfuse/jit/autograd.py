@@ -125,8 +125,8 @@ class AutogradPlan:
         if not torch.is_grad_enabled() or not any(inputs[k].requires_grad for k in tensors):
             return self.prog.unfused(*args)
         try:
-            key = tuple(inputs[k].requires_grad if k in tensors else _frozen(v)
-                        for k, v in enumerate(inputs))
+            key = tuple(v.requires_grad if isinstance(v, torch.Tensor) else _frozen(v)
+                        for v in inputs)
         except TypeError:
             return self.prog.unfused(*args)
         joint = self._variants.get(key, _MISSING)

@@ -50,8 +50,8 @@ _recent_lock = threading.Lock()
 aten = torch.ops.aten
 
 
-#: `report(graph, options, failures)`: what fused, for the `>backend` log; installed by the
-#: backend (a layer above: nncfuse.explain builds it)
+#: `report(graph, options, failures)`: what fused, for the `>backend` and autograd logs;
+#: installed by nncfuse.explain, a layer above, which builds it
 report: Callable[..., Any] | None = None
 
 class CompiledGraph:

@@ -203,7 +203,7 @@ class Policy:
         the plan's own graph is (the nodes of a graph that is freed become invalid)."""
         with self._lock:
             entry = self._shown.get(id(plan))
-            if entry is None or entry[0] is not plan:
+            if entry is None:  # (the entry keeps `plan` alive: its id is not reused)
                 entry = self._shown[id(plan)] = (plan, symbolic_graph(plan))
             return entry[1]
 
@@ -437,12 +437,13 @@ def _fixed_view(node: Any, static: frozenset[int]) -> bool:
     if any(v.node().kind() != "prim::Constant" for v in list(node.inputs())[2:]):
         return True
     dim = node.inputsAt(1).toIValue()
-    sizes = _sizes(node.inputsAt(0))
+    sizes = _dims(node.inputsAt(0))
     return isinstance(dim, int) and sizes is not None and -len(sizes) <= dim < len(sizes) and (
         _fixed(node.inputsAt(0), dim % len(sizes), static))
 
 
-def _sizes(value: Any) -> list[int | None] | None:
+def _dims(value: Any) -> list[int | None] | None:
+    """The sizes of `value`'s tensor type of known rank (None for a dim not known), else None."""
     t = value.type()
     return t.sizes() if isinstance(t, torch._C.TensorType) and t.dim() is not None else None
 
@@ -451,7 +452,7 @@ def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
     """Whether dim `dim` of graph value `value` has one size at every signature of the plan:
     a module attribute's; an argument's kept static (the plan serves only that size, or 1:
     part of the class); the last of a `linear` of a fixed weight. Else not known: False."""
-    sizes, node = _sizes(value), value.node()
+    sizes, node = _dims(value), value.node()
     if sizes is None or sizes[dim] is None:
         return False
     if node.kind() == "prim::GetAttr":

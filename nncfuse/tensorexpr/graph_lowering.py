@@ -49,7 +49,7 @@ from .lowerings import (
     lowering_for,
     scalar_dtype,
 )
-from .lowerings.shapes import monomial
+from .lowerings.shapes import product
 from .meta import TensorMeta, infer_types, is_tensor
 from .size_symbols import InputGuard, SizeSymbol, SizeSymbols
 
@@ -263,7 +263,7 @@ def _inferred(source: Sequence[int | E.Expr], request: Any) -> list[int | E.Expr
     is the input's product over the others' (a product of symbols), else LoweringError."""
     if not isinstance(request, (list, tuple)) or not all(isinstance(n, int) for n in request):
         raise LoweringError("a view's sizes are not constants")
-    coef, syms = monomial(math.prod(source, start=1) if source else 1)
+    coef, syms = product(source)
     known = math.prod(n for n in request if n != -1)
     out: list[int | E.Expr] = list(request)
     if -1 in request:

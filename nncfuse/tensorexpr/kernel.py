@@ -194,6 +194,7 @@ class TensorExprKernel:
         _log.debug("Final Stmt:\n", self.stmt)
         self.jit = None
         self.evaluator = None
+        self._quick: tuple[Any, E.Expr] | None = None
         if isinstance(stmt, S.Block) and not stmt.stmts:
             pass  # external calls alone: nothing to compile
         elif self.options.use_llvm:
@@ -286,16 +287,16 @@ class TensorExprKernel:
             cfunc=self.jit.cfunc if self.jit is not None else None,
             run=self.evaluator.run if self.evaluator is not None else None,
             written=lowered.written,
-            fallback=self._fallback_list if lowered.written else None,
+            fallback=self._fallback_list if lowered.written or lowered.guards else None,
             symbols=lowered.symbols,
             guards=lowered.guards,
-            dynamic_fallback=self._fallback_list if lowered.guards else None,
-            quick=getattr(self, "_quick", None),
+            quick=self._quick,
         )
 
     def _fallback_list(self, inputs: Sequence[Any]) -> list[Any]:
         """`fallback`'s outputs as a list: what the entry runs when a written input overlaps
-        another input (the kernel's loads and stores would not be independent)."""
+        another input (the kernel's loads and stores would not be independent), or when a
+        dynamic kernel's guard refuses the inputs."""
         outs = self.fallback(inputs)
         return list(outs) if isinstance(outs, tuple) else [outs]
 

@@ -120,9 +120,5 @@ def buffers_stored(stmt: S.Stmt) -> set[Buf]:
     return {s.buf.root for s in stores(stmt)}
 
 
-def buffers_loaded(node: E.Expr | S.Stmt) -> set[Buf]:
-    return {ld.buf.root for ld in loads(node)}
-
-
 def as_block(stmt: S.Stmt) -> S.Block:
     return stmt if isinstance(stmt, S.Block) else S.Block((stmt,))

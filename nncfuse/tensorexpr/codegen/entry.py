@@ -209,11 +209,11 @@ class KernelInterface:
     cfunc: Callable[..., Any] | None = None
     run: Callable[[list[Any]], None] | None = None
     written: tuple[int, ...] = ()  # kernel inputs the kernel stores into (`written`)
-    fallback: Callable[[list[Any]], list[Any]] | None = None  # when one overlaps an input
+    #: the unfused graph: when a written input overlaps another, or the guard refuses
+    fallback: Callable[[list[Any]], list[Any]] | None = None
     externals: tuple[ExternalStep, ...] = ()
     symbols: tuple[SizeSymbol, ...] = ()  # a dynamic kernel's sizes, read from its inputs
-    guards: tuple[InputGuard, ...] = ()  # checked first; `dynamic_fallback` runs otherwise
-    dynamic_fallback: Callable[[list[Any]], list[Any]] | None = None
+    guards: tuple[InputGuard, ...] = ()  # checked first; `fallback` runs otherwise
     #: a dynamic kernel's `cfunc` that keeps the GIL (cheaper to call), and when to call
     #: `cfunc` instead: a bool of the size symbols (much work, or parallel loops)
     quick: tuple[Callable[..., Any], E.Expr] | None = None
@@ -417,10 +417,10 @@ def _bind_symbols(
                 first = next(s for s in kernel.symbols if s.var is size)
                 if (first.position, first.dim) != (g.position, d):
                     conds.append(f"{here} != {python(size)}")
-                layout.append(f"({here} > 1 and st{g.position}[{d}] != {python(stride)})")
+                layout.append(f"st{g.position}[{d}] != {python(stride)}")  # not 0, not 1 here
         if layout:
             conds.append(f"(a{g.position}.numel() and ({' or '.join(layout)}))")
-    code.bind("dynamic_fallback", kernel.dynamic_fallback)
+    code.bind("fallback", kernel.fallback)
     names = [f"a{k}" for k in range(n_inputs)]
     for test in (rank, conds):
         if test is conds:
@@ -430,7 +430,7 @@ def _bind_symbols(
             for sym in kernel.symbols:
                 code.line(f"{sym.var.name} = sh{sym.position}[{sym.dim}]")
         code.line(f"if {' or '.join(test) or 'False'}:")
-        code.line(f"    r = dynamic_fallback([{', '.join(names)}])")
+        code.line(f"    r = fallback([{', '.join(names)}])")
         _return(code, [f"r[{j}]" for j in range(len(kernel.outputs))], returns, "    ")
 
 

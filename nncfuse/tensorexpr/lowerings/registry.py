@@ -154,16 +154,6 @@ class ListArg(Arg):
     items: tuple[Arg, ...]
 
 
-def same_numel(a: Sequence[int | E.Expr], b: Sequence[int | E.Expr]) -> bool:
-    """Whether shapes `a` and `b` hold as many elements: equal products of ints, or the same
-    size symbols (a dynamic kernel's) and the same product of ints."""
-    def split(shape: Sequence[int | E.Expr]) -> tuple[int, list[int]]:
-        ints = math.prod(s for s in shape if isinstance(s, int))
-        return ints, sorted(id(s) for s in shape if not isinstance(s, int))
-
-    return split(a) == split(b)
-
-
 def scalar_dtype(value: Any) -> Dtype:
     """The IR type of a Python number used as an operand."""
     if isinstance(value, bool):

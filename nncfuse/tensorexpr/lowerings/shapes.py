@@ -119,7 +119,8 @@ def _grows_input(p_in: int | E.Expr, p_out: int | E.Expr) -> bool:
     raise LoweringError("a reshape whose runs of dims are not products of each other")
 
 
-def _product(shape: Sequence[int | E.Expr]) -> Monomial:
+def product(shape: Sequence[int | E.Expr]) -> Monomial:
+    """The product of `shape`'s sizes as a `monomial`."""
     coef, syms = 1, ()
     for size in shape:
         c, v = monomial(size)
@@ -135,7 +136,7 @@ def reshape_indices(
     `out_shape` puts at `indices`. Sizes may be a dynamic kernel's products of symbols
     (`monomial`): runs of dims then close where their products are the same monomial, and
     no index is divided by a symbol (LoweringError: it may be 0)."""
-    if _product(in_shape) != _product(out_shape):
+    if product(in_shape) != product(out_shape):
         raise LoweringError(f"cannot reshape {tuple(in_shape)} to {tuple(out_shape)}")
     result: list[E.Expr] = [E.imm(0)] * len(in_shape)
     if math.prod(out_shape) == 0:

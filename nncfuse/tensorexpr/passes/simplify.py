@@ -103,10 +103,10 @@ class _Linear:
         return _Linear({k: v for k, v in terms.items() if v}, self.const + sign * other.const)
 
 
-def _factors(e: E.Expr) -> list[E.Expr]:
+def factors(e: E.Expr) -> list[E.Expr]:
     """The factors of a product of int64 expressions (`e` itself if it is no product)."""
     if isinstance(e, E.Mul) and e.dtype == INDEX:
-        return [*_factors(e.a), *_factors(e.b)]
+        return [*factors(e.a), *factors(e.b)]
     return [e]
 
 
@@ -179,8 +179,8 @@ class Simplifier(Mutator):
                 want = c * atom.b.value  # type: ignore[union-attr]
             else:  # symbolic: the product atom whose factors are d's and (x / d)
                 want = c
-                factors = Counter([*_factors(atom.b), div])
-                div = next((t for t in terms if Counter(_factors(t)) == factors), div)
+                wanted = Counter([*factors(atom.b), div])
+                div = next((t for t in terms if Counter(factors(t)) == wanted), div)
             if div is not atom and terms.get(div) == want:
                 del terms[atom], terms[div]
                 inner = self.linear(atom.a)

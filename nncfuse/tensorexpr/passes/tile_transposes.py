@@ -45,7 +45,7 @@ from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
 from ..loopnest import as_block, buffers_stored
 from .parallelize import GRAIN, work
-from .simplify import Simplifier, simplify
+from .simplify import Simplifier, factors, simplify
 
 TILE = 32
 MIN_STRIDE = 256
@@ -65,9 +65,9 @@ def _coefficient(index: E.Expr, var: E.Var, loop_vars: tuple[E.Var, ...]) -> E.E
         if atom is var:
             total = total + c
         elif any(n is var for n in walk(atom)):
-            factors = _factors(atom)
-            rest = [f for f in factors if f is not var]
-            if len(rest) != len(factors) - 1 or any(
+            parts = factors(atom)
+            rest = [f for f in parts if f is not var]
+            if len(rest) != len(parts) - 1 or any(
                     n in loop_vars for f in rest for n in walk(f)):
                 return None
             term: E.Expr = E.imm(c)
@@ -77,8 +77,6 @@ def _coefficient(index: E.Expr, var: E.Var, loop_vars: tuple[E.Var, ...]) -> E.E
     return simplify(total)
 
 
-def _factors(e: E.Expr) -> list[E.Expr]:
-    return [*_factors(e.a), *_factors(e.b)] if isinstance(e, E.Mul) else [e]
 
 
 def _large(stride: E.Expr) -> bool:
