@@ -20,8 +20,11 @@ compare). Contenders, each on its own copy of the same initial weights:
 Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
 the compilers, profiling runs; Inductor's cache is a fresh directory unless
 `--inductor-cache warm`), and its parameters' gradients after that step are compared with
-eager's (rtol 1e-3, atol 1e-4 times the largest gradient): a contender that differs
-is reported and not timed. Then steps are timed in interleaved rounds (`harness.measure`),
+eager's (rtol 1e-3, atol 1e-4 times the largest gradient, or, where float32 itself is
+that far off, as close to float64's as `compare_gradients` says): an nncfuse contender
+that differs is reported and not timed; torch.compile, the baseline, is timed and its
+difference shown (Inductor's ResNet-18 gradients are 0.6% of the largest from eager's and
+float64's, which agree to 1e-5). Then steps are timed in interleaved rounds (`harness.measure`),
 medians. The summary gives, per contender, the geometric mean over workloads of its step
 time over torch.compile's, and of its first-step time over torch.compile's.
 """
@@ -47,6 +50,7 @@ import nncfuse
 
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
 RTOL, ATOL = 1e-3, 1e-4
+ILL_CONDITIONED = 8  # see compare_gradients
 
 
 class MLP(torch.nn.Module):
@@ -147,8 +151,9 @@ def _first(out: Any) -> torch.Tensor:
 def loss(out: Any) -> torch.Tensor:
     """The output against fixed random weights (not its mean square: after a final layer
     norm that is nearly constant, and its gradients rounding noise)."""
-    out = _first(out).float()
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+    out = _first(out)
+    out = out if out.dtype == torch.float64 else out.float()
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out.dtype)
     return (out * weights).mean()
 
 
@@ -183,10 +188,25 @@ def gradients_after_one_step(contender: str, base: torch.nn.Module,
     return grads, make_step(model, fn, inputs), first
 
 
-def compare_gradients(got: list[Any], want: list[Any]) -> str | None:
+def exact_gradients(base: torch.nn.Module, inputs: tuple[Any, ...]) -> list[Any]:
+    """Eager's gradients after one step in float64 (`base` and its float inputs widened)."""
+    model = copy.deepcopy(base).double()
+    wide = tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                 for x in inputs)
+    loss(model(*wide)).backward()
+    return [None if p.grad is None else p.grad for p in model.parameters()]
+
+
+def compare_gradients(got: list[Any], want: list[Any],
+                      exact: Callable[[], list[Any]] | None = None) -> str | None:
     """None if the gradients match eager's, else what differs. The absolute tolerance is
     relative to the largest gradient of all: some are zero but for rounding (a key's bias
-    before softmax), and rounding differs between any two ways of computing them."""
+    before softmax), and rounding differs between any two ways of computing them. Where
+    float32 itself is that far off (MobileNetV2's convolutions under training-mode batch
+    norms of few elements: eager's weight gradients are 1% of their largest from float64's,
+    Inductor's and nncfuse's up to 7%), a gradient also matches if it is at most
+    `ILL_CONDITIONED` times as far from the float64 gradients (`exact`, computed on demand)
+    as eager's; a wrong term is off by the gradient's own size."""
     scale = max((float(w.abs().max()) for w in want if w is not None and w.numel()),
                 default=1.0) or 1.0
     for k, (g, w) in enumerate(zip(got, want)):
@@ -199,7 +219,10 @@ def compare_gradients(got: list[Any], want: list[Any]) -> str | None:
         try:
             torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL * scale)
         except AssertionError as e:
-            return f"parameter {k} {tuple(w.shape)}: {str(e).splitlines()[1:3]}"
+            x = exact()[k] if exact is not None else None
+            far = (g.double() - x).abs().max() if x is not None else None
+            if far is None or far > ILL_CONDITIONED * (w.double() - x).abs().max():
+                return f"parameter {k} {tuple(w.shape)}: {str(e).splitlines()[1:3]}"
     return None
 
 
@@ -222,9 +245,16 @@ def _warm_up() -> None:
 
 def run(name: str, base: torch.nn.Module, inputs: tuple[Any, ...], args: argparse.Namespace,
         contenders: list[str]) -> dict[str, Any]:
-    result: dict[str, Any] = {"first": {}, "step": {}, "errors": {}}
+    result: dict[str, Any] = {"first": {}, "step": {}, "errors": {}, "notes": {}}
     steps: dict[str, Callable[[], None]] = {}
     reference = None
+    wide: list[Any] = []
+
+    def exact() -> list[Any]:
+        if not wide:
+            wide.extend(exact_gradients(base, inputs))
+        return wide
+
     for contender in contenders:
         _reset()
         try:
@@ -237,8 +267,10 @@ def run(name: str, base: torch.nn.Module, inputs: tuple[Any, ...], args: argpars
         if contender == "eager":
             reference = grads
         elif reference is not None:
-            problem = compare_gradients(grads, reference)
-            if problem:
+            problem = compare_gradients(grads, reference, exact)
+            if problem and contender == "compile":  # the baseline: timed, its problem shown
+                result["notes"][contender] = "gradients differ from eager's: " + problem
+            elif problem:
                 result["errors"][contender] = "gradients differ: " + problem
                 continue
         result["first"][contender] = first
@@ -263,6 +295,8 @@ def report(results: dict[str, dict[str, Any]], contenders: list[str]) -> None:
             vs_compile = f"{compiled / t:11.2f}x" if compiled else ""
             print(f"{name:<10}{c:<17}{fmt_time(r['first'][c]):>12}{fmt_time(t):>12}"
                   f"{vs_eager:>10}{vs_compile:>12}")
+            if c in r["notes"]:
+                print(f"{'':<10}{'':<17}  ({r['notes'][c]})")
     print("\ngeomean over workloads, against torch.compile (Inductor):")
     for c in contenders:
         if c == "compile":

@@ -65,6 +65,18 @@ def test_zero_gradients_where_eager_has_none_match(training):
     assert training.compare_gradients([None, None], want) is not None
 
 
+def test_gradients_as_close_to_float64_as_eager_match(training):
+    """Where float32 is far off itself, a gradient a few times as far from float64's as
+    eager's matches; one off by more does not, nor anything off without float64's to ask."""
+    exact = [torch.ones(4, dtype=torch.float64)]
+    want = [torch.tensor([1.01, 1.0, 1.0, 1.0])]  # eager's: 1% off
+    near = [torch.tensor([1.0, 0.96, 1.0, 1.0])]  # 4% off: 4x eager's distance
+    far = [torch.tensor([1.0, 0.5, 1.0, 1.0])]
+    assert training.compare_gradients(near, want) is not None
+    assert training.compare_gradients(near, want, lambda: exact) is None
+    assert training.compare_gradients(far, want, lambda: exact) is not None
+
+
 def test_training_kernels_times_each_fused_kernel_against_its_aten_ops(training):
     """benchmarks/training_kernels.py: the backward GEMM of the MLP carries the GELU backward
     as its epilogue, and each kernel it times computes what the ATen ops it is timed against

@@ -26,6 +26,10 @@ stays finite up to log(2 max float): operands in between are kept away too.
 `zero_sign` marks min/max-like ops, whose zero's sign also depends on the
 loop (max(0.0, -0.0) is 0.0 in eager's scalar loop, -0.0 in its vector
 loop): the checker flips the sign of their zeros when it looks for noise.
+`magnitude` (sums and means) is the scale of that noise when it is not the
+result's own: a float sum's rounding depends on the order of its additions,
+and is bounded by the sum of the magnitudes of its terms, not by its result
+(`max + -max + 0.5` is 0.5 in one order and 0 in another).
 
 Spellings that TorchScript compiles differently from eager (`2.0 - x` is
 `neg` then `add`, wrong for uint8; `2.0 / x` is `reciprocal` then `mul`)
@@ -78,6 +82,7 @@ class OpSpec:
     finite_quotient: bool = False
     overflow_band: bool = False
     zero_sign: bool = False
+    magnitude: str = ""  # a template like `template`: the noise's scale (see above)
     weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -246,9 +251,11 @@ _ONE_DIM = {"dim": ["-1", "0", "1"], "keep": ["", ", keepdim=True"]}
 _CORRECTION = {"dim": ["-1", "0", "(0, -1)"], "c": ["0", "1", "2"], "k": ["False", "True"]}
 
 REDUCTIONS = [
-    OpSpec("sum", "{0}.sum({dim}{keep})", dtypes="nobool", extras=_DIM, approx=True),
-    OpSpec("sum", "torch.sum({0})", approx=True, weight=0.5),
-    OpSpec("mean", "{0}.mean({dim}{keep})", dtypes="float", extras=_DIM, approx=True),
+    OpSpec("sum", "{0}.sum({dim}{keep})", dtypes="nobool", extras=_DIM, approx=True,
+           magnitude="{0}.double().abs().sum({dim}{keep})"),
+    OpSpec("sum", "torch.sum({0})", approx=True, weight=0.5, magnitude="{0}.double().abs().sum()"),
+    OpSpec("mean", "{0}.mean({dim}{keep})", dtypes="float", extras=_DIM, approx=True,
+           magnitude="{0}.double().abs().mean({dim}{keep})"),
     OpSpec("prod", "{0}.prod({dim}{keep})", dtypes="nobool", extras=_ONE_DIM, approx=True,
            weight=0.5),
     OpSpec("amax", "{0}.amax({dim}{keep})", extras=_DIM, zero_sign=True),

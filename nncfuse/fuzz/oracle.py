@@ -159,18 +159,19 @@ class Nudger:
     than ulps of 1.0, since functions computed by formula lose accuracy
     where terms cancel (gelu's `1 + erf(x)` for negative x, lgamma near its
     zeros). Reduced-precision results may also round to the neighbouring
-    value. Non-finite values stay.
+    value. Non-finite values stay. A sum's noise scales with `terms`, the sum
+    of its terms' magnitudes (`OpSpec.magnitude`), where that is larger.
     """
 
     def __init__(self, seed: int = 0):
         self.gen = torch.Generator().manual_seed(seed)
 
-    def __call__(self, t: Any) -> Any:
+    def __call__(self, t: Any, terms: Any = None) -> Any:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
             return t
         wide = t.double()
         compute = torch.float64 if t.dtype == torch.float64 else torch.float32
-        magnitude = wide.abs()
+        magnitude = wide.abs() if terms is None else torch.fmax(wide.abs(), terms.double())
         if torch.rand((), generator=self.gen) < 0.5:  # half the calls: the absolute floor too
             magnitude = magnitude.clamp(min=1.0)
         scale = torch.finfo(compute).eps * magnitude

@@ -79,6 +79,7 @@ class OpCall:
     uses: tuple[str, ...]
     approx: bool = False
     zero_sign: bool = False
+    magnitude: str = ""  # the noise's scale, if not the result's (`OpSpec.magnitude`)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class Program:
             if nudge and call.zero_sign:
                 text = f"_nudge.zeros({text})"
             if nudge and call.approx:
-                text = f"_nudge({text})"
+                text = f"_nudge({text}, {call.magnitude})" if call.magnitude else f"_nudge({text})"
             return text
 
         args = ", ".join(f"{p.name}: {'torch.Tensor' if p.kind == 'Tensor' else p.kind}"
@@ -303,7 +304,9 @@ class _Builder:
                 uses.append(name)
         extras = {k: self.rng.choice(choices) for k, choices in spec.extras.items()}
         text = spec.template.format(*texts, **extras)
-        call = OpCall(spec.name, text, tuple(dict.fromkeys(uses)), spec.approx, spec.zero_sign)
+        magnitude = spec.magnitude.format(*texts, **extras)
+        call = OpCall(spec.name, text, tuple(dict.fromkeys(uses)), spec.approx, spec.zero_sign,
+                      magnitude)
         return call, data
 
     # -- statements -------------------------------------------------------------------------
@@ -400,7 +403,7 @@ class _Builder:
         return False
 
     def add_breaker(self) -> bool:
-        """Append an op nncfuse does not fuse: `torch.mm` or a `sum` over the last dimension."""
+        """Append a `torch.mm` or a `sum` over the last dimension (once ops nncfuse left out)."""
         tensors = [v for v in self.values.values() if v.is_tensor]
         matrices = [v for v in tensors if v.data[0].dim() == 2
                     and v.data[0].dtype in (torch.float32, torch.float64)]
@@ -408,13 +411,15 @@ class _Builder:
             v = self.rng.choice(matrices)
             k = v.data[0].shape[1]
             w = self.new_tensor(TensorSpec(v.data[0].dtype, (k, k)))
-            call = OpCall("mm", f"torch.mm({v.name}, {w.name})", (v.name, w.name))
+            call = OpCall("mm", f"torch.mm({v.name}, {w.name})", (v.name, w.name), True,
+                          magnitude=f"torch.mm({v.name}.double().abs(), {w.name}.double().abs())")
         else:
             ranked = [v for v in tensors if v.data[0].dim() >= 1]
             if not ranked:
                 return False
             v = self.rng.choice(ranked)
-            call = OpCall("sum", f"{v.name}.sum(-1, keepdim=True)", (v.name,))
+            call = OpCall("sum", f"{v.name}.sum(-1, keepdim=True)", (v.name,), True,
+                          magnitude=f"{v.name}.double().abs().sum(-1, keepdim=True)")
         results = self.evaluate(call)
         if results is None or _RAISED in results:
             return False

@@ -72,9 +72,9 @@ def _int_constant(value: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _dim_of(node: Any) -> int | None:
-    """The dim that `aten::size(%t, d)` (or `size(%t)[d]`) reads, normalized; None if that is
-    not a constant in range."""
+def _size_read(node: Any) -> tuple[Any, int] | None:
+    """(%t, d) for `aten::size(%t, d)` (or `size(%t)[d]`), d normalized; None if d is not a
+    constant in range."""
     if node.kind() == "aten::size" and node.inputsSize() == 2:
         source, d = node.inputsAt(0), _int_constant(node.inputsAt(1))
     elif node.kind() == "aten::__getitem__" and node.inputsAt(0).node().kind() == "aten::size" \
@@ -85,11 +85,7 @@ def _dim_of(node: Any) -> int | None:
     meta = TensorMeta.from_type(source.type()) if is_tensor(source) else None
     if d is None or meta is None or not -len(meta.sizes) <= d < len(meta.sizes):
         return None
-    return d % len(meta.sizes)
-
-
-def _size_source(node: Any) -> Any:
-    return node.inputsAt(0) if node.kind() == "aten::size" else node.inputsAt(0).node().inputsAt(0)
+    return source, d % len(meta.sizes)
 
 
 def problem(value: Any) -> tuple[str | None, list[Any]]:
@@ -109,9 +105,10 @@ def _walk(value: Any, sources: list[Any], depth: int) -> str | None:
         known = _int_constant(value) is not None or _tensor_int(value) is not None
         return None if known or _int_list(value) else f"%{value.debugName()} is not an int"
     if node_kind in ("aten::size", "aten::__getitem__"):
-        if _dim_of(node) is None:
+        read = _size_read(node)
+        if read is None:
             return f"%{value.debugName()} is not a size along a constant dim of a typed tensor"
-        sources.append(_size_source(node))
+        sources.append(read[0])
         return None
     if node_kind == "prim::ListConstruct" and _is_int_or_ints(value):
         return _walk_all(list(node.inputs()), sources, depth)
@@ -191,9 +188,9 @@ def copy_into(graph: Any, value: Any, lookup: Callable[[Any], Any],
     if kind == "prim::Constant":
         return place(graph.createClone(node, lambda x: x)).output()
     if kind in ("aten::size", "aten::__getitem__"):
-        source = lookup(_size_source(node))
-        dim = _int_constant_in(graph, place, _dim_of(node))
-        return _int_node(graph, place, "aten::size", [source, dim])
+        source, d = _size_read(node)
+        dim = _int_constant_in(graph, place, d)
+        return _int_node(graph, place, "aten::size", [lookup(source), dim])
     if kind in _PASS:
         return copy_into(graph, node.inputsAt(0), lookup, place)
     if kind == "prim::ListConstruct":

@@ -374,11 +374,6 @@ def lower_graph(
             _lower_external(state, node, kernel_inputs, graph_outputs)
         elif any(v.unique() in state.folded for v in node.outputs()):
             continue
-        elif dynamic:
-            try:
-                _lower_node(state, node, kernel_inputs, graph_outputs)
-            except TypeError as e:  # a lowering that computes with a size a symbol stands for
-                raise LoweringError(f"{node.kind()} with symbolic sizes: {e}") from e
         else:
             _lower_node(state, node, kernel_inputs, graph_outputs)
     outputs = _collect_outputs(state, graph)

@@ -8,6 +8,7 @@ that replays it.
 
 import os
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -241,6 +242,25 @@ def test_zero_signs_of_min_max_are_noise():
     want = (torch.reciprocal(torch.maximum(x0, x1)),)
     assert fuzz._is_noise(case, 0, (-want[0],), want)
     assert not fuzz._is_noise(case, 0, (torch.full((16,), float("nan")),), want)
+
+
+def test_sum_order_is_noise_on_the_scale_of_its_terms():
+    """Seed 820301: `max + 0 + 1 - max + 0.5` is 0 added in eager's order and 1.5 with the
+    big terms first: both are float sums of the row (their rounding is bounded by the
+    terms' magnitudes, not the result's). A row sum off by one of its terms is a bug."""
+    big = torch.finfo(torch.float32).max
+    x = torch.tensor([[big, 0.0, 1.0, -big, 0.5], [1.0, 2.0, 3.0, 4.0, 5.0]])
+    params = (Param("x0", "Tensor", TensorSpec(torch.float32, (2, 5))),)
+    call = OpCall("sum", "x0.sum(-1)", ("x0",), approx=True,
+                  magnitude="x0.double().abs().sum(-1)")
+    case = Case(Program(params, (Assign("v0", call),), ("v0",)), ((x,), (x,)))
+    want = (x.sum(-1),)
+    other = (torch.tensor([1.5, 15.0]),)
+    assert fuzz.compare(other, want) and fuzz._is_noise(case, 0, other, want)
+    assert not fuzz._is_noise(case, 0, (torch.tensor([want[0][0].item(), 14.0]),), want)
+    unscaled = Case(Program(params, (Assign("v0", replace(call, magnitude="")),), ("v0",)),
+                    ((x,), (x,)))
+    assert not fuzz._is_noise(unscaled, 0, other, want)
 
 
 def test_minimizer_shrinks_to_the_failing_part(monkeypatch):
