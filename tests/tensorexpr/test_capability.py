@@ -60,20 +60,3 @@ def test_narrowed_capability_narrows_the_target(aten_capability, tmp_path):
         assert got[1:] == ["256", "False", "True", "True", "True"]
     else:  # libm lane by lane, multiply-adds rounded twice, SSE registers
         assert got[1:] == ["128", "False", "False", "False", "False"]
-
-
-def test_streaming_starts_at_half_the_last_level_cache(monkeypatch, tmp_path):
-    """Read from sysfs: the largest data or unified cache; unknown gives the 8 MB floor."""
-    for index, (kind, size) in enumerate(
-            [("Data", "48K"), ("Instruction", "64K"), ("Unified", "2048K"), ("Unified", "32M")]):
-        (tmp_path / f"index{index}").mkdir()
-        (tmp_path / f"index{index}" / "type").write_text(kind + "\n")
-        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
-    for sysfs, llc, stream in [(tmp_path, 32 << 20, 16 << 20), (tmp_path / "none", None, 8 << 20)]:
-        monkeypatch.setattr(capability, "_CACHES", str(sysfs))
-        capability.last_level_cache_bytes.cache_clear()
-        capability.streaming_bytes.cache_clear()
-        assert capability.last_level_cache_bytes() == llc
-        assert capability.streaming_bytes() == stream
-    capability.last_level_cache_bytes.cache_clear()
-    capability.streaming_bytes.cache_clear()

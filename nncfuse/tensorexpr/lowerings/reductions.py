@@ -38,7 +38,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import capability
 from .. import expr as E
 from ..dtype import BOOL, FLOAT64, INT64, UINT8, Dtype
 from ..meta import TensorMeta
@@ -444,13 +443,11 @@ def softmax(ctx: Ctx) -> E.Expr:
 
 
 #: Softmax over rows of at least `_STREAMED_ROW` elements and `_STREAMED_BYTES` in all (the
-#: size from which `kernel.STREAMING_BYTES` writes outputs with non-temporal stores: half
-#: the last-level cache) computes each exponential twice, for the sum and for the output,
-#: which it writes once, uncached, instead of reading it back from the caches: 16 MB over
-#: rows of 512-4096, 1.2-1.4x -> 1.4-1.6x eager where the output went to memory; rows of
-#: 256 even, 128 and below 8 MB slower. Where 16 MB stay in the cache (a 480 MB L3), one
-#: exponential and ordinary stores: 2.50 -> 2.07 ms against eager's 2.54 (1 thread).
-_STREAMED_BYTES = capability.streaming_bytes()
+#: size from which `kernel.STREAMING_BYTES` writes outputs with non-temporal stores)
+#: computes each exponential twice, for the sum and for the output, which it writes once,
+#: uncached, instead of reading it back from the caches: 16 MB over rows of 512-4096,
+#: 1.2-1.4x -> 1.4-1.6x eager; rows of 256 even, 128 and below 8 MB slower.
+_STREAMED_BYTES = 8 << 20
 _STREAMED_ROW = 512
 
 

@@ -5,8 +5,6 @@ import torch
 
 import nncfuse
 from nncfuse.jit.runtime import kernel_of
-from nncfuse.tensorexpr import capability
-from nncfuse.tensorexpr import kernel as kernel_module
 
 
 def chain(a, b):
@@ -46,9 +44,7 @@ def test_small_kernels_stay_serial():
 
 
 @pytest.mark.parametrize("shape", [(1 << 21,), (2048, 1001)])
-def test_large_outputs_stream_past_the_caches(threads, shape, monkeypatch):
-    # From half the last-level cache (here) on, at least 8 MB: 8 MB outputs stream.
-    monkeypatch.setattr(kernel_module, "STREAMING_BYTES", capability.MIN_STREAMING_BYTES)
+def test_large_outputs_stream_past_the_caches(threads, shape):
     f = nncfuse.jit(chain)
     a, b = torch.randn(shape), torch.randn(shape)
     f(a, b)

@@ -7,13 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
-from nncfuse.tensorexpr import capability
 from nncfuse.tensorexpr import expr as E
-from nncfuse.tensorexpr import kernel as kernel_module
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits
 from nncfuse.tensorexpr.ir_visitor import walk
-from nncfuse.tensorexpr.lowerings import reductions
 from tests.fused import BACKENDS, check, run_fused
 
 REDUCED = [torch.float16, torch.bfloat16]
@@ -253,39 +250,15 @@ def test_softmax_is_one_sweep_over_rows():
     assert str(stmt).count("exp(") == 1 + tail  # the vector loop (and its tail)
 
 
-@pytest.fixture
-def streaming_from(monkeypatch):
-    """Sets the output size from which kernels stream (half the last-level cache here)."""
-
-    def set_bytes(nbytes):
-        monkeypatch.setattr(kernel_module, "STREAMING_BYTES", nbytes)
-        monkeypatch.setattr(reductions, "_STREAMED_BYTES", nbytes)
-
-    return set_bytes
-
-
-def test_softmax_from_memory_writes_its_output_once_uncached(streaming_from):
-    """From the streaming size (8 MB where the caches are small) over rows of 512 on, each
-    exponential is computed twice (for the sum, then for the output) so that the output
-    is written with streaming stores, not read back."""
-    streaming_from(capability.MIN_STREAMING_BYTES)
+def test_softmax_from_memory_writes_its_output_once_uncached():
+    """From 8 MB over rows of 512 on, each exponential is computed twice (for the sum, then
+    for the output) so that the output is written with streaming stores, not read back."""
     x = randn(2048, 1024)
     k = kernel(lambda x: torch.softmax(x, -1), x)
     assert str(k.stmt).count("exp(") == 2
     assert "!nontemporal" in k.get_code_text("ir")
     close(lambda x: torch.softmax(x, -1), x)
     assert str(kernel_stmt(lambda x: torch.softmax(x, -1), x[:, :256])).count("exp(") == 1
-
-
-def test_softmax_that_stays_in_cache_computes_each_exponential_once(streaming_from):
-    """Below the streaming size (a last-level cache over 16 MB), one exponential per element,
-    kept in the output, which is read back: no streaming stores."""
-    streaming_from(16 << 20)
-    x = randn(2048, 1024)  # 8 MB
-    k = kernel(lambda x: torch.softmax(x, -1), x)
-    assert str(k.stmt).count("exp(") == 1
-    assert "!nontemporal" not in k.get_code_text("ir")
-    close(lambda x: torch.softmax(x, -1), x)
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
