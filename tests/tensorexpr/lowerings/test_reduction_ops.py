@@ -7,10 +7,12 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
+from nncfuse.jit.guard import clear_kernel_cache
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits
 from nncfuse.tensorexpr.ir_visitor import walk
+from nncfuse.tensorexpr.passes import vectorize_reductions
 from tests.fused import BACKENDS, check, run_fused
 
 REDUCED = [torch.float16, torch.bfloat16]
@@ -408,6 +410,42 @@ def test_column_sum_vectorizes_across_columns():
     stmt = kernel_stmt(lambda x: x.sum(0), randn(300, 64))
     assert "Ramp(" in str(stmt)
     close(lambda x: x.sum(0), randn(300, 64))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.sum(0), lambda x: x.mean(0) * 2, lambda x: x.to(torch.float64).sum(0),
+    lambda x: (x * 3 + 1).sum(0, keepdim=True), lambda x: x[:, 5:].sum(0)])
+@pytest.mark.parametrize("rows", [128, 300, 2048])
+def test_column_sums_walk_rows_in_memory_order_with_the_same_results(fn, rows, monkeypatch):
+    """The sums of each block of rows, a row at a time, then the blocks' totals per column:
+    the same additions in the same order as the walk down the columns, so the very same
+    results, at any thread count."""
+    x = torch.rand(rows, 200) + 1e3  # large sums: a different order would round otherwise
+    assert "_rows" in str(kernel_stmt(fn, x))
+    before = torch.get_num_threads()
+    got = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got.append(run_fused(fn, x))
+    finally:
+        torch.set_num_threads(before)
+    monkeypatch.setattr(vectorize_reductions, "ROW_PARTS_BYTES", 0)
+    clear_kernel_cache()  # identical groups share kernels: build this one anew
+    assert "_rows" not in str(kernel_stmt(fn, x))
+    want = run_fused(fn, x)
+    clear_kernel_cache()
+    for g in got:
+        assert torch.equal(g, want)
+    close(fn, x)
+
+
+def test_column_sums_by_rows_run_on_threads_over_blocks_of_rows():
+    stmt = kernel_stmt(lambda x: x.sum(0), randn(4096, 1024))
+    (first, *_) = [s for s in stmt.stmts if isinstance(s, S.For)]
+    assert first.parallel and "_rows" in str(first)
+    # partial sums past ROW_PARTS_BYTES: down the columns, as before
+    assert "_rows" not in str(kernel_stmt(lambda x: x.sum(0), randn(1 << 16, 8192)))
 
 
 def test_row_statistics_fuse_with_consumers_that_broadcast_them():
