@@ -144,10 +144,10 @@ def _call(cg: LLVMCodeGen, name: str, args: list[Any], dtype: Dtype) -> Any:
     chunk_type = ir.VectorType(value_type.element, width)
     fn = cg.declare(symbol, chunk_type, [chunk_type] * len(args))
     chunks = [
-        cg.builder.call(fn, [_slice(cg, a, k, width) for a in args])
+        cg.builder.call(fn, [slice_lanes(cg, a, k, width) for a in args])
         for k in range(0, dtype.lanes, width)
     ]
-    return _concat(cg, chunks)
+    return concat_lanes(cg, chunks)
 
 
 def _horner(cg: LLVMCodeGen, coefficients: Sequence[float], t: Any) -> Any:
@@ -270,22 +270,22 @@ def _scalef(cg: LLVMCodeGen, p: Any, n: Any, lanes: int) -> Any:
     fn = cg.declare("llvm.x86.avx512.mask.scalef.ps.512", f16, [f16, f16, f16, mask, I32])
     current_rounding = ir.Constant(I32, 4)
     parts = [
-        cg.builder.call(fn, [_slice(cg, p, k, 16), _slice(cg, n, k, 16),
+        cg.builder.call(fn, [slice_lanes(cg, p, k, 16), slice_lanes(cg, n, k, 16),
                              ir.Constant(f16, ir.Undefined), ir.Constant(mask, -1),
                              current_rounding])
         for k in range(0, lanes, 16)
     ]
-    return _concat(cg, parts)
+    return concat_lanes(cg, parts)
 
 
-def _slice(cg: LLVMCodeGen, v: Any, start: int, width: int) -> Any:
+def slice_lanes(cg: LLVMCodeGen, v: Any, start: int, width: int) -> Any:
     if v.type.count == width:
         return v
     mask = ir.Constant(ir.VectorType(I32, width), list(range(start, start + width)))
     return cg.builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
 
 
-def _concat(cg: LLVMCodeGen, parts: list[Any]) -> Any:
+def concat_lanes(cg: LLVMCodeGen, parts: list[Any]) -> Any:
     while len(parts) > 1:
         merged = []
         for a, c in zip(parts[::2], parts[1::2]):

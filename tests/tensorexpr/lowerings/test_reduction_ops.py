@@ -521,3 +521,18 @@ def test_instance_norm(use_llvm):
     mean, var = randn(6), torch.rand(6) + 0.5
     close(lambda x: F.instance_norm(x, mean, var, w, b, use_input_stats=False), x,
           use_llvm=use_llvm)
+
+
+def test_float_max_min_vectors_keep_nans_with_avx512_max_min():
+    """vmaxps/vminps for the compare-and-select of max/min (AVX-512 hosts): NaN in either
+    operand gives NaN, as eager; the row max of a softmax too."""
+    nan, inf = float("nan"), float("inf")
+    vals = torch.tensor([nan, inf, -inf, 0.0, 1.0, -1.0, 3.0, 1e-45])
+    a, b = vals.repeat_interleave(8).repeat(4), vals.repeat(32)  # every pair, 16-lane vectors
+    for fn in (torch.maximum, torch.minimum, lambda a, b: torch.stack([a, b]).amax(0),
+               lambda a, b: (a + b).view(16, 16).amin(1)):
+        close(fn, a, b)
+    close(lambda a: torch.softmax(a.view(16, 16), -1), a)
+    if vector_bits() >= 512:
+        ir = kernel(torch.maximum, a, b).get_code_text("ir")
+        assert "llvm.x86.avx512.max.ps.512" in ir
