@@ -28,8 +28,9 @@ Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `ReduceOpsKernel.cpp`,
 - softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`
   (over the last dim of float16/bfloat16 with the sum and its log rounded to
   that type, as ATen keeps them); a float32 softmax keeps its exponentials in
-  the output and scales them there, or, from memory (`_streamed`), computes
-  them again for the output (the same values, written once).
+  the output and scales them there (kernels with reductions write no streaming
+  stores: `llvm_codegen.compile_stmt`, so computing them again for an uncached
+  output does not pay).
 """
 
 from __future__ import annotations
@@ -428,7 +429,7 @@ def softmax(ctx: Ctx) -> E.Expr:
         shifted = one - one  # x - max: 0, or NaN for an infinity or NaN
         return E.cast(out, shifted if log else E.call("exp", shifted))
     top = _row_max(ctx, box, value, compute)
-    if not log and out == compute and not _streamed(box):
+    if not log and out == compute:
         return _softmax_in_place(ctx, box, value, top, compute)
     if log:
         scale = _exp_sum(ctx, box, value, top, compute, _log_sum(ctx, box, out), "logsum")
@@ -440,23 +441,6 @@ def softmax(ctx: Ctx) -> E.Expr:
     m, s = E.Load(top.buf, kept), E.Load(scale.buf, kept)
     shifted = value(kept, here) - m
     return E.cast(out, shifted - s if log else E.call("exp", shifted) * s)
-
-
-#: Softmax over rows of at least `_STREAMED_ROW` elements and `_STREAMED_BYTES` in all (the
-#: size from which `kernel.STREAMING_BYTES` writes outputs with non-temporal stores)
-#: computes each exponential twice, for the sum and for the output, which it writes once,
-#: uncached, instead of reading it back from the caches: 16 MB over rows of 512-4096,
-#: 1.2-1.4x -> 1.4-1.6x eager; rows of 256 even, 128 and below 8 MB slower.
-_STREAMED_BYTES = 8 << 20
-_STREAMED_ROW = 512
-
-
-def _streamed(box: _Box) -> bool:
-    shape = box.x.shape
-    if not all(isinstance(d, int) for d in shape):
-        return False
-    nbytes = math.prod(shape) * box.x.dtype.itemsize  # type: ignore[arg-type]
-    return nbytes >= _STREAMED_BYTES and box.count >= _STREAMED_ROW
 
 
 def _softmax_in_place(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],

@@ -17,21 +17,13 @@ from __future__ import annotations
 from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
-from ..ir_visitor import Mutator, substitute, walk
+from ..ir_visitor import substitute, walk
 from ..loopnest import as_block
-from .vectorize_reductions import _merge_axes
+from .vectorize_reductions import _merge_axes, _Replace
 
 #: Points per chunk, and the most chunks.
 CHUNK = 1 << 14
 CHUNKS = 64
-
-
-class _Replace(Mutator):
-    def __init__(self, old: E.Expr, new: E.Expr):
-        self.old, self.new = old, new
-
-    def mutate(self, node):  # type: ignore[no-untyped-def]
-        return self.new if node is self.old else super().mutate(node)
 
 
 def _split(s: S.Store, serial: int) -> list[S.Stmt] | None:

@@ -19,8 +19,10 @@ over strided (outer) dims are only blocked (a long sum as a sum of
 `BLOCK`-point sums) and left to `vectorize_inner_loops`, which vectorizes
 across the kept inner dim instead; here, an innermost loop of such
 reductions is widened to `ACCUMULATORS` registers of columns first (a tail
-of fewer columns is left to `vectorize_inner_loops`). Run on flat indices, before
-`vectorize_inner_loops`.
+of fewer columns is left to `vectorize_inner_loops`). A top-level loop over the
+columns of a blocked column sum walks the rows instead, in memory order, into
+partial sums per block of rows (`_by_rows`, which shows the loops). Run on flat
+indices, before `vectorize_inner_loops`.
 
 Over a symbolic extent (a dynamic kernel's) the counts are computed at run
 time, and each part may be empty; a sum is blocked whatever its length:
@@ -34,10 +36,15 @@ time, and each part may be empty; a sum is blocked whatever its length:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .. import expr as E
 from .. import stmt as S
+from ..buffer import Buf
 from ..dtype import INDEX
-from ..ir_visitor import Mutator, substitute, walk
+from ..ir_visitor import Mutator, children, substitute, walk
+from ..loopnest import as_block
+from .parallelize import GRAIN
 from .simplify import Simplifier, simplify
 from .vectorize import _Unvectorizable, _Widen, lanes_for, vectorize_inner_loops
 
@@ -220,6 +227,110 @@ def _tail(e: E.Reduce, total: E.Expr, done: E.Expr) -> E.Expr:
                     (*e.stops[:-1], simplify(e.stops[-1] - done)))
 
 
+class _Replace(Mutator):
+    """`old` (that very node) replaced by `new`."""
+
+    def __init__(self, old: E.Expr, new: E.Expr):
+        self.old, self.new = old, new
+
+    def mutate(self, node):  # type: ignore[no-untyped-def]
+        return self.new if node is self.old else super().mutate(node)
+
+
+#: Column sums walk their rows in memory order (`_by_rows`) where the partial sums of each
+#: block of rows take at most this many bytes (a 2-level cascade's first level).
+ROW_PARTS_BYTES = 1 << 20
+
+
+def _top_reduces(e: E.Expr) -> list[E.Reduce]:
+    """The reductions in `e` that no other reduction in it contains."""
+    if isinstance(e, E.Reduce):
+        return [e]
+    return [r for c in children(e) for r in _top_reduces(c)]  # type: ignore[arg-type]
+
+
+def _by_rows(s: S.For, vectorizer: _VectorizeReductions) -> S.Stmt | None:
+    """A top-level loop over the columns of a blocked column sum (`_blocked`), as the sums
+    of each block of rows walked in memory order, a whole row at a time, then the blocks'
+    totals per column; None where `s` is not one.
+
+        for (j = 0; j < 1024; j++)
+          out[j] = reduce_add(0.f, reduce_add(-0.f, x[65536 * r + 1024 * r_1 + j]
+                                              for r_1 < 64) for r < 64);
+    ->  for (r = 0; r < 64; r++) {
+          for (j = 0; j < 1024; j++) out_rows[1024 * r + j] = -0.f;
+          for (r_1 = 0; r_1 < 64; r_1++)
+            for (j = 0; j < 1024; j++)
+              out_rows[1024 * r + j] = out_rows[1024 * r + j] + x[65536 * r + 1024 * r_1 + j];
+        }
+        for (j = 0; j < 1024; j++)
+          out[j] = reduce_add(0.f, out_rows[1024 * r + j] for r < 64);
+
+    Each column adds the same numbers in the same order, so the results are the same;
+    the first loop's iterations are independent (threads take blocks of rows: it is
+    marked parallel where the work reaches `parallelize.GRAIN`). A walk
+    down the columns reads a slice of each row, one page after another, which the
+    hardware prefetchers do not follow: 4096 x 1024 float32, 1 thread, 0.97 -> 0.6 ms.
+    """
+    store = s.body
+    if not (isinstance(store, S.Store) and len(store.indices) == 1
+            and isinstance(s.start, E.Imm) and isinstance(s.stop, E.Imm)):
+        return None
+    j, (index,) = s.var, store.indices
+    if Simplifier().linear(index).terms.get(j) != 1:
+        return None
+    value = vectorizer.mutate(store.value)
+    tops = _top_reduces(value)
+    if len(tops) != 1:
+        return None
+    total = tops[0]
+    tail = None
+    if isinstance(total.init, E.Reduce):  # the rows past the last whole block
+        total, tail = total.init, total
+    inner = total.body
+    if not (isinstance(inner, E.Reduce) and len(total.vars) == 1 and len(inner.vars) == 1
+            and total.op == inner.op == "Add" and total.dtype.lanes == 1
+            and total.dtype.is_float and isinstance(total.stops[0], E.Imm)
+            and inner.stops[0] == E.imm(BLOCK) and not _top_reduces(total.init)
+            and not _top_reduces(inner.body) and not _top_reduces(inner.init)
+            and (tail is None or not _top_reduces(tail.body))):
+        return None
+    if not _contiguous(inner.body, j):
+        return None
+    columns = s.stop.value - s.start.value  # type: ignore[operator]
+    blocks = total.stops[0].value  # type: ignore[union-attr]
+    item = total.dtype.itemsize
+    if columns * item < vectorizer.vector_bits // 8 * 2 or \
+            blocks * columns * item > ROW_PARTS_BYTES:  # type: ignore[operator]
+        return None
+    rows = Buf.make(f"{store.buf.name}_rows", total.dtype, [blocks * columns])
+    r, r_1 = E.Var(total.vars[0].name), E.Var(inner.vars[0].name)
+
+    def column_loop(body: Callable[[E.Expr, E.Var], S.Stmt]) -> S.For:
+        k = E.Var(j.name)
+        return S.For(k, s.start, s.stop, body(r * columns + (k - s.start), k))
+
+    zero = column_loop(lambda at, k: S.Store(rows, (at,), inner.init))
+    add = column_loop(lambda at, k: S.Store(rows, (at,), E.Load(rows, (at,)) + substitute(
+        inner.body, {j: k, total.vars[0]: r, inner.vars[0]: r_1})))
+    # (parallelize_outer_loops counts a nested loop's body once: the work is marked here)
+    by_rows = S.For(r, E.imm(0), total.stops[0], S.Block((zero, S.For(
+        r_1, E.imm(0), inner.stops[0], add))), parallel=blocks * BLOCK * columns >= GRAIN)
+    r_2 = E.Var(total.vars[0].name)
+    totals = E.Reduce("Add", total.init, E.Load(rows, (r_2 * columns + (j - s.start),)),
+                      (r_2,), total.stops)
+    new_value = _Replace(total, totals).mutate(value)
+    out = S.For(j, s.start, s.stop, S.Store(store.buf, store.indices, new_value))
+    return S.Block((by_rows, vectorize_inner_loops(out, vectorizer.vector_bits * ACCUMULATORS)))
+
+
 def vectorize_reductions(stmt: S.Stmt, vector_bits: int = 512) -> S.Stmt:
     """Vectorize reductions along contiguous axes; see the module docstring."""
-    return simplify(_VectorizeReductions(vector_bits).mutate(stmt))
+    vectorizer = _VectorizeReductions(vector_bits)
+    tops = as_block(stmt).stmts
+    rows = [_by_rows(top, vectorizer) if isinstance(top, S.For) else None for top in tops]
+    if not any(rows):
+        return simplify(vectorizer.mutate(stmt))
+    return simplify(S.Block(tuple(
+        vectorizer.mutate(top) if by_rows is None else by_rows
+        for top, by_rows in zip(tops, rows))))

@@ -7,10 +7,12 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
+from nncfuse.jit.guard import clear_kernel_cache
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits
 from nncfuse.tensorexpr.ir_visitor import walk
+from nncfuse.tensorexpr.passes import vectorize_reductions
 from tests.fused import BACKENDS, check, run_fused
 
 REDUCED = [torch.float16, torch.bfloat16]
@@ -250,15 +252,18 @@ def test_softmax_is_one_sweep_over_rows():
     assert str(stmt).count("exp(") == 1 + tail  # the vector loop (and its tail)
 
 
-def test_softmax_from_memory_writes_its_output_once_uncached():
-    """From 8 MB over rows of 512 on, each exponential is computed twice (for the sum, then
-    for the output) so that the output is written with streaming stores, not read back."""
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x, -1),
+    lambda x: F.layer_norm(x, (1024,)), lambda x: x * x.amax(-1, keepdim=True)])
+def test_large_outputs_of_reductions_stay_in_the_caches(fn):
+    """No streaming stores in kernels with reductions, however large their outputs (8 MB
+    here, from which elementwise kernels stream: codegen/test_parallel.py); a softmax
+    computes each exponential once."""
     x = randn(2048, 1024)
-    k = kernel(lambda x: torch.softmax(x, -1), x)
-    assert str(k.stmt).count("exp(") == 2
-    assert "!nontemporal" in k.get_code_text("ir")
-    close(lambda x: torch.softmax(x, -1), x)
-    assert str(kernel_stmt(lambda x: torch.softmax(x, -1), x[:, :256])).count("exp(") == 1
+    k = kernel(fn, x)
+    assert "!nontemporal" not in k.get_code_text("ir")
+    assert str(k.stmt).count("exp(") <= 1
+    close(fn, x)
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
@@ -410,6 +415,42 @@ def test_column_sum_vectorizes_across_columns():
     close(lambda x: x.sum(0), randn(300, 64))
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: x.sum(0), lambda x: x.mean(0) * 2, lambda x: x.to(torch.float64).sum(0),
+    lambda x: (x * 3 + 1).sum(0, keepdim=True), lambda x: x[:, 5:].sum(0)])
+@pytest.mark.parametrize("rows", [128, 300, 2048])
+def test_column_sums_walk_rows_in_memory_order_with_the_same_results(fn, rows, monkeypatch):
+    """The sums of each block of rows, a row at a time, then the blocks' totals per column:
+    the same additions in the same order as the walk down the columns, so the very same
+    results, at any thread count."""
+    x = torch.rand(rows, 200) + 1e3  # large sums: a different order would round otherwise
+    assert "_rows" in str(kernel_stmt(fn, x))
+    before = torch.get_num_threads()
+    got = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got.append(run_fused(fn, x))
+    finally:
+        torch.set_num_threads(before)
+    monkeypatch.setattr(vectorize_reductions, "ROW_PARTS_BYTES", 0)
+    clear_kernel_cache()  # identical groups share kernels: build this one anew
+    assert "_rows" not in str(kernel_stmt(fn, x))
+    want = run_fused(fn, x)
+    clear_kernel_cache()
+    for g in got:
+        assert torch.equal(g, want)
+    close(fn, x)
+
+
+def test_column_sums_by_rows_run_on_threads_over_blocks_of_rows():
+    stmt = kernel_stmt(lambda x: x.sum(0), randn(4096, 1024))
+    (first, *_) = [s for s in stmt.stmts if isinstance(s, S.For)]
+    assert first.parallel and "_rows" in str(first)
+    # partial sums past ROW_PARTS_BYTES: down the columns, as before
+    assert "_rows" not in str(kernel_stmt(lambda x: x.sum(0), randn(1 << 16, 8192)))
+
+
 def test_row_statistics_fuse_with_consumers_that_broadcast_them():
     fn = lambda x: (x - x.mean(-1, keepdim=True)) / x.amax(-1, keepdim=True)  # noqa: E731
     close(fn, randn(32, 50))
@@ -483,3 +524,18 @@ def test_instance_norm(use_llvm):
     mean, var = randn(6), torch.rand(6) + 0.5
     close(lambda x: F.instance_norm(x, mean, var, w, b, use_input_stats=False), x,
           use_llvm=use_llvm)
+
+
+def test_float_max_min_vectors_keep_nans_with_avx512_max_min():
+    """vmaxps/vminps for the compare-and-select of max/min (AVX-512 hosts): NaN in either
+    operand gives NaN, as eager; the row max of a softmax too."""
+    nan, inf = float("nan"), float("inf")
+    vals = torch.tensor([nan, inf, -inf, 0.0, 1.0, -1.0, 3.0, 1e-45])
+    a, b = vals.repeat_interleave(8).repeat(4), vals.repeat(32)  # every pair, 16-lane vectors
+    for fn in (torch.maximum, torch.minimum, lambda a, b: torch.stack([a, b]).amax(0),
+               lambda a, b: (a + b).view(16, 16).amin(1)):
+        close(fn, a, b)
+    close(lambda a: torch.softmax(a.view(16, 16), -1), a)
+    if vector_bits() >= 512:
+        ir = kernel(torch.maximum, a, b).get_code_text("ir")
+        assert "llvm.x86.avx512.max.ps.512" in ir
