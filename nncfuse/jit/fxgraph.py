@@ -275,6 +275,10 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     from torch._functorch.compile_utils import strip_overloads
 
     fresh = torch.fx.GraphModule(gm, graph)
+    # Scripting infers a type for every attribute; for the FX graph (`_graph`) it tries to
+    # compile torch.fx.Graph as a TorchScript class and fails: a third of the conversion.
+    # The code reads no such attribute. (Each GraphModule has a class of its own.)
+    type(fresh).__jit_ignored_attributes__ = ["_graph"]
     strip_overloads(fresh)
     fresh.graph.lint()
     fresh.recompile()
