@@ -13,7 +13,10 @@ Python; LLVM's parse and verify, optimization pipeline and machine code; the MCJ
 the generated entry. "rest" is everything else: for the backend Dynamo and AOTAutograd's
 trace, for every contender the unfused ops a profiling run executes outside nncfuse's code.
 Kernels are built by one thread (`guard.COMPILE_THREADS = 1`) so that CPU time divides by
-stage. Nothing is compared here: for before/after, run it on both trees.
+stage. Python's garbage collections count in the stage they interrupt; a last line says how
+long they took (a full one, over every object of the process, takes ~150 ms here: the objects
+a stage keeps alive decide whether one runs). Nothing is compared here: for before/after, run
+it on both trees.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import gc
 import importlib
 import os
 import sys
@@ -86,6 +90,20 @@ def instrument(totals: Totals) -> None:
         _wrap(owner, name, label, totals, stack)
 
 
+def collections_timed(totals: Totals) -> None:
+    """Add the CPU time of Python's garbage collections to `totals` (by generation)."""
+    started: list[float] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[:] = [time.process_time()]
+        elif started:
+            totals[f"generation {info['generation']}"] += time.process_time() - started[0]
+            totals[f"generation {info['generation']} runs"] += 1
+
+    gc.callbacks.append(callback)
+
+
 def training_step(name: str, contender: str, quick: bool) -> Callable[[], None]:
     """The first step of training.py's `contender` on workload `name`, to be timed."""
     import training
@@ -136,7 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     instrument(totals)
     run = (inference_calls(args.workload, args.quick) if args.contender == "inference"
            else training_step(args.workload, args.contender, args.quick))
+    collected: Totals = collections.Counter()
+    collections_timed(collected)
     totals.clear()
+    collected.clear()
     start = time.process_time()
     run()
     total = time.process_time() - start
@@ -144,6 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     for label, spent in totals.most_common():
         print(f"  {label:<26}{spent * 1e3:8.0f} ms")
     print(f"  {'rest':<26}{(total - sum(totals.values())) * 1e3:8.0f} ms")
+    spent = sum(v for k, v in collected.items() if not k.endswith("runs"))
+    runs = ", ".join(f"{int(collected[f'generation {g} runs'])} of generation {g}"
+                     for g in range(3) if collected[f"generation {g} runs"])
+    print(f"  (of these, garbage collections {spent * 1e3:.0f} ms: {runs or 'none'})")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,48 @@ def test_tensor_constants_read_from_the_graph_module(backend):
     _run(lambda a: a * torch.tensor([1.0, 2.0, 3.0]) + 1.0, torch.randn(4, 3))
     (compiled,) = backend.compiled_graphs()
     assert compiled.program.receiver is not None  # a get_attr: the graph keeps `self`
+
+
+def _uses(graph):
+    """Each node of `graph` but the constants: its kind and inputs (a constant's value, else
+    which node's output or which graph input it is); the graph's text up to the order and
+    names of its constants."""
+    where = {v.unique(): ("input", k) for k, v in enumerate(graph.inputs())}
+    uses = []
+    for node in graph.nodes():
+        if node.kind() == "prim::Constant":
+            continue
+        uses.append((node.kind(), [repr(v.toIValue()) if v.node().kind() == "prim::Constant"
+                                   else where[v.unique()] for v in node.inputs()]))
+        where |= {o.unique(): (len(uses), j) for j, o in enumerate(node.outputs())}
+    return [*uses, [where[v.unique()] for v in graph.outputs()]]
+
+
+def test_fx_code_compiles_as_a_function_as_the_module_would(backend, monkeypatch):
+    # The graphs' code compiles as a function without `self` (TorchScript's own parser, no
+    # attribute types): the same program as scripting the module, which it no longer needs.
+    from nncfuse.jit import fxgraph
+    from nncfuse.jit.policy import program
+
+    converted = []
+    convert = fxgraph._convert
+    monkeypatch.setattr(fxgraph, "_convert", lambda gm, ex: converted.append((gm, ex)) or
+                        convert(gm, ex))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                                torch.nn.Linear(16, 4))
+    compiled = torch.compile(model, backend="nncfuse")
+    x = torch.randn(5, 8)
+    compiled(x).sum().backward()
+    assert [g.kind for g in backend.compiled_graphs()] == ["forward", "backward"]
+    for (gm, examples), graph in zip(converted, backend.compiled_graphs()):
+        fresh = fxgraph._scriptable(gm, examples)
+        assert fxgraph._compiled_function(fresh) is not None
+        assert graph.program.receiver is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript's, on the module's attributes
+            scripted = torch.jit.script(fresh).graph.copy()
+        scripted.eraseInput(0)  # `self`, unused
+        assert _uses(graph.program.graph) == _uses(program(scripted, None).graph)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -23,11 +23,13 @@ Logged under `backend` (the module's name for the user: `NNCFUSE_LOG_LEVEL=backe
 
 from __future__ import annotations
 
+import builtins
 import collections
 import copy
 import dataclasses
 import itertools
 import operator
+import re
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -194,18 +196,54 @@ def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             raise ValueError(f"an input is on {x.device}")
-    with warnings.catch_warnings():
-        # TorchScript's deprecation, and its note on GraphModule's untyped attributes
-        warnings.simplefilter("ignore")
-        script = torch.jit.script(_scriptable(gm, example_inputs))
-    graph = script.graph.copy()
-    receiver = script._c
-    if not list(next(graph.inputs()).uses()):
-        graph.eraseInput(0)  # no attributes read (Dynamo lifts parameters to inputs)
-        receiver = None
+    fresh = _scriptable(gm, example_inputs)
+    graph = _compiled_function(fresh)
+    receiver = None
+    if graph is None:
+        with warnings.catch_warnings():
+            # TorchScript's deprecation, and its note on GraphModule's untyped attributes
+            warnings.simplefilter("ignore")
+            script = torch.jit.script(fresh)
+        graph = script.graph.copy()
+        receiver = script._c
+        if not list(next(graph.inputs()).uses()):
+            graph.eraseInput(0)  # no attributes read (Dynamo lifts parameters to inputs)
+            receiver = None
     unfused = script.forward if receiver is not None else torch._C._create_function_from_graph(
         "nncfuse_unfused", graph)
     return program(graph, unfused, receiver)
+
+
+#: The signature of FX's code, and its statements' tails that free values (`;  a = b = None`)
+_SELF = re.compile(r"^def forward\(self(, |\))", re.M)
+_FREES = re.compile(r"^( +)(.*);  ((?:\w+ = )+None)$", re.M)
+
+
+def _compiled_function(fresh: torch.fx.GraphModule) -> torch._C.Graph | None:
+    """The TorchScript graph of `fresh`'s code compiled as a function without `self`, by
+    TorchScript's own parser (`torch.jit.script` of the module parses the code in Python,
+    tokenizing it twice, and infers a type for each attribute: 3-4x the time); None where
+    the code reads attributes or does not compile that way (the module is scripted then).
+    The same statements as the module's forward, names resolved in the code's globals."""
+    if any(n.op in ("get_attr", "call_module") for n in fresh.graph.nodes):
+        return None
+    src, count = _SELF.subn(lambda m: "def forward(" + (")" if m.group(1) == ")" else ""),
+                            fresh.code, count=1)
+    if count != 1:
+        return None
+    src = _FREES.sub(r"\1\2\n\1\3", src)  # the parser takes one statement a line
+    names = fresh.forward.__globals__
+
+    def resolve(name: str) -> Any:
+        return names[name] if name in names else getattr(builtins, name, None)
+
+    unit = torch._C.CompilationUnit()
+    try:
+        unit.define(src, resolve)
+    except RuntimeError as e:
+        _log.debug("FX code not compiled as a function, scripting the module: ", brief(e))
+        return None
+    return unit.find_function("forward").graph.copy()
 
 
 #: ATen's internal forms that equal a public op in a graph that writes to nothing
@@ -272,10 +310,13 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
         node.kwargs = {k: v.type if isinstance(v, torch.device) else v
                        for k, v in node.kwargs.items()}
         node.args = tuple(a.type if isinstance(a, torch.device) else a for a in node.args)
-    from torch._functorch.compile_utils import strip_overloads
-
+    for node in graph.nodes:  # (what `strip_overloads` does, before the one recompile)
+        if isinstance(node.target, torch._ops.OpOverload):
+            node.target = node.target.overloadpacket
+    graph.lint()
     fresh = torch.fx.GraphModule(gm, graph)
-    strip_overloads(fresh)
-    fresh.graph.lint()
-    fresh.recompile()
+    # Scripting infers a type for every attribute; for the FX graph (`_graph`) it tries to
+    # compile torch.fx.Graph as a TorchScript class and fails: a third of the scripting.
+    # The code reads no such attribute. (Each GraphModule has a class of its own.)
+    type(fresh).__jit_ignored_attributes__ = ["_graph"]
     return fresh

@@ -103,6 +103,10 @@ class _Fuser:
             # guard checks at run time that no input overlaps a written one.
             self.written = set()
         self.reasons: dict[int, str | None] = {}
+        # Whether any node writes (`_written_inputs`); merging moves nodes into groups and
+        # makes no new writes, so without one no merge crosses a write-back (AOTAutograd's
+        # graphs: `_crosses_write_back` walked the nodes between each pair for nothing).
+        self.writes = _writes(graph.block())
 
     def _find_written(self, block: Any, aliases: Any) -> None:
         values = list(block.inputs())
@@ -195,7 +199,8 @@ class _Fuser:
             and v.node().kind() not in ("prim::Param", "prim::Constant")
         ]
         for producer in sorted(set(producers), key=functools.cmp_to_key(_order), reverse=True):
-            if (self.why_not(producer) is not None or _crosses_write_back(producer, node)
+            if (self.why_not(producer) is not None
+                    or self.writes and _crosses_write_back(producer, node)
                     or _feeds_external(node, producer)):
                 continue
             if not _move_together(producer, node):
@@ -232,6 +237,11 @@ def _written_inputs(node: Any) -> set[int]:
                 root = root.node().inputsAt(0)
             found.add(outer[root.unique()].unique())
     return found
+
+
+def _writes(block: Any) -> bool:
+    """Whether a node in `block` (or its nested blocks) writes (`_written_inputs`)."""
+    return any(_written_inputs(n) or any(_writes(b) for b in n.blocks()) for n in block.nodes())
 
 
 def _crosses_write_back(producer: Any, consumer: Any) -> bool:

@@ -180,7 +180,9 @@ class LLVMCodeGen(Visitor):
             c = ir.Constant(I1, int(bool(value)))
         else:
             c = ir.Constant(ll_type(scalar), value)
-        return c if dtype.lanes == 1 else ir.Constant(ll_type(dtype), [c.constant] * dtype.lanes)
+        # A splat from the scalar constant: one object for every lane (a list of values made
+        # one Constant a lane, most of the objects a kernel's module held; the same text)
+        return c if dtype.lanes == 1 else ir.Constant(ll_type(dtype), c)
 
     # -- bfloat16 -----------------------------------------------------------
     def bf16_to_f32(self, v: ir.Value, lanes: int) -> ir.Value:
