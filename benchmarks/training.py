@@ -4,6 +4,7 @@
     python benchmarks/training.py --clock cpu              # the MLP and the transformer block
     python benchmarks/training.py --models bert,gpt2       # also models.py's (transformers)
     python benchmarks/training.py --quick                  # smoke run: small shapes, few rounds
+    python benchmarks/training.py --phases                 # also where each step's time goes
 
 Workloads: an MLP with GELU (`MLP`), a pre-norm transformer block (`Block`: layer norm,
 attention with softmax, GELU MLP, residuals), and with `--models` the models of
@@ -24,14 +25,23 @@ eager's (rtol 1e-3, atol 1e-4 times the largest gradient): a contender that diff
 is reported and not timed. Then steps are timed in interleaved rounds (`harness.measure`),
 medians. The summary gives, per contender, the geometric mean over workloads of its step
 time over torch.compile's, and of its first-step time over torch.compile's.
+
+`--phases` then splits each contender's step into its parts (`phases`): zero_grad and the
+forward, the loss, the backward, the optimizer step: CPU time of each (user and system, the
+kernel's share being page faults and giving memory back), and the minor page faults per step
+(glibc gives a free top of its heap back to the system; a step that then allocates again
+faults those pages in anew). Medians over rounds of steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import importlib
 import os
+import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -152,22 +162,74 @@ def loss(out: Any) -> torch.Tensor:
     return (out * weights).mean()
 
 
-def make_step(model: torch.nn.Module, fn: Callable[..., Any],
-              inputs: tuple[Any, ...]) -> Callable[[], None]:
-    """One training step of `fn` (running `model`): forward, loss, backward, SGD."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+PHASES = ("forward", "loss", "backward", "optimizer")
 
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss(fn(*inputs)).backward()
-        optimizer.step()
 
-    return step
+class Step:
+    """One training step of `fn` (running `model`): forward, loss, backward, SGD. Calling it
+    runs a step; `phased()` runs one and returns, per phase, its (user, system) CPU
+    seconds and minor page faults."""
+
+    def __init__(self, model: torch.nn.Module, fn: Callable[..., Any], inputs: tuple[Any, ...]):
+        self.fn, self.inputs = fn, inputs
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def __call__(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss(self.fn(*self.inputs)).backward()
+        self.optimizer.step()
+
+    def phased(self) -> list[tuple[float, float, int]]:
+        marks = [resource.getrusage(resource.RUSAGE_SELF)]
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.fn(*self.inputs)
+        marks.append(resource.getrusage(resource.RUSAGE_SELF))
+        value = loss(out)
+        marks.append(resource.getrusage(resource.RUSAGE_SELF))
+        value.backward()
+        marks.append(resource.getrusage(resource.RUSAGE_SELF))
+        self.optimizer.step()
+        marks.append(resource.getrusage(resource.RUSAGE_SELF))
+        return [(b.ru_utime - a.ru_utime, b.ru_stime - a.ru_stime, b.ru_minflt - a.ru_minflt)
+                for a, b in zip(marks, marks[1:])]
+
+
+def phases(steps: dict[str, Step], rounds: int, per_round: int) -> dict[str, list[Any]]:
+    """Per contender and phase (`PHASES`): the medians over `rounds` interleaved rounds of
+    `per_round` steps each of the mean user and system CPU seconds and page faults per step.
+    getrusage counts in ticks of the kernel's clock, hence the rounds of many steps."""
+    samples: dict[str, list[list[list[float]]]] = {c: [] for c in steps}
+    names = list(steps)
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()  # as harness.measure: a collection is no phase's
+    try:
+        for r in range(rounds):
+            for c in names[r % len(names):] + names[:r % len(names)]:
+                total = [[0.0, 0.0, 0.0] for _ in PHASES]
+                for _ in range(per_round):
+                    for acc, part in zip(total, steps[c].phased()):
+                        for k in range(3):
+                            acc[k] += part[k] / per_round
+                samples[c].append(total)
+    finally:
+        if enabled:
+            gc.enable()
+    return {c: [[statistics.median(s[p][k] for s in runs) for k in range(3)]
+                for p in range(len(PHASES))] for c, runs in samples.items()}
+
+
+def report_phases(name: str, result: dict[str, list[Any]]) -> None:
+    print(f"\n{name}: a step's phases, per step (median of rounds; CPU user + system, faults)")
+    print(f"  {'contender':<17}" + "".join(f"{p:>24}" for p in PHASES) + f"{'total':>12}")
+    for c, parts in result.items():
+        cells = "".join(f"{fmt_time(u):>10} +{fmt_time(s):>9} {f:>4.0f}f" for u, s, f in parts)
+        total = sum(u + s for u, s, _ in parts)
+        print(f"  {c:<17}{cells}{fmt_time(total):>12}")
 
 
 def gradients_after_one_step(contender: str, base: torch.nn.Module,
-                             inputs: tuple[Any, ...]) -> tuple[list[Any], Callable[[], None],
-                                                               float]:
+                             inputs: tuple[Any, ...]) -> tuple[list[Any], Step, float]:
     """A fresh copy of `base` for `contender`: its gradients after one step (taken before the
     optimizer moved the weights), the step function, and the first step's wall time."""
     model = copy.deepcopy(base)
@@ -180,7 +242,7 @@ def gradients_after_one_step(contender: str, base: torch.nn.Module,
     first = time.perf_counter() - start
     grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     optimizer.step()
-    return grads, make_step(model, fn, inputs), first
+    return grads, Step(model, fn, inputs), first
 
 
 def compare_gradients(got: list[Any], want: list[Any]) -> str | None:
@@ -223,7 +285,7 @@ def _warm_up() -> None:
 def run(name: str, base: torch.nn.Module, inputs: tuple[Any, ...], args: argparse.Namespace,
         contenders: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"first": {}, "step": {}, "errors": {}}
-    steps: dict[str, Callable[[], None]] = {}
+    steps: dict[str, Step] = {}
     reference = None
     for contender in contenders:
         _reset()
@@ -246,6 +308,10 @@ def run(name: str, base: torch.nn.Module, inputs: tuple[Any, ...], args: argpars
     timings = measure(steps, rounds=args.rounds, target_s=args.target_ms / 1e3, warmup=3,
                       clock=args.clock)
     result["step"] = {c: t.median for c, t in timings.items()}
+    if args.phases:
+        result["phases"] = phases(steps, rounds=args.rounds,  # type: ignore[arg-type]
+                                  per_round=max(1, round(args.target_ms / 1e3 / min(
+                                      result["step"].values(), default=1.0))))
     return result
 
 
@@ -302,6 +368,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--malloc-keep", type=int, default=0, metavar="MB",
                    help="glibc's heap keeps blocks up to MB and a free top up to MB, for every "
                         "contender (0: glibc's defaults); see docs/autograd.md")
+    p.add_argument("--phases", action="store_true",
+                   help="also each step's phases: forward, loss, backward, optimizer (CPU time, "
+                        "page faults)")
     p.add_argument("--quick", action="store_true", help="smoke run: small shapes, few rounds")
     p.add_argument("--verbose", action="store_true", help="tracebacks of failures")
     args = p.parse_args(argv)
@@ -329,6 +398,9 @@ def main(argv: list[str] | None = None) -> None:
     results = {name: run(name, model, inputs, args, contenders)
                for name, (model, inputs) in chosen.items()}
     report(results, contenders)
+    for name, r in results.items():
+        if "phases" in r:
+            report_phases(name, r["phases"])
 
 
 if __name__ == "__main__":
