@@ -21,10 +21,17 @@ compare). Contenders, each on its own copy of the same initial weights:
 Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
 the compilers, profiling runs; Inductor's cache is a fresh directory unless
 `--inductor-cache warm`), and its parameters' gradients after that step are compared with
-eager's (rtol 1e-3, atol 1e-4 times the largest gradient): a contender that differs
-is reported and not timed. Then steps are timed in interleaved rounds (`harness.measure`),
-medians. The summary gives, per contender, the geometric mean over workloads of its step
-time over torch.compile's, and of its first-step time over torch.compile's.
+eager's (rtol 1e-3, atol 1e-4 times the largest gradient); where they differ by more, with
+float64 eager's (`exact_gradients`): each parameter's gradient may be at most `MULTIPLIER`
+times as far from it (root mean square) as float32 eager's own is, the rule of
+`torch._dynamo.utils.same(fp64_ref=...)`, what PyTorch's benchmarks check compilers by
+(a deep CNN's batch norms in training mode amplify rounding: MobileNetV2's first layers'
+gradients from eager, Inductor and nncfuse differ by up to 1% of the largest gradient, and
+float32 eager's are about as far from float64 eager's as nncfuse's). A contender that
+differs is reported and not timed. Then steps are timed in interleaved rounds
+(`harness.measure`), medians. The summary gives, per contender, the geometric mean over
+workloads of its step time over torch.compile's, and of its first-step time over
+torch.compile's.
 
 `--phases` then splits each contender's step into its parts (`phases`): zero_grad and the
 forward, the loss, the backward, the optimizer step: CPU time of each (user and system, the
@@ -57,6 +64,7 @@ import nncfuse
 
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
 RTOL, ATOL = 1e-3, 1e-4
+MULTIPLIER = 3.0  # against float64 eager: at most this many times float32 eager's error
 
 
 class MLP(torch.nn.Module):
@@ -157,9 +165,10 @@ def _first(out: Any) -> torch.Tensor:
 def loss(out: Any) -> torch.Tensor:
     """The output against fixed random weights (not its mean square: after a final layer
     norm that is nearly constant, and its gradients rounding noise)."""
-    out = _first(out).float()
+    out = _first(out)
+    out = out if out.dtype == torch.float64 else out.float()  # float64: `exact_gradients`
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
-    return (out * weights).mean()
+    return (out * weights.to(out.dtype)).mean()
 
 
 PHASES = ("forward", "loss", "backward", "optimizer")
@@ -245,24 +254,49 @@ def gradients_after_one_step(contender: str, base: torch.nn.Module,
     return grads, Step(model, fn, inputs), first
 
 
-def compare_gradients(got: list[Any], want: list[Any]) -> str | None:
-    """None if the gradients match eager's, else what differs. The absolute tolerance is
-    relative to the largest gradient of all: some are zero but for rounding (a key's bias
-    before softmax), and rounding differs between any two ways of computing them."""
+def exact_gradients(base: torch.nn.Module, inputs: tuple[Any, ...]) -> list[Any]:
+    """Eager's gradients after one step of a float64 copy of `base` on float64 `inputs`."""
+    model = copy.deepcopy(base).double()
+    wide = tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                 for x in inputs)
+    return gradients_after_one_step("eager", model, wide)[0]
+
+
+def compare_gradients(got: list[Any], want: list[Any],
+                      exact: Callable[[], list[Any]] | None = None) -> str | None:
+    """None if the gradients match eager's (`want`), else what differs. The absolute
+    tolerance is relative to the largest gradient of all: some are zero but for rounding (a
+    key's bias before softmax), and rounding differs between any two ways of computing them.
+    Where one differs and `exact()` gives float64 eager's gradients, it still matches if it
+    is at most `MULTIPLIER` times as far from that as `want`'s is (root mean square)."""
     scale = max((float(w.abs().max()) for w in want if w is not None and w.numel()),
                 default=1.0) or 1.0
+    numeric = []
     for k, (g, w) in enumerate(zip(got, want)):
         if w is None and g is not None and not g.any():
             continue  # zeros where eager has none: torch.compile's way (AOTAutograd's)
         if (g is None) != (w is None):
             return f"parameter {k}: gradient {'missing' if g is None else 'unexpected'}"
-        if g is None:
-            continue
+        if g is not None:
+            numeric.append(k)
+    for k in numeric:
+        g, w = got[k], want[k]
         try:
             torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL * scale)
+            continue
         except AssertionError as e:
-            return f"parameter {k} {tuple(w.shape)}: {str(e).splitlines()[1:3]}"
+            problem = f"parameter {k} {tuple(w.shape)}: {str(e).splitlines()[1:3]}"
+        if exact is None:
+            return problem
+        ours, theirs = _rms(g, exact()[k]), _rms(w, exact()[k])
+        if ours > MULTIPLIER * theirs + ATOL * scale / 10:
+            return (f"{problem}; against float64 eager: rms error {ours:.2e}, float32 "
+                    f"eager's {theirs:.2e}")
     return None
+
+
+def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).square().mean().sqrt()) if a.numel() else 0.0
 
 
 def _reset() -> None:
@@ -287,6 +321,13 @@ def run(name: str, base: torch.nn.Module, inputs: tuple[Any, ...], args: argpars
     result: dict[str, Any] = {"first": {}, "step": {}, "errors": {}}
     steps: dict[str, Step] = {}
     reference = None
+    exact: list[Any] = []  # float64 eager's gradients, made when first wanted
+
+    def exact_once() -> list[Any]:
+        if not exact:
+            exact.append(exact_gradients(base, inputs))
+        return exact[0]
+
     for contender in contenders:
         _reset()
         try:
@@ -299,7 +340,7 @@ def run(name: str, base: torch.nn.Module, inputs: tuple[Any, ...], args: argpars
         if contender == "eager":
             reference = grads
         elif reference is not None:
-            problem = compare_gradients(grads, reference)
+            problem = compare_gradients(grads, reference, exact_once)
             if problem:
                 result["errors"][contender] = "gradients differ: " + problem
                 continue

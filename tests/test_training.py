@@ -92,3 +92,31 @@ def test_training_kernels_times_each_fused_kernel_against_its_aten_ops(training)
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=name)
     timed = training_kernels.groups_of(next(iter(kinds["forward"].graphs())))
     assert timed and all(fused > 0 and unfused > 0 for _, fused, unfused, _ in timed)
+
+
+def test_gradients_off_from_eager_match_where_as_close_to_float64_eager(training):
+    """Past the tolerance from float32 eager's gradients, a contender's still match where each
+    is at most MULTIPLIER times as far from float64 eager's as float32 eager's is."""
+    torch.manual_seed(0)
+    exact = [torch.randn(50, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+    noise = [torch.randn(50, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+    want = [(x + 0.01 * n).float() for x, n in zip(exact, noise)]  # eager, 1% off the truth
+    near = [(x - 0.01 * n).float() for x, n in zip(exact, noise)]  # as far, the other side
+    assert training.compare_gradients(near, want) is not None  # 2% apart: past the tolerance
+    assert training.compare_gradients(near, want, lambda: exact) is None
+    far = [near[0], (exact[1] + 0.05 * noise[1]).float()]  # 5x as far on the second
+    problem = training.compare_gradients(far, want, lambda: exact)
+    assert problem is not None and "parameter 1" in problem
+    # a missing gradient is not excused
+    assert training.compare_gradients([near[0], None], want, lambda: exact) is not None
+
+
+def test_exact_gradients_are_eager_gradients_in_float64(training):
+    torch.manual_seed(0)
+    model, inputs = training.MLP(8, 16).train(), (torch.randn(3, 8),)
+    exact = training.exact_gradients(model, inputs)
+    want, _, _ = training.gradients_after_one_step("eager", model, inputs)
+    assert all(x.dtype == torch.float64 for x in exact)
+    assert next(model.parameters()).dtype == torch.float32  # the base is not changed
+    for x, w in zip(exact, want):
+        torch.testing.assert_close(x.float(), w, rtol=1e-4, atol=1e-6)
