@@ -120,3 +120,38 @@ def test_exact_gradients_are_eager_gradients_in_float64(training):
     assert next(model.parameters()).dtype == torch.float32  # the base is not changed
     for x, w in zip(exact, want):
         torch.testing.assert_close(x.float(), w, rtol=1e-4, atol=1e-6)
+
+
+def test_phases_split_a_step_into_its_parts(training):
+    torch.manual_seed(0)
+    model, inputs = training.MLP(8, 16).train(), (torch.randn(3, 8),)
+    _, step, _ = training.gradients_after_one_step("eager", model, inputs)
+    weights = step.optimizer.param_groups[0]["params"]  # of the step's copy of the model
+    before = [p.detach().clone() for p in weights]
+    result = training.phases({"eager": step}, rounds=2, per_round=3)
+    parts = result["eager"]
+    assert len(parts) == len(training.PHASES)
+    assert all(user >= 0 and system >= 0 and faults >= 0 for user, system, faults in parts)
+    assert sum(user + system for user, system, _ in parts) > 0
+    # they are steps: the optimizer moved every weight
+    assert all(not torch.equal(b, p) for b, p in zip(before, weights))
+
+
+@pytest.mark.parametrize("contender", ["eager", "nncfuse-jit"])
+def test_gemm_calls_of_a_step_count_those_inside_nncfuse_kernels(training, contender):
+    """training_kernels.py --gemms: the MLP's step makes five GEMMs (two linears forward, three
+    products backward: no input gradient), in eager as ATen calls and in nncfuse partly as
+    the kernels' external calls; each is recorded with its operands' layouts."""
+    import training_kernels
+
+    torch.manual_seed(0)
+    model, inputs = training.MLP(16, 32).train(), (torch.randn(4, 16),)
+    _, step, _ = training.gradients_after_one_step(contender, model, inputs)
+    step()
+    recorder = training_kernels._GemmCalls()
+    with recorder:
+        step()
+    assert len(recorder.calls) == 5
+    for fn, args, kwargs in recorder.calls:
+        assert isinstance(fn(*training_kernels._made(args), **training_kernels._made(kwargs)),
+                          torch.Tensor)
