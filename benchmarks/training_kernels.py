@@ -4,6 +4,7 @@ graphs' own overhead.
 
     python benchmarks/training_kernels.py                     # the MLP and the block, both ways
     python benchmarks/training_kernels.py --workloads block --contenders nncfuse-jit
+    python benchmarks/training_kernels.py --gemms --contenders eager,compile,nncfuse-jit
 
 Per workload and contender (`nncfuse-backend`, `nncfuse-jit`), after a few training steps of
 `training.py`'s workload, every optimized graph (forward, backward) is taken apart: each
@@ -12,7 +13,14 @@ kernel and then as its fallback graph (the same ATen ops, unfused, in the TorchS
 interpreter); each op left outside the groups is counted by kind. Times are the process's
 CPU time per call (best of rounds: one thread, other processes' load does not count), so
 they add up to less than a step, which also pays for cold caches, allocation, autograd and
-the optimizer.
+the optimizer. The "ATen ops" are those of the group's own graph, which AOTAutograd has
+decomposed (a GELU's backward is a dozen elementwise ops there, one `gelu_backward` kernel in
+eager): a kernel faster than them need not be faster than eager's step.
+
+`--gemms` instead splits each contender's step (eager and torch.compile too) into its GEMMs
+and the rest: every GEMM one step calls (`mm`, `addmm`, `bmm`, ..., inside nncfuse's kernels
+too, as their external calls), each timed alone on random inputs of its layout; the rest is
+the step's time less theirs (elementwise work, reductions, allocation, autograd, Python).
 """
 
 from __future__ import annotations
@@ -27,12 +35,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import training  # noqa: E402 - the workloads and contenders of the training benchmark
 
 import nncfuse  # noqa: E402
 from nncfuse.jit import fxgraph, runtime  # noqa: E402
+from nncfuse.tensorexpr.codegen.entry import ArgSource  # noqa: E402
 
 #: ops that move no data: not worth a line
 _VIEWS = {"view", "t", "alias", "transpose", "expand", "_unsafe_view", "permute", "reshape",
@@ -135,14 +145,97 @@ def report(name: str, contender: str) -> None:
           f"{total_a / max(total_k, 1e-12):7.2f}x")
 
 
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "convolution",
+          "_convolution", "conv2d", "convolution_backward", "mkldnn_convolution"}
+
+
+class _GemmCalls(TorchDispatchMode):
+    """Records (op, its arguments with tensors as (sizes, strides, dtype)) of every GEMM or
+    convolution dispatched, and of those nncfuse's kernels call as external steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, list[Any], dict[str, Any]]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func.namespace == "nncfuse":
+            kernel = runtime.kernel_of_kind(f"nncfuse::{func.__name__.split('.')[0]}")
+            for step in kernel.interface.externals:
+                if all(not isinstance(a, ArgSource) or a.index < len(args) for a in step.args):
+                    self.calls.append((step.fn, [_spec(args[a.index]) if isinstance(a, ArgSource)
+                                                 else a.value for a in step.args], {}))
+        elif func.__name__.split(".")[0] in _GEMMS:
+            self.calls.append((func, [_spec(a) for a in args],
+                               {k: _spec(v) for k, v in kwargs.items()}))
+        return func(*args, **kwargs)
+
+
+def _spec(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _Layout(tuple(value.shape), tuple(value.stride()), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_spec(v) for v in value)
+    return value
+
+
+class _Layout(tuple):
+    """A tensor argument's (sizes, strides, dtype), made again as a random tensor."""
+
+    def __new__(cls, *fields: Any) -> _Layout:
+        return super().__new__(cls, fields)
+
+    def make(self) -> torch.Tensor:
+        sizes, strides, dtype = self
+        out = torch.empty_strided(sizes, strides, dtype=dtype)
+        return out.normal_() if dtype.is_floating_point else out.zero_()
+
+
+def _made(value: Any) -> Any:
+    if isinstance(value, _Layout):
+        return value.make()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_made(v) for v in value)
+    return value
+
+
+def gemm_report(name: str, contenders: list[str]) -> None:
+    """Each contender's step: its GEMMs, each timed alone, and the rest."""
+    print(f"\n{name}: a step's GEMMs (each timed alone) and the rest, CPU time per step")
+    print(f"  {'contender':<17}{'step':>10}{'GEMMs':>10}{'calls':>7}{'rest':>10}")
+    model, inputs = training.workloads(False)[name]
+    for contender in contenders:
+        training._reset()
+        _, step, _ = training.gradients_after_one_step(contender, model, inputs)
+        for _ in range(3):
+            step()
+        recorder = _GemmCalls()
+        with recorder:
+            step()
+        gemms = 0.0
+        for fn, args, kwargs in recorder.calls:
+            real, named = _made(args), _made(kwargs)
+            with torch.no_grad():
+                gemms += cpu_time(lambda: fn(*real, **named))  # noqa: B023 - timed here
+        total = cpu_time(step, 0.2, 3)
+        print(f"  {contender:<17}{total * 1e6:10.0f}{gemms * 1e6:10.0f}{len(recorder.calls):7d}"
+              f"{(total - gemms) * 1e6:10.0f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="mlp,block")
     p.add_argument("--contenders", default="nncfuse-backend,nncfuse-jit")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--gemms", action="store_true",
+                   help="split each contender's step into its GEMMs and the rest")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
+    if args.gemms:
+        for name in args.workloads.split(","):
+            gemm_report(name, args.contenders.split(","))
+        return
     for name in args.workloads.split(","):
         for contender in args.contenders.split(","):
             report(name, contender)
