@@ -482,9 +482,11 @@ def _float_select(cg: LLVMCodeGen, x: Any, y: Any, lhs: Any, rhs: Any) -> Any:
 
     LLVM merges the two selects into one over `lhs < rhs or y is NaN` (two compares, an
     or of masks, a blend); with AVX-512, float32 vectors take the first select as vmaxps
-    or vminps instead (which give the second operand where one is NaN, as `<` does), so
-    that the NaN's is the only compare: 3 instructions for 4 (a softmax's row max; 4096 x
-    1024 at 1 thread 2.03 -> 1.99 ms, 32768 x 128 1.52 -> 1.49)."""
+    or vminps instead (which give the second operand where one is NaN or both are equal,
+    as `<` does: of two equal zeros, x, here and in the interpreter; eager's vector loop
+    gives its second operand, its scalar tail its first), so that the NaN's is the only
+    compare: 3 instructions for 4 (a softmax's row max; 4096 x 1024 at 1 thread 2.03 ->
+    1.99 ms, 32768 x 128 1.52 -> 1.49)."""
     b = cg.builder
     out = _x86_min_max(cg, x, y, lhs, rhs)
     if out is None:

@@ -165,7 +165,8 @@ def _horner(cg: LLVMCodeGen, coefficients: Sequence[float], t: Any) -> Any:
 # rule: 6 multiply-adds, within 1.07 ULP over the float range (Cephes' 1 + r + r**2 Q(r),
 # 8 operations, 1.24 ULP: simulated in float32 over 8M arguments, `benchmarks/vecmath.py`).
 LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
-#: 1.5 * 2**23: a float32 sum of it and t (|t| < 2**22) rounds t to an integer.
+#: 1.5 * 2**23: a float32 sum of it and t (|t| < 2**22) rounds t to an integer (t = x / ln 2
+#: is within [-151, 129]: x is clamped to [-104, 88.8] first, or `in_normal_range`).
 ROUNDER = 12582912.0
 EXP_POLY = (1.3365257764235139e-3, 8.35438258945942e-3, 4.167226329445839e-2,
             1.6666662693023682e-1, 0.5, 1.0)

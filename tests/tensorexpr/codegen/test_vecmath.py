@@ -99,3 +99,27 @@ def test_inline_exp_scales_by_vscalefps_with_the_two_step_products_results(monke
     assert torch.equal(scaled.nan_to_num(), two_steps.nan_to_num())
     assert (scaled[: N // 4] == 0).any() and (scaled[: N // 4] < 2.0**-126).logical_and(
         scaled[: N // 4] > 0).any()
+
+
+def test_inline_exp_within_1_1_ulp_where_its_rounding_switches_and_at_the_range_edges():
+    """n = rint(x / ln 2) by adding and subtracting 1.5 * 2**23 (right for |x / ln 2| < 2**22:
+    x is clamped to [-104, 88.8] first): around every switch point (k + 1/2) ln 2 the
+    reduced argument is at its largest, |r| ~ ln 2 / 2, where the polynomial is least
+    accurate; subnormal results within one step of 2**-149; inf, 0 and NaN as eager's."""
+    g = torch.Generator().manual_seed(4)
+    switch = ((torch.arange(-151, 130, dtype=torch.float64) + 0.5) * 0.6931471805599453).float()
+    steps = torch.randint(-40, 41, (N // 2,), generator=g)
+    near = switch[torch.randint(0, switch.numel(), (N // 2,), generator=g)].view(torch.int32)
+    near = (near + torch.where(near < 0, -steps, steps).to(torch.int32)).view(torch.float32)
+    signalling = torch.tensor([0x7FA00001, -0x7FF0], dtype=torch.int32).view(torch.float32)
+    x = torch.cat([signalling, whole_range(torch.float32, 5)[: N - N // 2 - 2], near])
+    got, want = run_kernel("exp", [x]).double(), torch.exp(x)
+    reference = torch.exp(x.double())
+    normal = reference.float().abs() >= 2.0**-126
+    magnitude = reference.float().abs()
+    ulp = (torch.nextafter(magnitude, torch.tensor(float("inf"))) - magnitude).double()
+    finite = normal & reference.float().isfinite()
+    assert ((got - reference).abs() / ulp)[finite].max() <= 1.1
+    assert (got - reference)[~normal & (reference > 0)].abs().max() <= 2.0**-149
+    assert torch.equal(got == 0, want == 0) and torch.equal(got.isinf(), want.isinf())
+    assert torch.equal(got.isnan(), x.isnan()) and got[:2].isnan().all()
