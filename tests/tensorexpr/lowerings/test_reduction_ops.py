@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -309,7 +311,12 @@ def layer_norm_excess(x, shape, w, b, eps, use_llvm=True):
     rstd = (x64.var(dims, unbiased=False, keepdim=True) + eps).rsqrt()
     scale = rstd * (1.0 if w is None else w64.abs())
     u = torch.finfo(x.dtype).eps / 2
-    bound = u * ((x64.abs() + mean.abs()) * scale + (x64 - mean).abs() * scale
+    # The variance's own rounding: a sum of n squares summed in a cascade (eager) or in
+    # lanes (fused) is off by about log2(n) roundings, which rstd halves; a row with an
+    # outlier, whose variance the outlier makes, shows it at every element.
+    n = math.prod(shape)
+    variance = (math.log2(n) / 2 + 1) * (x64 - mean).abs() * scale
+    bound = u * ((x64.abs() + mean.abs()) * scale + (x64 - mean).abs() * scale + variance
                  + (0.0 if b is None else b64.abs()))
     assert got.dtype == want.dtype and got.shape == want.shape
     rows = -len(shape)
@@ -344,10 +351,8 @@ def test_layer_norm_extremal_rows(width, use_llvm):
         noise[4] * 1e-20,  # a spread below eps
     ])
     for affine in ((w, b), (None, None)):
-        # An outlier's row has eager's variance off by more than the bound allows (which
-        # leaves out the variance's rounding): there, no worse than eager.
         fused, eager = layer_norm_excess(x, (width,), *affine, 1e-5, use_llvm=use_llvm)
-        assert (fused <= eager.clamp(min=1.0)).all(), (fused, eager)
+        assert (fused <= 1.0).all(), (fused, eager)
     got = run_fused(lambda x: F.layer_norm(x, (width,), w, b), x, use_llvm=use_llvm)
     assert torch.equal(got[0], b)
     special = noise.clone()
