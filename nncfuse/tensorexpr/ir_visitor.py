@@ -151,3 +151,16 @@ class Substitute(Mutator):
 def substitute(node: Any, mapping: dict[Var, Expr]) -> Any:
     """`node` with every variable in `mapping` replaced by its value."""
     return Substitute(mapping).mutate(node) if mapping else node
+
+
+class _ReplaceNode(Mutator):
+    def __init__(self, old: Any, new: Any):
+        self.old, self.new = old, new
+
+    def mutate(self, node: Any) -> Any:
+        return self.new if node is self.old else super().mutate(node)
+
+
+def replace_node(tree: Any, old: Any, new: Any) -> Any:
+    """`tree` with `old` (that very node, not an equal one) replaced by `new`."""
+    return _ReplaceNode(old, new).mutate(tree)

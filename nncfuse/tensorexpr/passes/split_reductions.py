@@ -9,7 +9,7 @@ at least `2 * CHUNK` points gets a loop over chunks, which
 `parallelize_outer_loops` can run on threads (a full reduction otherwise
 runs on one), and whose partial results are a level of cascade for sums.
 Points past the last whole chunk are reduced from the chunks' total. Axes
-over dense memory are merged first (`vectorize_reductions._merge_axes`).
+over dense memory are merged first (`vectorize_reductions.merge_axes`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
-from ..ir_visitor import substitute, walk
+from ..ir_visitor import replace_node, substitute, walk
 from ..loopnest import as_block
-from .vectorize_reductions import _merge_axes, _Replace
+from .vectorize_reductions import merge_axes
 
 #: Points per chunk, and the most chunks.
 CHUNK = 1 << 14
@@ -30,7 +30,7 @@ def _split(s: S.Store, serial: int) -> list[S.Stmt] | None:
     reduces = [n for n in walk(s.value) if isinstance(n, E.Reduce)]
     if len(reduces) != 1 or reduces[0].dtype.lanes != 1:
         return None
-    e = _merge_axes(reduces[0])
+    e = merge_axes(reduces[0])
     if len(e.vars) != 1 or not isinstance(e.stops[0], E.Imm):
         return None
     count = e.stops[0].value
@@ -52,7 +52,7 @@ def _split(s: S.Store, serial: int) -> list[S.Stmt] | None:
         tail = E.Var(var.name)
         total = E.Reduce(e.op, total, substitute(e.body, {var: tail + E.imm(done)}), (tail,),
                          (E.imm(count - done),))  # type: ignore[operator]
-    value = _Replace(reduces[0], total).mutate(s.value)
+    value = replace_node(s.value, reduces[0], total)
     return [loop, S.Store(s.buf, s.indices, value)]
 
 
