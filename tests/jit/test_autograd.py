@@ -419,3 +419,66 @@ def test_plain_casts_keep_a_cast_that_moves_or_changes_layout():
     got = gm(x)
     assert got[0].dtype == torch.float64 and got[1].device.type == "meta"
     assert got[2].is_contiguous(memory_format=torch.channels_last)
+
+
+class Dropouts(torch.nn.Module):
+    """A traced model in training mode with dropout 0, as training.py's transformers are: its
+    graph holds `aten::dropout(x, 0., True)` (and one with train=False), which eager returns
+    as its input itself; the last writes into what the dropout returned, so into `h`."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.fc(x))
+        y = self.drop(h) * 2.0 + torch.nn.functional.dropout(h, 0.3, training=False)
+        z = torch.nn.functional.dropout(h * 3.0, 0.0, training=True)
+        z.add_(1.0)
+        return y * z
+
+
+def _kinds(gm):
+    return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def test_dropouts_that_return_their_input_leave_no_mask():
+    from nncfuse.jit.autograd import _plain_dropouts
+
+    torch.manual_seed(0)
+    model = Dropouts().train()
+    reference = Dropouts().train()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(6, 8)
+    traced = torch.jit.trace(model, (x,))
+    graph = traced.inlined_graph
+    assert len(graph.findAllNodes("aten::dropout")) == 3  # the test's premise
+    assert _plain_dropouts(graph) == 3 and not graph.findAllNodes("aten::dropout")
+    fused = nncfuse.jit(traced)
+    for _ in range(3):
+        model.zero_grad()
+        reference.zero_grad()
+        x = torch.randn(6, 8)
+        x[0, :3] = torch.tensor([float("nan"), -0.0, float("inf")])
+        got, want = fused(x), reference(x)
+        torch.testing.assert_close(got, want, equal_nan=True)
+        (got.nan_to_num() * torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+         ).sum().backward()
+        (want.nan_to_num() * torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+         ).sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, equal_nan=True)
+    joint = _plan(fused).joints()[0]
+    kinds = _kinds(joint.forward.gm) | _kinds(joint.backward.gm)
+    assert not {k for k in kinds if "dropout" in k or "ones_like" in k}, kinds
+
+
+def test_a_dropout_that_may_drop_is_kept():
+    from nncfuse.jit.autograd import _plain_dropouts
+
+    def fn(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + 1.0
+
+    graph = torch.jit.trace(fn, (torch.randn(4),), check_trace=False).graph.copy()
+    assert _plain_dropouts(graph) == 0 and len(graph.findAllNodes("aten::dropout")) == 1
