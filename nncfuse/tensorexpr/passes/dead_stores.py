@@ -10,10 +10,27 @@ temporary by the value stored (`aten_sin` here), its stores are dead: no
 memory is allocated for it and no time spent writing it. Kernel parameters
 (inputs and outputs) are always kept. A `Let` whose variable is no longer
 used goes too, and loops left empty vanish in `simplify`.
+
+A temporary whose one store an output's one store repeats, next to it in the
+same block (the same value at the same element offset: run after
+`flatten_indices`), holds what that output holds from then on; its readers
+read the output instead, and its stores are dead. GELU's backward, both
+returned transposed and summed over its rows, is then stored once:
+
+    for i: {                                for i: {
+      float v = t0[i] * t1[i];                float v = t0[i] * t1[i];
+      tmp[i] = v;                   ->        out_t[i] = v;
+      out_t[i] = v;                         }
+    }                                       for j: sum[j] = reduce_add(out_t[64 * r + j] for r);
+    for j: sum[j] = reduce_add(tmp[64 * r + j] for r);
+Only an output the kernel allocates (not a write-back into an input, whose
+memory the caller sees and other buffers may share) and stores nowhere else,
+of the temporary's dtype; neither may be an external call's argument or result.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from .. import expr as E
@@ -43,9 +60,57 @@ class _Drop(Mutator):
         return S.Block(tuple(kept))
 
 
-def eliminate_dead_stores(stmt: S.Stmt, params: Iterable[Buf] = ()) -> S.Stmt:
-    """Drop stores to temporaries that are never loaded; see the module docstring."""
+class _ReadFrom(Mutator):
+    """Loads of each temporary in `mapping` read the output that holds its values."""
+
+    def __init__(self, mapping: dict[Buf, Buf]):
+        self.mapping = mapping
+
+    def mutate_Load(self, e: E.Load) -> E.Expr:
+        e = self.generic_mutate(e)
+        new = self.mapping.get(e.buf)
+        return e if new is None else E.Load(new, e.indices)
+
+
+def _repeated(stmt: S.Stmt, outputs: set[Buf], keep: set[Buf]) -> dict[Buf, Buf]:
+    """Each temporary whose one store an output's one store repeats, with that output (the
+    buffers these stores access: `flatten_indices`'s views of both)."""
+    nodes = list(walk(stmt))
+    count = Counter(n.buf.root for n in nodes if isinstance(n, S.Store))
+    access: dict[Buf, set[Buf]] = {}  # per root, the buffers (views) it is accessed through
+    for n in nodes:
+        if isinstance(n, (S.Store, E.Load)):
+            access.setdefault(n.buf.root, set()).add(n.buf)
+    external = {a.root for n in nodes if isinstance(n, S.ExternalCall)
+                for a in (n.buf, *n.args) if isinstance(a, Buf)}
+    found: dict[Buf, Buf] = {}
+    for block in nodes:
+        if not isinstance(block, S.Block):
+            continue
+        for a, b in zip(block.stmts, block.stmts[1:]):
+            if not (isinstance(a, S.Store) and isinstance(b, S.Store)):
+                continue
+            for tmp, out in ((a, b), (b, a)):
+                t, o = tmp.buf.root, out.buf.root
+                if (t in keep or o not in outputs or t.dtype != o.dtype or {t, o} & external
+                        or count[t] != 1 or count[o] != 1 or access[t] != {tmp.buf}
+                        or access[o] != {out.buf} or tmp.buf.strides != out.buf.strides
+                        or tmp.indices != out.indices or tmp.value != out.value
+                        or any(ld.buf.root in (t, o) for ld in walk(tmp.value)
+                               if isinstance(ld, E.Load))):
+                    continue
+                found.setdefault(tmp.buf, out.buf)
+    return found
+
+
+def eliminate_dead_stores(stmt: S.Stmt, params: Iterable[Buf] = (),
+                          outputs: Iterable[Buf] = ()) -> S.Stmt:
+    """Drop stores to temporaries that are never loaded, or whose values an output of
+    `outputs` (a subset of `params`) repeats; see the module docstring."""
     keep = {b.root for b in params}
+    repeated = _repeated(stmt, {b for b in outputs if b.base is None}, keep)
+    if repeated:
+        stmt = _ReadFrom(repeated).mutate(stmt)
     loaded = {n.buf.root for n in walk(stmt) if isinstance(n, E.Load)}
     stored = {n.buf.root for n in walk(stmt) if isinstance(n, S.Store)}
     dead = stored - loaded - keep
