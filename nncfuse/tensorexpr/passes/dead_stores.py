@@ -37,6 +37,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, walk
+from .simplify import simplify
 
 
 class _Drop(Mutator):
@@ -72,6 +73,12 @@ class _ReadFrom(Mutator):
         return e if new is None else E.Load(new, e.indices)
 
 
+def _same_offsets(a: tuple[E.Expr, ...], b: tuple[E.Expr, ...]) -> bool:
+    """Whether two stores' indices are the same elements (`32 * i + j` and `j + 32 * i`)."""
+    return len(a) == len(b) and all(
+        x == y or E.is_const(simplify(x - y), 0) for x, y in zip(a, b))
+
+
 def _repeated(stmt: S.Stmt, outputs: set[Buf], keep: set[Buf]) -> dict[Buf, Buf]:
     """Each temporary whose one store an output's one store repeats, with that output (the
     buffers these stores access: `flatten_indices`'s views of both)."""
@@ -95,7 +102,7 @@ def _repeated(stmt: S.Stmt, outputs: set[Buf], keep: set[Buf]) -> dict[Buf, Buf]
                 if (t in keep or o not in outputs or t.dtype != o.dtype or {t, o} & external
                         or count[t] != 1 or count[o] != 1 or access[t] != {tmp.buf}
                         or access[o] != {out.buf} or tmp.buf.strides != out.buf.strides
-                        or tmp.indices != out.indices or tmp.value != out.value
+                        or not _same_offsets(tmp.indices, out.indices) or tmp.value != out.value
                         or any(ld.buf.root in (t, o) for ld in walk(tmp.value)
                                if isinstance(ld, E.Load))):
                     continue
