@@ -155,3 +155,63 @@ def test_a_write_back_into_an_input_is_not_what_the_sum_reads(use_llvm):
     torch.testing.assert_close(got[1], want[1])
     torch.testing.assert_close(a, b)
     assert got[0].data_ptr() == a.data_ptr()
+
+
+def _overwrite(between=(), second_index=None, second_reads=False):
+    """`out[i] = v; ...between; out[i] = g[i] * erf(v)`: the first store is dead."""
+    x, g, out = buf("x", [8]), buf("g", [8]), buf("out", [8])
+    i, v = var(), E.Var("v", FLOAT32)
+    value = E.Load(g, (i,)) * E.call("erf", v)
+    if second_reads:
+        value = value + E.Load(out, (i,))
+    body = (S.Let(v, E.Load(x, (i,))), S.Store(out, (i,), v), *between(out, i),
+            S.Store(out, (second_index(i) if second_index else i,), value))
+    return S.For(i, E.imm(0), E.imm(8), S.Block(body)), [x, g, out]
+
+
+def test_a_store_the_next_one_overwrites_is_dropped():
+    stmt, params = _overwrite(between=lambda out, i: ())
+    after = eliminate_dead_stores(stmt, params=params, outputs=params[2:])
+    assert_expected_inline(text(after), """\
+for (int64_t i = 0; i < 8; i++) {
+  float v = x[i];
+  out[i] = g[i] * erf(v);
+}""")
+    same_results(stmt, after, params, lambda: [torch.randn(8), torch.randn(8), torch.zeros(8)])
+
+
+@pytest.mark.parametrize("case", ["read in between", "read by the overwriting value",
+                                  "another element", "not an allocated output"])
+def test_a_store_stays_where_its_value_may_be_seen(case):
+    read = lambda out, i: (S.Store(buf("y", [8]), (i,), E.Load(out, (i,))),)  # noqa: E731
+    stmt, params = {
+        "read in between": lambda: _overwrite(between=read),
+        "read by the overwriting value": lambda: _overwrite(between=lambda o, i: (),
+                                                            second_reads=True),
+        "another element": lambda: _overwrite(between=lambda o, i: (),
+                                              second_index=lambda i: E.imm(7) - i),
+        "not an allocated output": lambda: _overwrite(between=lambda o, i: ()),
+    }[case]()
+    outputs = [] if case == "not an allocated output" else params[2:]
+    after = eliminate_dead_stores(stmt, params=params + [buf("y", [8])], outputs=outputs)
+    assert len([n for n in walk(after) if isinstance(n, S.Store) and n.buf.name == "out"]) == 2
+
+
+def _view_gelu(x):
+    return torch.nn.functional.gelu(x.view(4, 16, 32))
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_a_gelu_of_a_view_stores_its_output_once(use_llvm):
+    x = torch.randn(64, 32)
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(_view_gelu, (x,), check_trace=False)
+    fused = nncfuse.jit(traced, min_group_size=1, use_llvm=use_llvm)
+    for _ in range(3):
+        got = fused(x)
+    torch.testing.assert_close(got, _view_gelu(x), equal_nan=True)
+    for g in nncfuse.fusion_groups(fused.graph_for(x)):
+        stmt = kernel_of(g).stmt
+        assert len([n for n in walk(stmt) if isinstance(n, S.Store)]) == 1, stmt
