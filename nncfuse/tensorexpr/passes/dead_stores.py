@@ -26,18 +26,6 @@ returned transposed and summed over its rows, is then stored once:
 Only an output the kernel allocates (not a write-back into an input, whose
 memory the caller sees and other buffers may share) and stores nowhere else,
 of the temporary's dtype; neither may be an external call's argument or result.
-
-A store that a later store of the same block overwrites (the same buffer and
-element offset, a temporary or such an output), with nothing in between nor
-the later store's value reading that buffer, is dead too. `reuse_outputs`
-leaves one where a copy (a view of an input) lives in the output that
-overwrites it, once `eliminate_common_subexpressions` has forwarded it:
-
-    for i: {                                for i: {
-      float v = t0[i];                        float v = t0[i];
-      out[i] = v;                   ->        out[i] = g[i] * erf(v);
-      out[i] = g[i] * erf(v);               }
-    }
 """
 
 from __future__ import annotations
@@ -122,45 +110,14 @@ def _repeated(stmt: S.Stmt, outputs: set[Buf], keep: set[Buf]) -> dict[Buf, Buf]
     return found
 
 
-class _Overwritten(Mutator):
-    """Drops the stores to `bufs` that a later store of their block overwrites."""
-
-    def __init__(self, bufs: set[Buf]):
-        self.bufs = bufs
-
-    def mutate_Block(self, s: S.Block) -> S.Stmt:
-        s = self.generic_mutate(s)
-        stmts = list(s.stmts)
-        dead = [k for k, st in enumerate(stmts) if isinstance(st, S.Store)
-                and st.buf.root in self.bufs and self._overwritten(st, stmts[k + 1:])]
-        if not dead:
-            return s
-        return S.Block(tuple(st for k, st in enumerate(stmts) if k not in dead))
-
-    @staticmethod
-    def _overwritten(first: S.Store, later: list[S.Stmt]) -> bool:
-        root = first.buf.root
-        for st in later:
-            if isinstance(st, S.Store) and st.buf.root is root:
-                return (_same_offsets(first.indices, st.indices)
-                        and not any(n.buf.root is root for n in walk(st) if isinstance(n, E.Load)))
-            if any(getattr(n, "buf", None) is not None and n.buf.root is root
-                   or isinstance(n, S.ExternalCall) for n in walk(st)):
-                return False
-        return False
-
-
 def eliminate_dead_stores(stmt: S.Stmt, params: Iterable[Buf] = (),
                           outputs: Iterable[Buf] = ()) -> S.Stmt:
     """Drop stores to temporaries that are never loaded, or whose values an output of
     `outputs` (a subset of `params`) repeats; see the module docstring."""
     keep = {b.root for b in params}
-    fresh = {b for b in outputs if b.base is None}
-    repeated = _repeated(stmt, fresh, keep)
+    repeated = _repeated(stmt, {b for b in outputs if b.base is None}, keep)
     if repeated:
         stmt = _ReadFrom(repeated).mutate(stmt)
-    temps = {n.buf.root for n in walk(stmt) if isinstance(n, S.Store)} - keep
-    stmt = _Overwritten(temps | fresh).mutate(stmt)
     loaded = {n.buf.root for n in walk(stmt) if isinstance(n, E.Load)}
     stored = {n.buf.root for n in walk(stmt) if isinstance(n, S.Store)}
     dead = stored - loaded - keep
