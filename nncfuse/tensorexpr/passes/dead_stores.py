@@ -37,6 +37,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, walk
+from .reuse_outputs import ReadFrom
 from .simplify import simplify
 
 
@@ -59,18 +60,6 @@ class _Drop(Mutator):
         if len(kept) == len(s.stmts) and all(a is b for a, b in zip(kept, s.stmts)):
             return s
         return S.Block(tuple(kept))
-
-
-class _ReadFrom(Mutator):
-    """Loads of each temporary in `mapping` read the output that holds its values."""
-
-    def __init__(self, mapping: dict[Buf, Buf]):
-        self.mapping = mapping
-
-    def mutate_Load(self, e: E.Load) -> E.Expr:
-        e = self.generic_mutate(e)
-        new = self.mapping.get(e.buf)
-        return e if new is None else E.Load(new, e.indices)
 
 
 def _same_offsets(a: tuple[E.Expr, ...], b: tuple[E.Expr, ...]) -> bool:
@@ -117,7 +106,7 @@ def eliminate_dead_stores(stmt: S.Stmt, params: Iterable[Buf] = (),
     keep = {b.root for b in params}
     repeated = _repeated(stmt, {b for b in outputs if b.base is None}, keep)
     if repeated:
-        stmt = _ReadFrom(repeated).mutate(stmt)
+        stmt = ReadFrom(repeated).mutate(stmt)
     loaded = {n.buf.root for n in walk(stmt) if isinstance(n, E.Load)}
     stored = {n.buf.root for n in walk(stmt) if isinstance(n, S.Store)}
     dead = stored - loaded - keep

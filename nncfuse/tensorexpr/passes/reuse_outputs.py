@@ -102,7 +102,9 @@ def _candidate(leaves: list, temp: Buf, keep: set[Buf]) -> Buf | None:
     return out
 
 
-class _Rename(Mutator):
+class ReadFrom(Mutator):
+    """Loads of each buffer in `mapping` read the buffer it maps to instead."""
+
     def __init__(self, mapping: dict[Buf, Buf]):
         self.mapping = mapping
 
@@ -110,6 +112,10 @@ class _Rename(Mutator):
         e = self.generic_mutate(e)
         new = self.mapping.get(e.buf)
         return e if new is None else E.Load(new, e.indices)
+
+
+class _Rename(ReadFrom):
+    """Loads and stores of each buffer in `mapping` access the buffer it maps to instead."""
 
     def mutate_Store(self, s: S.Store) -> S.Stmt:
         s = self.generic_mutate(s)
