@@ -114,7 +114,7 @@ class ReadFrom(Mutator):
         return e if new is None else E.Load(new, e.indices)
 
 
-class _Rename(ReadFrom):
+class Rename(ReadFrom):
     """Loads and stores of each buffer in `mapping` access the buffer it maps to instead."""
 
     def mutate_Store(self, s: S.Store) -> S.Stmt:
@@ -138,7 +138,7 @@ def reuse_outputs(stmt: S.Stmt, params: Iterable[Buf] = ()) -> S.Stmt:
         for temp in reversed(temps):
             out = _candidate(leaves, temp, keep)
             if out is not None:
-                stmt = _Rename({temp: out}).mutate(stmt)
+                stmt = Rename({temp: out}).mutate(stmt)
                 changed = True
                 break
     return stmt
