@@ -95,7 +95,10 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
     # What write-backs store stays a buffer when it would be inlined: inlined, a read of the
     # input at another element than the one stored would see the new value. `fuse_loops`
     # then joins its nest with the write-back's where every such read is of the same element.
-    keep = [*outputs, *lowered.write_sources, *(lowered.inputs[k] for k in lowered.written)]
+    written = [lowered.inputs[k] for k in lowered.written]
+    keep = [*outputs, *lowered.write_sources, *written]
+    # Outputs the kernel allocates: memory no input shares, that a temporary may hand over.
+    fresh = [b for b in outputs if b not in written]
     return [
         ("inline_intermediates", partial(inline_intermediates, outputs=keep)),
         ("simplify", simplify),  # unit loops gone: loads of size-1 dims match their stores
@@ -108,7 +111,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
         ("collapse_loops", collapse_loops),
         ("tile_transposes", tile_transposes),
         ("eliminate_common_subexpressions", eliminate_common_subexpressions),
-        ("eliminate_dead_stores", partial(eliminate_dead_stores, params=bufs)),
+        ("eliminate_dead_stores", partial(eliminate_dead_stores, params=bufs, outputs=fresh)),
         ("split_reductions", split_reductions),
         ("vectorize_reductions", partial(vectorize_reductions, vector_bits=vector_width)),
         ("vectorize_inner_loops", partial(vectorize_inner_loops, vector_bits=vector_width)),

@@ -10,16 +10,44 @@ temporary by the value stored (`aten_sin` here), its stores are dead: no
 memory is allocated for it and no time spent writing it. Kernel parameters
 (inputs and outputs) are always kept. A `Let` whose variable is no longer
 used goes too, and loops left empty vanish in `simplify`.
+
+A temporary whose one store an output's one store repeats, next to it in the
+same block (the same value at the same element offset: run after
+`flatten_indices`), holds what that output holds from then on; its readers
+read the output instead, and its stores are dead. GELU's backward, both
+returned transposed and summed over its rows, is then stored once:
+
+    for i: {                                for i: {
+      float v = t0[i] * t1[i];                float v = t0[i] * t1[i];
+      tmp[i] = v;                   ->        out_t[i] = v;
+      out_t[i] = v;                         }
+    }                                       for j: sum[j] = reduce_add(out_t[64 * r + j] for r);
+    for j: sum[j] = reduce_add(tmp[64 * r + j] for r);
+Likewise where the output's one store copies the temporary at the same
+element offset in a later nest (a copy `fuse_loops` could not join with the
+temporary's nest, past a reduction that reads it): the temporary is stored in
+the output, and the copy, now of each element onto itself, goes:
+
+    for i: tmp[i] = f(t0[i]);                for i: out_t[i] = f(t0[i]);
+    for j: sum[j] = reduce_add(tmp[...]);  ->  for j: sum[j] = reduce_add(out_t[...]);
+    for i: out_t[i] = tmp[i];                for i: {}
+Only an output the kernel allocates (not a write-back into an input, whose
+memory the caller sees and other buffers may share) and stores nowhere else,
+of the temporary's dtype and strides; neither may be an external call's
+argument or result.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, walk
+from .reuse_outputs import ReadFrom, Rename
+from .simplify import simplify
 
 
 class _Drop(Mutator):
@@ -43,9 +71,99 @@ class _Drop(Mutator):
         return S.Block(tuple(kept))
 
 
-def eliminate_dead_stores(stmt: S.Stmt, params: Iterable[Buf] = ()) -> S.Stmt:
-    """Drop stores to temporaries that are never loaded; see the module docstring."""
+def _same_offsets(a: tuple[E.Expr, ...], b: tuple[E.Expr, ...]) -> bool:
+    """Whether two stores' indices are the same elements (`32 * i + j` and `j + 32 * i`)."""
+    return len(a) == len(b) and all(
+        x == y or E.is_const(simplify(x - y), 0) for x, y in zip(a, b))
+
+
+def _accesses(stmt: S.Stmt) -> tuple[list, Counter, dict[Buf, set[Buf]], set[Buf]]:
+    """The nodes of `stmt` in program order, how often each buffer is stored, the buffers
+    (views) each is accessed through, and those an external call reads or writes."""
+    nodes = list(walk(stmt))
+    count = Counter(n.buf.root for n in nodes if isinstance(n, S.Store))
+    access: dict[Buf, set[Buf]] = {}
+    for n in nodes:
+        if isinstance(n, (S.Store, E.Load)):
+            access.setdefault(n.buf.root, set()).add(n.buf)
+    external = {a.root for n in nodes if isinstance(n, S.ExternalCall)
+                for a in (n.buf, *n.args) if isinstance(a, Buf)}
+    return nodes, count, access, external
+
+
+def _repeated(stmt: S.Stmt, outputs: set[Buf], keep: set[Buf]) -> dict[Buf, Buf]:
+    """Each temporary whose one store an output's one store repeats, with that output (the
+    buffers these stores access: `flatten_indices`'s views of both)."""
+    nodes, count, access, external = _accesses(stmt)
+    found: dict[Buf, Buf] = {}
+    for block in nodes:
+        if not isinstance(block, S.Block):
+            continue
+        for a, b in zip(block.stmts, block.stmts[1:]):
+            if not (isinstance(a, S.Store) and isinstance(b, S.Store)):
+                continue
+            for tmp, out in ((a, b), (b, a)):
+                t, o = tmp.buf.root, out.buf.root
+                if (t in keep or o not in outputs or t.dtype != o.dtype or {t, o} & external
+                        or count[t] != 1 or count[o] != 1 or access[t] != {tmp.buf}
+                        or access[o] != {out.buf} or tmp.buf.strides != out.buf.strides
+                        or not _same_offsets(tmp.indices, out.indices) or tmp.value != out.value
+                        or any(ld.buf.root in (t, o) for ld in walk(tmp.value)
+                               if isinstance(ld, E.Load))):
+                    continue
+                found.setdefault(tmp.buf, out.buf)
+    return found
+
+
+def _copied(stmt: S.Stmt, outputs: set[Buf], keep: set[Buf]) -> dict[Buf, Buf]:
+    """Each temporary that an output's one store copies after the temporary's one store,
+    at the same element offsets, with that output."""
+    nodes, count, access, external = _accesses(stmt)
+    order = {id(n): k for k, n in enumerate(nodes)}
+    stored = [n for n in nodes if isinstance(n, S.Store)]
+    first: dict[Buf, S.Store] = {}
+    for n in stored:
+        first.setdefault(n.buf.root, n)
+    found: dict[Buf, Buf] = {}
+    for out in stored:
+        o, ld = out.buf.root, out.value
+        if not isinstance(ld, E.Load) or o not in outputs:
+            continue
+        t = ld.buf.root
+        if (t in keep or t is o or t.dtype != o.dtype or {t, o} & external or count[t] != 1
+                or count[o] != 1 or access[t] != {ld.buf} or access[o] != {out.buf}
+                or ld.buf.strides != out.buf.strides or order[id(first[t])] > order[id(out)]
+                or not _same_offsets(ld.indices, out.indices)):
+            continue
+        found.setdefault(ld.buf, out.buf)
+    return found
+
+
+class _DropSelfCopies(Mutator):
+    """Drops the stores to `bufs` of each element onto itself (an empty block remains)."""
+
+    def __init__(self, bufs: set[Buf]):
+        self.bufs = bufs
+
+    def mutate_Store(self, s: S.Store) -> S.Stmt:
+        if (s.buf in self.bufs and isinstance(s.value, E.Load) and s.value.buf == s.buf
+                and _same_offsets(s.value.indices, s.indices)):
+            return S.Block(())
+        return s
+
+
+def eliminate_dead_stores(stmt: S.Stmt, params: Iterable[Buf] = (),
+                          outputs: Iterable[Buf] = ()) -> S.Stmt:
+    """Drop stores to temporaries that are never loaded, or whose values an output of
+    `outputs` (a subset of `params`) repeats or copies; see the module docstring."""
     keep = {b.root for b in params}
+    fresh = {b for b in outputs if b.base is None}
+    repeated = _repeated(stmt, fresh, keep)
+    if repeated:
+        stmt = ReadFrom(repeated).mutate(stmt)
+    copied = _copied(stmt, fresh, keep)
+    if copied:
+        stmt = _DropSelfCopies(set(copied.values())).mutate(Rename(copied).mutate(stmt))
     loaded = {n.buf.root for n in walk(stmt) if isinstance(n, E.Load)}
     stored = {n.buf.root for n in walk(stmt) if isinstance(n, S.Store)}
     dead = stored - loaded - keep

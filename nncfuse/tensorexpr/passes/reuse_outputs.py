@@ -102,7 +102,9 @@ def _candidate(leaves: list, temp: Buf, keep: set[Buf]) -> Buf | None:
     return out
 
 
-class _Rename(Mutator):
+class ReadFrom(Mutator):
+    """Loads of each buffer in `mapping` read the buffer it maps to instead."""
+
     def __init__(self, mapping: dict[Buf, Buf]):
         self.mapping = mapping
 
@@ -110,6 +112,10 @@ class _Rename(Mutator):
         e = self.generic_mutate(e)
         new = self.mapping.get(e.buf)
         return e if new is None else E.Load(new, e.indices)
+
+
+class Rename(ReadFrom):
+    """Loads and stores of each buffer in `mapping` access the buffer it maps to instead."""
 
     def mutate_Store(self, s: S.Store) -> S.Stmt:
         s = self.generic_mutate(s)
@@ -132,7 +138,7 @@ def reuse_outputs(stmt: S.Stmt, params: Iterable[Buf] = ()) -> S.Stmt:
         for temp in reversed(temps):
             out = _candidate(leaves, temp, keep)
             if out is not None:
-                stmt = _Rename({temp: out}).mutate(stmt)
+                stmt = Rename({temp: out}).mutate(stmt)
                 changed = True
                 break
     return stmt
