@@ -234,13 +234,21 @@ def guard_fusion_groups(
 
 def _unguarded(graph: torch._C.Graph, group: Any, kind: str) -> None:
     """The group's node becomes a dynamic kernel's, which guards itself (its entry)."""
-    fused = graph.create(kind, list(group.inputs()), group.outputsSize())
-    fused.g_("Subgraph", group.g("Subgraph"))
+    fused = _kernel_node(graph, group, kind, list(group.inputs()))
     fused.insertBefore(group)
     for new, old in zip(fused.outputs(), group.outputs()):
-        new.setType(old.type())
         old.replaceAllUsesWith(new)
     group.destroy()
+
+
+def _kernel_node(graph: torch._C.Graph, group: Any, kind: str, inputs: list[Any]) -> Any:
+    """A node of `kind` running `group`'s subgraph on `inputs`, its outputs typed as the
+    group's (not inserted)."""
+    fused = graph.create(kind, inputs, group.outputsSize())
+    fused.g_("Subgraph", group.g("Subgraph"))
+    for new, old in zip(fused.outputs(), group.outputs()):
+        new.setType(old.type())
+    return fused
 
 
 def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:
@@ -261,11 +269,9 @@ def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:
     fused_block, fallback_block = branch.addBlock(), branch.addBlock()
 
     typed = dict(zip((v.unique() for v in checked), check_outs[:-1]))
-    fused = graph.create(kind, [typed.get(v.unique(), v) for v in outer], group.outputsSize())
-    fused.g_("Subgraph", subgraph)
+    fused = _kernel_node(graph, group, kind, [typed.get(v.unique(), v) for v in outer])
     fused.insertBefore(fused_block.returnNode())
-    for new, old in zip(fused.outputs(), group.outputs()):
-        new.setType(old.type())
+    for new in fused.outputs():
         fused_block.registerOutput(new)
 
     env = {inner.unique(): v for inner, v in zip(subgraph.inputs(), outer)}
