@@ -555,10 +555,10 @@ def compile_stmt(
     # log_softmax 2.2-2.5 -> 1.7, 1024 x 4096 softmax 2.2-2.4 -> 2.07, layer_norm (12 MB)
     # 1.18 -> 1.08, rms_norm 1.09 -> 1.05, residual + layer_norm even; elementwise kernels
     # keep them (a multiply 3.4 -> 3.0 with them).
-    read = {n.buf.root for n in walk(stmt) if isinstance(n, E.Load)}
-    if any(isinstance(n, E.Reduce) for n in walk(stmt)):
-        read = {b.root for b in streaming}
-    streaming = frozenset(b for b in streaming if b.root not in read)
+    nodes = list(walk(stmt))
+    read = {n.buf.root for n in nodes if isinstance(n, E.Load)}
+    reduces = any(isinstance(n, E.Reduce) for n in nodes)
+    streaming = frozenset(b for b in streaming if b.root not in read and not reduces)
     cg = LLVMCodeGen(stmt, params, name, streaming)
     text = cg.ir_text()
     _log.debug("LLVM module before optimizations\n", text)
