@@ -5,6 +5,7 @@ graphs' own overhead.
     python benchmarks/training_kernels.py                     # the MLP and the block, both ways
     python benchmarks/training_kernels.py --workloads block --contenders nncfuse-jit
     python benchmarks/training_kernels.py --gemms --contenders eager,compile,nncfuse-jit
+    python benchmarks/training_kernels.py --models bert --contenders nncfuse-backend
 
 Per workload and contender (`nncfuse-backend`, `nncfuse-jit`), after a few training steps of
 `training.py`'s workload, every optimized graph (forward, backward) is taken apart: each
@@ -121,8 +122,8 @@ def outside(graph: torch._C.Graph) -> Counter[str]:
     return kinds
 
 
-def report(name: str, contender: str) -> None:
-    model, inputs = training.workloads(False)[name]
+def report(name: str, contender: str, workload: tuple[Any, Any]) -> None:
+    model, inputs = workload
     training._reset()
     fxgraph.clear_compiled_graphs()
     _, step, _ = training.gradients_after_one_step(contender, model, inputs)
@@ -199,11 +200,11 @@ def _made(value: Any) -> Any:
     return value
 
 
-def gemm_report(name: str, contenders: list[str]) -> None:
+def gemm_report(name: str, contenders: list[str], workload: tuple[Any, Any]) -> None:
     """Each contender's step: its GEMMs, each timed alone, and the rest."""
     print(f"\n{name}: a step's GEMMs (each timed alone) and the rest, CPU time per step")
     print(f"  {'contender':<17}{'step':>10}{'GEMMs':>10}{'calls':>7}{'rest':>10}")
-    model, inputs = training.workloads(False)[name]
+    model, inputs = workload
     for contender in contenders:
         training._reset()
         _, step, _ = training.gradients_after_one_step(contender, model, inputs)
@@ -225,6 +226,8 @@ def gemm_report(name: str, contenders: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="mlp,block")
+    p.add_argument("--models", default="",
+                   help="also these models of models.py (as training.py's --models)")
     p.add_argument("--contenders", default="nncfuse-backend,nncfuse-jit")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--gemms", action="store_true",
@@ -232,13 +235,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
-    if args.gemms:
-        for name in args.workloads.split(","):
-            gemm_report(name, args.contenders.split(","))
-        return
-    for name in args.workloads.split(","):
+    chosen = {k: v for k, v in training.workloads(False).items()
+              if k in args.workloads.split(",")}
+    if args.models:
+        chosen.update(training.model_workloads(args.models.split(","), False))
+    for name, workload in chosen.items():
+        if args.gemms:
+            gemm_report(name, args.contenders.split(","), workload)
+            continue
         for contender in args.contenders.split(","):
-            report(name, contender)
+            report(name, contender, workload)
 
 
 if __name__ == "__main__":
