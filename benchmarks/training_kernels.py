@@ -5,6 +5,8 @@ graphs' own overhead.
     python benchmarks/training_kernels.py                     # the MLP and the block, both ways
     python benchmarks/training_kernels.py --workloads block --contenders nncfuse-jit
     python benchmarks/training_kernels.py --gemms --contenders eager,compile,nncfuse-jit
+    python benchmarks/training_kernels.py --models bert --contenders nncfuse-backend
+    python benchmarks/training_kernels.py --ops --models llama --contenders compile,nncfuse-jit
 
 Per workload and contender (`nncfuse-backend`, `nncfuse-jit`), after a few training steps of
 `training.py`'s workload, every optimized graph (forward, backward) is taken apart: each
@@ -21,6 +23,13 @@ eager): a kernel faster than them need not be faster than eager's step.
 and the rest: every GEMM one step calls (`mm`, `addmm`, `bmm`, ..., inside nncfuse's kernels
 too, as their external calls), each timed alone on random inputs of its layout; the rest is
 the step's time less theirs (elementwise work, reductions, allocation, autograd, Python).
+
+`--ops` profiles each contender's step as it runs (torch.profiler; Inductor's kernels
+recorded too): the self time per step of each op, fused kernel and wrapper, side by side,
+the least of interleaved rounds (the profiler reads a wall clock: on a loaded machine
+repeat it), and the same summed by kind (GEMMs, attention, fused kernels, fills, copies,
+views and allocations, ...). All contenders are built before any runs: resetting Dynamo
+between them would make the earlier ones compile again inside the profile.
 """
 
 from __future__ import annotations
@@ -121,8 +130,8 @@ def outside(graph: torch._C.Graph) -> Counter[str]:
     return kinds
 
 
-def report(name: str, contender: str) -> None:
-    model, inputs = training.workloads(False)[name]
+def report(name: str, contender: str, workload: tuple[Any, Any]) -> None:
+    model, inputs = workload
     training._reset()
     fxgraph.clear_compiled_graphs()
     _, step, _ = training.gradients_after_one_step(contender, model, inputs)
@@ -199,11 +208,11 @@ def _made(value: Any) -> Any:
     return value
 
 
-def gemm_report(name: str, contenders: list[str]) -> None:
+def gemm_report(name: str, contenders: list[str], workload: tuple[Any, Any]) -> None:
     """Each contender's step: its GEMMs, each timed alone, and the rest."""
     print(f"\n{name}: a step's GEMMs (each timed alone) and the rest, CPU time per step")
     print(f"  {'contender':<17}{'step':>10}{'GEMMs':>10}{'calls':>7}{'rest':>10}")
-    model, inputs = training.workloads(False)[name]
+    model, inputs = workload
     for contender in contenders:
         training._reset()
         _, step, _ = training.gradients_after_one_step(contender, model, inputs)
@@ -222,23 +231,97 @@ def gemm_report(name: str, contenders: list[str]) -> None:
               f"{(total - gemms) * 1e6:10.0f}")
 
 
+#: --ops: an op's kind, by the first rule whose test its name passes
+_KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("GEMMs", lambda k: k in {f"aten::{g}" for g in _GEMMS}),
+    ("attention", lambda k: k.startswith("aten::_scaled_dot_product")),
+    ("fused kernels", lambda k: k.startswith("nncfuse::") or "_cpp_fused_" in k),
+    ("fills", lambda k: k in {"aten::fill_", "aten::zero_", "aten::zeros"}),
+    ("copies", lambda k: k in {"aten::copy_", "aten::clone"}),
+    ("views, allocation", lambda k: k.startswith("aten::") and k[6:] in _VIEWS | {
+        "as_strided", "empty", "empty_strided", "empty_like", "detach", "resolve_conj"}),
+    ("optimizer", lambda k: k.startswith("Optimizer.") or k == "aten::add_"),
+    ("other ATen ops", lambda k: k.startswith("aten::")),
+    ("autograd, wrappers", lambda k: True),
+)
+
+
+def step_ops(steps: dict[str, Callable[[], Any]], rounds: int = 3,
+             per_round: int = 5) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per contender, op name -> (self seconds per step, calls per step): the least over
+    `rounds` interleaved profiles of `per_round` steps each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._inductor.config.cpp.enable_kernel_profile = True
+    best: dict[str, dict[str, tuple[float, float]]] = {c: {} for c in steps}
+    for _ in range(rounds):
+        for c, step in steps.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(per_round):
+                    step()
+            for e in prof.key_averages():
+                t = e.self_cpu_time_total * 1e-6 / per_round
+                if t < best[c].get(e.key, (float("inf"), 0.0))[0]:
+                    best[c][e.key] = (t, e.count / per_round)
+    return best
+
+
+def kind_of(op: str) -> str:
+    return next(kind for kind, test in _KINDS if test(op))
+
+
+def ops_report(name: str, contenders: list[str], workload: tuple[Any, Any],
+               rows: int = 40) -> None:
+    model, inputs = workload
+    training._reset()  # once: see the docstring
+    steps = {}
+    for contender in contenders:
+        _, steps[contender], _ = training.gradients_after_one_step(contender, model, inputs)
+        for _ in range(3):
+            steps[contender]()
+    best = step_ops(steps)
+    print(f"\n{name}: self time per step (us, least of rounds) x calls per step")
+    print(f"  {'op':<56}" + "".join(f"{c[:16]:>17}" for c in contenders))
+    ops = sorted({op for b in best.values() for op in b},
+                 key=lambda op: -max(b.get(op, (0.0, 0.0))[0] for b in best.values()))
+    for op in ops[:rows]:
+        print(f"  {op[:56]:<56}" + "".join(
+            f"{best[c].get(op, (0.0, 0.0))[0] * 1e6:10.0f} x{best[c].get(op, (0, 0))[1]:<5.0f}"
+            for c in contenders))
+    print(f"  {'-- by kind':<56}")
+    for kind in [k for k, _ in _KINDS] + ["all"]:
+        sums = [sum(t for op, (t, _) in best[c].items() if kind in ("all", kind_of(op)))
+                for c in contenders]
+        print(f"  {kind:<56}" + "".join(f"{t * 1e6:10.0f}{'':7}" for t in sums))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="mlp,block")
+    p.add_argument("--models", default="",
+                   help="also these models of models.py (as training.py's --models)")
     p.add_argument("--contenders", default="nncfuse-backend,nncfuse-jit")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--gemms", action="store_true",
                    help="split each contender's step into its GEMMs and the rest")
+    p.add_argument("--ops", action="store_true",
+                   help="each contender's step profiled: self time per op, side by side")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
-    if args.gemms:
-        for name in args.workloads.split(","):
-            gemm_report(name, args.contenders.split(","))
-        return
-    for name in args.workloads.split(","):
+    chosen = {k: v for k, v in training.workloads(False).items()
+              if k in args.workloads.split(",")}
+    if args.models:
+        chosen.update(training.model_workloads(args.models.split(","), False))
+    for name, workload in chosen.items():
+        if args.ops:
+            ops_report(name, args.contenders.split(","), workload)
+            continue
+        if args.gemms:
+            gemm_report(name, args.contenders.split(","), workload)
+            continue
         for contender in args.contenders.split(","):
-            report(name, contender)
+            report(name, contender, workload)
 
 
 if __name__ == "__main__":

@@ -155,3 +155,22 @@ def test_gemm_calls_of_a_step_count_those_inside_nncfuse_kernels(training, conte
     for fn, args, kwargs in recorder.calls:
         assert isinstance(fn(*training_kernels._made(args), **training_kernels._made(kwargs)),
                           torch.Tensor)
+
+
+def test_step_ops_profile_each_contenders_ops_by_kind(training):
+    """training_kernels.py --ops: a step's ops with their calls per step (the MLP's two
+    linears forward are addmm in eager), each op of one kind."""
+    import training_kernels
+
+    torch.manual_seed(0)
+    model, inputs = training.MLP(16, 32).train(), (torch.randn(4, 16),)
+    _, step, _ = training.gradients_after_one_step("eager", model, inputs)
+    best = training_kernels.step_ops({"eager": step}, rounds=2, per_round=2)["eager"]
+    seconds, calls = best["aten::addmm"]
+    assert seconds > 0 and calls == 2
+    kinds = {training_kernels.kind_of(op) for op in best}
+    assert {"GEMMs", "optimizer"} <= kinds
+    assert training_kernels.kind_of("nncfuse::fused_mm_view_mul") == "fused kernels"
+    assert training_kernels.kind_of("graph_0_cpp_fused_gelu_view_2") == "fused kernels"
+    assert training_kernels.kind_of("aten::transpose") == "views, allocation"
+    assert training_kernels.kind_of("aten::zeros") == "fills"
