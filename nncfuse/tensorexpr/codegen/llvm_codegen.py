@@ -5,7 +5,8 @@ The function takes one argument per kernel parameter: a pointer per buffer
 overlaps no other input: the entry and the plan check that on every call and run the
 fallback otherwise; other inputs are only read) and a `double` or `i64`
 per scalar (bools as i64). Statements map directly: `For` to a counted loop
-with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free, vector
+with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free (a small
+buffer of a loop's body to a stack slot, which LLVM keeps in registers), vector
 loads of a unit-stride `Ramp` to one wide load. Operators emit what their
 `ops` row's LLVM column names: an instruction, or one of `EMITTERS`.
 Arithmetic follows the interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating

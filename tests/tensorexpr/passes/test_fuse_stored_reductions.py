@@ -12,12 +12,10 @@ import nncfuse
 from nncfuse.jit.guard import clear_kernel_cache
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
-from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits
 from nncfuse.tensorexpr.dtype import FLOAT32
 from nncfuse.tensorexpr.ir_visitor import walk
 from nncfuse.tensorexpr.kernel import TensorExprKernel
 from nncfuse.tensorexpr.passes import fuse_stored_reductions as F
-from nncfuse.tensorexpr.passes.vectorize_reductions import ACCUMULATORS, BLOCK
 from tests.fused import BACKENDS, assert_exact
 from tests.tensorexpr.helpers import buf, same_results, var
 
@@ -62,7 +60,8 @@ def _rows(*shape):
     return x
 
 
-@pytest.mark.parametrize("shape", [(64, 256), (64, 1000), (16, 1024), (8, 4096), (3, 5, 320)])
+@pytest.mark.parametrize("shape", [(64, 256), (64, 1000), (16, 1024), (8, 4096), (3, 5, 320),
+                                   (4, 9000), (2, 16384)])  # (blocked sums, `BLOCK`)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_same_bits_as_the_separate_sum(shape, threads, monkeypatch):
     saved = torch.get_num_threads()
@@ -74,9 +73,6 @@ def test_same_bits_as_the_separate_sum(shape, threads, monkeypatch):
         torch.set_num_threads(saved)
     assert_exact(on, off)
     torch.testing.assert_close(on, softmax(x), equal_nan=True)
-    wide = vector_bits() // 32 * ACCUMULATORS
-    if shape[-1] // wide >= 2 * BLOCK:  # a blocked sum (AVX2's 4096): left as it is
-        return
     assert _sums_of_output(plain.stmt, "aten_softmax")  # (what the pass takes)
     assert not _sums_of_output(kernel.stmt, "aten_softmax")
     inner = [n for loop in walk(kernel.stmt) if isinstance(loop, S.For)
@@ -158,3 +154,12 @@ def test_what_the_pass_leaves(kind):
         "short": lambda: _program(row=128),
     }[kind]()
     assert F.fuse_stored_reductions(stmt) is stmt
+
+
+def test_blocked_sums_in_the_interpreter(monkeypatch):
+    """A row long enough for `vectorize_reductions`' blocks, and a scalar tail."""
+    x = _rows(2, 8200)
+    on, off, kernel, _ = _with_and_without(softmax, x, monkeypatch, use_llvm=False)
+    assert_exact(on, off)
+    torch.testing.assert_close(on, softmax(x), equal_nan=True)
+    assert any(isinstance(n, S.Allocate) and "_acc" in n.buf.name for n in walk(kernel.stmt))
