@@ -51,9 +51,10 @@ from ..buffer import Buf
 from ..ir_visitor import Mutator, replace_node, substitute, walk
 from .simplify import Simplifier, simplify
 
-#: Rows shorter than this many elements stay as they are: measured no faster
-#: (softmax 32768 x 128, 1 thread: 1.35 -> 1.38 ms).
-MIN_ELEMENTS = 256
+#: Rows shorter than this many elements stay as they are: measured slower (softmax 16384 x 256,
+#: 1 thread, kernel alone: 1.17-1.22 -> 1.25-1.38 ms; 32768 x 128 1.35 -> 1.38), while from
+#: 512 on it pays (8192 x 512: 1.25-1.43 -> 1.20-1.26; 5461 x 768: 1.30-1.34 -> 1.21-1.25).
+MIN_ELEMENTS = 512
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def _rows(*shape):
     return x
 
 
-@pytest.mark.parametrize("shape", [(64, 256), (64, 1000), (16, 1024), (8, 4096), (3, 5, 320),
+@pytest.mark.parametrize("shape", [(64, 512), (64, 1000), (16, 1024), (8, 4096), (3, 5, 640),
                                    (4, 9000), (2, 16384)])  # (blocked sums, `BLOCK`)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_same_bits_as_the_separate_sum(shape, threads, monkeypatch):
@@ -95,14 +95,14 @@ def test_noncontiguous_and_scaled_rows(use_llvm, monkeypatch):
 
 
 def test_short_rows_stay_as_they_were(monkeypatch):
-    x = torch.randn(64, 128)
+    x = torch.randn(64, F.MIN_ELEMENTS // 2)
     on, off, kernel, plain = _with_and_without(softmax, x, monkeypatch)
     assert str(kernel.stmt) == str(plain.stmt)
 
 
 # -- the pass on small programs -------------------------------------------------------------------
 
-def _program(row=256, sum_lanes=64, stored=None, part_offset=0, vectors=None):
+def _program(row=512, sum_lanes=64, stored=None, part_offset=0, vectors=None):
     """For rows i < 2: out[row i + j] = exp(x[row i + j]) in 16-lane vectors, then
     s[i] = 1 / lanes_add of a `sum_lanes`-lane sum over `out` (or `stored`)."""
     x, out, s = buf("x", [2 * row]), buf("out", [2 * row]), buf("s", [2])
@@ -122,7 +122,7 @@ def _program(row=256, sum_lanes=64, stored=None, part_offset=0, vectors=None):
     return S.Block((S.For(i, E.imm(0), E.imm(2), body),)), [x, out, s]
 
 
-def _args(row=256):
+def _args(row=512):
     return lambda: [torch.randn(2 * row), torch.zeros(2 * row), torch.zeros(2)]
 
 
@@ -146,12 +146,12 @@ def test_a_part_of_the_row():
 
 @pytest.mark.parametrize("kind", ["other buffer", "past the loop", "odd offset", "short"])
 def test_what_the_pass_leaves(kind):
-    other = buf("other", [512])
+    other = buf("other", [1024])
     stmt, _ = {
         "other buffer": lambda: _program(stored=other),
         "past the loop": lambda: _program(part_offset=64),
         "odd offset": lambda: _program(part_offset=8, vectors=2),
-        "short": lambda: _program(row=128),
+        "short": lambda: _program(row=256),
     }[kind]()
     assert F.fuse_stored_reductions(stmt) is stmt
 
