@@ -12,8 +12,8 @@ accumulates in that loop.
       rsum_acc[Ramp(0, 1, 16)] = Broadcast(-0.f, 16);  ... (4 slices of 16 lanes)
       for (j = 0; j < 16; j++) {
         {
-          float<16> v = exp(x[Ramp(1024 * i + 16 * (4 * j), 1, 16)] - m);
-          out[Ramp(1024 * i + 16 * (4 * j), 1, 16)] = v;
+          float<16> v = exp(x[Ramp(1024 * i + 64 * j, 1, 16)] - m);
+          out[Ramp(1024 * i + 64 * j, 1, 16)] = v;
           rsum_acc[Ramp(0, 1, 16)] = rsum_acc[Ramp(0, 1, 16)] + v;
         }
         ... (the loop's next 3 vectors, into the accumulator's next 3 slices)
@@ -59,8 +59,8 @@ MIN_ELEMENTS = 512
 
 @dataclass(frozen=True)
 class _Loop:
-    """A loop `for (var = start; var < stop; var++)` whose body, `lets` then `store`,
-    stores one `lanes`-wide vector of `buf` at `base + lanes * var`."""
+    """A loop `for (var = start; var < stop; var++)` (after the `lets` of its Block) whose
+    body, Lets then `store`, stores one `lanes`-wide vector at `base + lanes * var`."""
 
     lets: tuple[S.Let, ...]  # the loop's enclosing Block's bindings, before it
     loop: S.For
