@@ -69,6 +69,7 @@ from .passes.cse import eliminate_common_subexpressions
 from .passes.dead_stores import eliminate_dead_stores
 from .passes.flatten_indices import flatten_indices
 from .passes.fuse_loops import fuse_loops
+from .passes.fuse_stored_reductions import fuse_stored_reductions
 from .passes.hoist_loads import hoist_loads
 from .passes.inline import inline_intermediates
 from .passes.insert_allocations import insert_allocations
@@ -119,6 +120,7 @@ def schedule(lowered: Lowered, vector_width: int) -> list[tuple[str, Pass]]:
         ("parallelize_outer_loops", parallelize_outer_loops),
         ("insert_allocations", partial(insert_allocations, params=bufs)),
         ("hoist_loads", hoist_loads),  # a row's statistics read once per row, not per vector
+        ("fuse_stored_reductions", fuse_stored_reductions),  # a softmax's sum in its exp loop
     ]
 
 

@@ -5,7 +5,8 @@ The function takes one argument per kernel parameter: a pointer per buffer
 overlaps no other input: the entry and the plan check that on every call and run the
 fallback otherwise; other inputs are only read) and a `double` or `i64`
 per scalar (bools as i64). Statements map directly: `For` to a counted loop
-with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free, vector
+with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free (a small
+buffer of a loop's body to a stack slot, which LLVM keeps in registers), vector
 loads of a unit-stride `Ramp` to one wide load. Operators emit what their
 `ops` row's LLVM column names: an instruction, or one of `EMITTERS`.
 Arithmetic follows the interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating
@@ -76,6 +77,9 @@ def _param_type(p: Buf | E.Var) -> ir.Type:
     return F64 if p.dtype.is_float else I64
 
 
+#: Buffers allocated inside a loop of at most this many bytes live on the stack.
+STACK_BYTES = 1024
+
 #: Whether LLVM may unroll the loops of a `Reduce`: not, since their full unrolling made
 #: most of the LLVM time of the transformer block's training kernels.
 UNROLL_REDUCTIONS = False
@@ -111,6 +115,7 @@ class LLVMCodeGen(Visitor):
         #: reduction in its body already prefetches the next iteration's part of
         #: (`llvm_prefetch`)
         self.loops: list[tuple[E.Var, set[Buf]]] = []
+        self.on_stack: set[Buf] = set()  # buffers `visit_Allocate` put on the stack
         for p, arg in zip(self.params, self.fn.args):
             arg.name = p.name
             if isinstance(p, Buf):
@@ -455,6 +460,22 @@ class LLVMCodeGen(Visitor):
         return node
 
     def visit_Allocate(self, s: S.Allocate) -> None:
+        extent = s.buf.extent()
+        if self.loops and isinstance(extent, E.Imm) and \
+                0 < extent.value * s.buf.dtype.itemsize <= STACK_BYTES:  # type: ignore
+            # a small buffer of a loop's body (`fuse_stored_reductions`' accumulators):
+            # on the stack, where LLVM promotes it to registers; its Free is nothing
+            b = self.builder
+            here = b.block
+            b.position_at_start(self.fn.entry_basic_block)
+            slot = b.alloca(ir.ArrayType(memory_type(s.buf.dtype), extent.value),
+                            name=s.buf.name)
+            slot.align = 64
+            slot.type = PTR  # llvmlite types an alloca's pointer; the other buffers' are opaque
+            b.position_at_end(here)
+            self.bufs[s.buf.root] = slot
+            self.on_stack.add(s.buf.root)
+            return
         malloc = self.declare("malloc", PTR, [I64])
         size = self.builder.mul(self.expr(s.buf.extent()), ir.Constant(I64, s.buf.dtype.itemsize))
         # malloc(0) may return NULL; ask for at least one byte.
@@ -464,6 +485,8 @@ class LLVMCodeGen(Visitor):
         self.bufs[s.buf.root] = self.builder.call(malloc, [size])
 
     def visit_Free(self, s: S.Free) -> None:
+        if s.buf.root in self.on_stack:
+            return
         free = self.declare("free", ir.VoidType(), [PTR])
         self.builder.call(free, [self.bufs[s.buf.root]])
 

@@ -28,11 +28,15 @@ if TYPE_CHECKING:
 
 
 def _captured(s: S.For) -> tuple[list[E.Var], list[Buf]]:
-    """Variables the loop uses but does not bind, and the buffers it touches."""
+    """Variables the loop uses but does not bind, and the buffers it touches but does not
+    allocate."""
     bound: set[E.Var] = set()
     used: dict[E.Var, None] = {}
     bufs: dict[Buf, None] = {}
+    inner: set[Buf] = set()
     for node in walk(s):
+        if isinstance(node, S.Allocate):
+            inner.add(node.buf.root)
         if isinstance(node, (S.For, S.Let)):
             bound.add(node.var)
         elif isinstance(node, E.Reduce):
@@ -42,7 +46,7 @@ def _captured(s: S.For) -> tuple[list[E.Var], list[Buf]]:
         buf = getattr(node, "buf", None)
         if isinstance(buf, Buf):
             bufs[buf.root] = None
-    return [v for v in used if v not in bound], list(bufs)
+    return [v for v in used if v not in bound], [b for b in bufs if b not in inner]
 
 
 def _outlined_name(cg: LLVMCodeGen) -> str:
