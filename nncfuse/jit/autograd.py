@@ -492,7 +492,7 @@ class _Fused(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, joint: _Joint, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        results = joint.forward(*(t.detach() if t.requires_grad else t for t in tensors))
+        results = joint.forward(*tensors)
         ctx.save_for_backward(*results[joint.outputs + len(joint.written):])
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
