@@ -492,3 +492,25 @@ def test_inference_after_training_and_buffers_written_in_place(backend):
         torch.testing.assert_close(got, model(x))
     assert got.grad_fn is None
     assert [g.kind for g in backend.compiled_graphs()][-1] == "inference"
+
+
+def test_a_repeated_signature_takes_its_plan_and_another_layout_its_own(backend):
+    # CompiledGraph checks a call against the last signature's tensors (TensorGuards) before
+    # building the signature: another layout, dtype, requires_grad or grad mode is another plan.
+    from nncfuse.config import Options
+
+    gm = torch.fx.symbolic_trace(lambda a, b: torch.sigmoid(a) * b + a)
+    a, b = torch.randn(6, 6), torch.randn(6, 6)
+    examples = [a, b]
+    graph = backend.CompiledGraph(gm, examples, "inference", Options.from_env())
+    calls = [(a, b), (a.t(), b), (a, b), (a.double(), b.double()), (a, b.t()), (a, b),
+             (a.clone().requires_grad_(), b), (a.clone(), b)]
+    with torch.no_grad():
+        for _ in range(3):
+            for x, y in calls:
+                torch.testing.assert_close(graph(x, y), gm(x, y))
+    for x, y in calls[:2]:
+        with torch.enable_grad():
+            torch.testing.assert_close(graph(x, y), gm(x, y))
+    assert len(graph.policy.plans) == 7  # five without grad, two with
+    assert graph._last is not None
