@@ -35,6 +35,12 @@ eager's, float32 eager's 7.15e-8). Then steps are timed in interleaved rounds
 workloads of its step time over torch.compile's, and of its first-step time over
 torch.compile's.
 
+`--overhead` then times each contender's step again with the bodies of its compiled graphs
+replayed (`replayed_graphs`: nncfuse's and Inductor's graphs return their last results instead
+of running): what is left is what runs around the kernels: Dynamo, AOTAutograd's or nncfuse's
+autograd node, the loss, the optimizer (the same for all), and the step's time minus it is the
+graphs' own (their kernels and the Python that calls them).
+
 `--phases` then splits each contender's step into its parts (`phases`): zero_grad and the
 forward, the loss, the backward, the optimizer step: CPU time of each (user and system, the
 kernel's share being page faults and giving memory back), and the minor page faults per step
@@ -45,6 +51,7 @@ faults those pages in anew). Medians over rounds of steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import importlib
@@ -56,7 +63,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -239,6 +246,36 @@ def report_phases(name: str, result: dict[str, list[Any]]) -> None:
         print(f"  {c:<17}{cells}{fmt_time(total):>12}")
 
 
+@contextlib.contextmanager
+def replayed_graphs() -> Iterator[None]:
+    """Within: each compiled graph of nncfuse (`CompiledGraph`) and Inductor (`CompiledFxGraph`)
+    returns its results of the first call made within (detached) instead of running again."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    from nncfuse.jit.fxgraph import CompiledGraph
+
+    saved = {cls: cls.__call__ for cls in (CompiledGraph, CompiledFxGraph)}
+    results: dict[int, Any] = {}
+
+    def replay(call: Callable[..., Any]) -> Callable[..., Any]:
+        def replayed(self: Any, *args: Any) -> Any:
+            if id(self) not in results:
+                results[id(self)] = (self, call(self, *args))  # (self: its id stays its own)
+            out = results[id(self)][1]
+            if isinstance(out, torch.Tensor):
+                return out.detach()
+            return type(out)(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
+        return replayed
+
+    for cls, call in saved.items():
+        cls.__call__ = replay(call)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, call in saved.items():
+            cls.__call__ = call  # type: ignore[method-assign]
+
+
 def gradients_after_one_step(contender: str, base: torch.nn.Module,
                              inputs: tuple[Any, ...]) -> tuple[list[Any], Step, float]:
     """A fresh copy of `base` for `contender`: its gradients after one step (taken before the
@@ -353,6 +390,13 @@ def run(name: str, base: torch.nn.Module, inputs: tuple[Any, ...], args: argpars
     timings = measure(steps, rounds=args.rounds, target_s=args.target_ms / 1e3, warmup=3,
                       clock=args.clock)
     result["step"] = {c: t.median for c, t in timings.items()}
+    if args.overhead:
+        with replayed_graphs():
+            for step in steps.values():
+                step()
+            replayed = measure(steps, rounds=args.rounds, target_s=args.target_ms / 1e3,
+                               warmup=3, clock=args.clock)
+        result["replayed"] = {c: t.median for c, t in replayed.items()}
     if args.phases:
         result["phases"] = phases(steps, rounds=args.rounds,  # type: ignore[arg-type]
                                   per_round=max(1, round(args.target_ms / 1e3 / min(
@@ -415,6 +459,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--malloc-keep", type=int, default=0, metavar="MB",
                    help="glibc's heap keeps blocks up to MB and a free top up to MB, for every "
                         "contender (0: glibc's defaults); see docs/autograd.md")
+    p.add_argument("--overhead", action="store_true",
+                   help="also each step with the compiled graphs' bodies replayed (what runs "
+                        "around the kernels)")
     p.add_argument("--phases", action="store_true",
                    help="also each step's phases: forward, loss, backward, optimizer (CPU time, "
                         "page faults)")
@@ -445,6 +492,11 @@ def main(argv: list[str] | None = None) -> None:
     results = {name: run(name, model, inputs, args, contenders)
                for name, (model, inputs) in chosen.items()}
     report(results, contenders)
+    for name, r in results.items():
+        if "replayed" in r:
+            print(f"\n{name}: step with the compiled graphs replayed (around them) + the graphs")
+            for c, t in r["replayed"].items():
+                print(f"  {c:<17}{fmt_time(t):>12} + {fmt_time(r['step'][c] - t):>10}")
     for name, r in results.items():
         if "phases" in r:
             report_phases(name, r["phases"])

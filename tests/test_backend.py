@@ -408,3 +408,109 @@ def test_dynamo_symbolic_sizes_reuse_one_dynamic_kernel(backend, monkeypatch):
         x, b = torch.randn(n, 16), torch.randn(16)
         torch.testing.assert_close(f(x, b), fn(x, b))
     assert compiled == [True]
+
+
+# -- training graphs as one autograd node (autograd.FusedGraph) --------------------------------
+def _fused_node(tensor):
+    return type(tensor.grad_fn).__name__ == "_FusedBackward"
+
+
+def test_a_training_graph_runs_as_one_nncfuse_autograd_node(backend):
+    model = MLP()
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    x = torch.randn(4, 16, requires_grad=True)
+    cx = x.detach().clone().requires_grad_()
+    for _ in range(3):
+        expected, got = model(x), compiled(cx)
+        assert _fused_node(got) and not _fused_node(expected)
+        torch.testing.assert_close(got, expected)
+        grads = torch.autograd.grad(expected.sin().sum(), [x, *model.parameters()])
+        got_grads = torch.autograd.grad(got.sin().sum(), [cx, *compiled_model.parameters()])
+        for g, w in zip(got_grads, grads):
+            torch.testing.assert_close(g, w)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out = compiled(cx).sum()
+        out.backward()
+        out.backward()
+    # A second derivative is eager's (the unfused program differentiated again).
+    a = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    f = torch.compile(lambda t: torch.sigmoid(t) * t, backend="nncfuse")
+    (g,) = torch.autograd.grad(f(a).sum(), a, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), a)
+    (e,) = torch.autograd.grad(torch.sigmoid(a) * a, a, torch.ones(5, dtype=a.dtype),
+                               create_graph=True)
+    torch.testing.assert_close(g, e)
+    torch.testing.assert_close(gg, torch.autograd.grad(e.sum(), a)[0])
+
+
+def test_training_graphs_it_cannot_trace_go_through_aotautograd(backend, monkeypatch, capsys):
+    # An output that does not require grad, an output that is a view of an input: AOTAutograd's
+    # own runtime runs them (the reason logged), with eager's results and gradients.
+    def two(a, b):
+        return (a * b).sin(), (b > 0).sum()
+
+    def view(a, b):
+        return a.t(), (a * b).cos()
+
+    monkeypatch.setenv("NNCFUSE_LOG_LEVEL", "backend")
+    for fn in (two, view):
+        a = torch.randn(3, 4, requires_grad=True)
+        b = torch.randn(3, 4)
+        compiled = torch.compile(fn, backend="nncfuse")
+        for _ in range(2):
+            got, expected = compiled(a, b), fn(a, b)
+            assert not _fused_node(got[0]) and not _fused_node(got[1])
+            torch.testing.assert_close(got, expected)
+            (g,) = torch.autograd.grad(got[0].sum() + got[1].float().sum() * 0, a,
+                                       allow_unused=True)
+            (w,) = torch.autograd.grad(expected[0].sum(), a)
+            torch.testing.assert_close(g, w)
+        torch._dynamo.reset()
+    assert capsys.readouterr().err.count("through AOTAutograd's runtime") == 2
+
+
+def test_inference_after_training_and_buffers_written_in_place(backend):
+    # Batch norm's running statistics (buffers written in place) through the autograd node;
+    # under no_grad Dynamo compiles an inference graph (AOTAutograd's).
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh())
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    for _ in range(2):
+        x = torch.randn(5, 8)
+        expected, got = model(x), compiled(x)
+        assert _fused_node(got)
+        torch.testing.assert_close(got, expected)
+        expected.sum().backward()
+        got.sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+        for p, q in zip(model.buffers(), compiled_model.buffers()):
+            torch.testing.assert_close(q, p)
+    with torch.no_grad():
+        got = compiled(x)
+        torch.testing.assert_close(got, model(x))
+    assert got.grad_fn is None
+    assert [g.kind for g in backend.compiled_graphs()][-1] == "inference"
+
+
+def test_a_repeated_signature_takes_its_plan_and_another_layout_its_own(backend):
+    # CompiledGraph checks a call against the last signature's tensors (TensorGuards) before
+    # building the signature: another layout, dtype, requires_grad or grad mode is another plan.
+    from nncfuse.config import Options
+
+    gm = torch.fx.symbolic_trace(lambda a, b: torch.sigmoid(a) * b + a)
+    a, b = torch.randn(6, 6), torch.randn(6, 6)
+    examples = [a, b]
+    graph = backend.CompiledGraph(gm, examples, "inference", Options.from_env())
+    calls = [(a, b), (a.t(), b), (a, b), (a.double(), b.double()), (a, b.t()), (a, b),
+             (a.clone().requires_grad_(), b), (a.clone(), b)]
+    with torch.no_grad():
+        for _ in range(3):
+            for x, y in calls:
+                torch.testing.assert_close(graph(x, y), gm(x, y))
+    for x, y in calls[:2]:
+        with torch.enable_grad():
+            torch.testing.assert_close(graph(x, y), gm(x, y))
+    assert len(graph.policy.plans) == 7  # five without grad, two with
+    assert graph._last is not None

@@ -149,28 +149,35 @@ class AutogradPlan:
         if len(self._variants) >= _MAX_VARIANTS:
             _log.update("Too many patterns of values under autograd; running unfused")
             return None
-        copy_views, written = False, ()
         try:
-            for _ in range(3):
-                try:
-                    return _Joint(self._fn, inputs, tensors, self.options, copy_views, written)
-                except RuntimeError as e:
-                    if "outputs that alias inputs" in str(e) and not copy_views:
-                        # A view of an intermediate (a traced model's last `view`): returned
-                        # as a copy of its own, which no one can tell apart; views of inputs
-                        # still fail.
-                        copy_views = True
-                    elif "input mutations" in str(e) and not written:
-                        written = _written(str(e), [inputs[k] for k in tensors])
-                    else:
-                        raise
-            raise ValueError("not traced with copied views and written buffers")
+            return traced_joint(self._fn, inputs, tensors, self.options)
         except Exception as e:  # noqa: BLE001 - whatever fails, the unfused program runs
             _log.dump("Not traced for autograd, running unfused: ", brief(e)[:500])
             return None
 
 
 _MISSING: Any = object()
+
+
+def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
+                 options: Options) -> _Joint:
+    """`fn` traced at `inputs` (tensors at positions `tensors`) into a `_Joint`; where
+    AOTAutograd refuses outputs that alias an input or inputs written in place, traced again
+    with copied views or written buffers (see `_Joint`). Raises if it cannot be traced."""
+    copy_views, written = False, ()
+    for _ in range(3):
+        try:
+            return _Joint(fn, inputs, tensors, options, copy_views, written)
+        except RuntimeError as e:
+            if "outputs that alias inputs" in str(e) and not copy_views:
+                # A view of an intermediate (a traced model's last `view`): returned as a
+                # copy of its own, which no one can tell apart; views of inputs still fail.
+                copy_views = True
+            elif "input mutations" in str(e) and not written:
+                written = _written(str(e), [inputs[k] for k in tensors])
+            else:
+                raise
+    raise ValueError("not traced with copied views and written buffers")
 
 
 def _written(message: str, tensors: list[torch.Tensor]) -> tuple[int, ...]:
@@ -485,7 +492,7 @@ class _Fused(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, joint: _Joint, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        results = joint.forward(*(t.detach() if t.requires_grad else t for t in tensors))
+        results = joint.forward(*tensors)
         ctx.save_for_backward(*results[joint.outputs + len(joint.written):])
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
@@ -543,3 +550,27 @@ def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
         result[k] = g
     return result
 
+
+
+class FusedGraph:
+    """An FX graph of tensors in, tensors out (Dynamo's, for the torch.compile backend), traced
+    into a `_Joint` and called through `_Fused`, as `nncfuse.jit` calls its programs: one
+    autograd node per call, without AOTAutograd's runtime wrappers. Raises where it cannot
+    be traced (the backend then gives the graph to AOTAutograd)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor],
+                 options: Options):
+        returns_list = []
+
+        def fn(*args: Any) -> tuple[Any, ...]:
+            out = gm(*args)
+            returns_list.append(isinstance(out, list))
+            return tuple(out) if isinstance(out, (list, tuple)) else out
+
+        self.joint = traced_joint(fn, tuple(example_inputs), list(range(len(example_inputs))),
+                                  options)
+        self.returns_list = returns_list[0]
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        outs = _applied(self.joint, args)
+        return list(outs) if self.returns_list else outs

@@ -73,6 +73,10 @@ class CompiledGraph:
         #: whether running the graph twice is harmless (AOTAutograd's graphs are functional)
         self.functional = kind != "dynamo" or _functional(gm)
         self.program: Program | None = None
+        #: (grad mode, a C++ check of the tensors' metadata, the plan) of the last signature
+        #: called with tensors alone: a repeated call is checked there, not by `signature`
+        #: (BERT's backward: 100 tensors, 7 us against 36)
+        self._last: tuple[bool, Any, Any] | None = None
         try:
             # Dynamo and AOTAutograd compile under a fake-tensor mode; constant propagation
             # must make real tensors.
@@ -102,10 +106,17 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> Any:
         if self.program is None or self.options.disable:
             return self.gm(*args)
+        last = self._last
+        if last is not None and last[0] is torch.is_grad_enabled() and _holds(last[1], args):
+            try:
+                return last[2].run(args)
+            except Exception as e:  # noqa: BLE001 - the FX graph decides whether this is an error
+                return self._after_failure(e, args)
         key = signature(args)
         try:
             plan = self.policy.plans.get(key)
             if plan is not None:
+                self._last = _last_plan(args, plan)
                 return plan.run(args)
             result = self.policy.call(self.program, key, args)
         except Exception as e:  # noqa: BLE001 - the FX graph decides whether this is an error
@@ -139,6 +150,27 @@ class CompiledGraph:
         warnings.warn(f"nncfuse: graph {self.id} ({self.kind}) runs unfused from now on: "
                       f"{self.reason}", stacklevel=2)
         return result
+
+
+def _last_plan(args: tuple[Any, ...], plan: Any) -> tuple[bool, Any, Any] | None:
+    """`CompiledGraph._last` for a call of `args` (tensors alone, else None) that `plan` runs:
+    Dynamo's C++ tensor check (dispatch keys, dtype, device, requires_grad, sizes, strides:
+    what `signature` compares, and more) with these exact sizes and strides."""
+    if not all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args):
+        return None
+    from torch._C._dynamo.guards import TensorGuards
+
+    check = TensorGuards(*args, dynamic_dims_sizes=[list(a.shape) for a in args],
+                         dynamic_dims_strides=[list(a.stride()) for a in args])
+    return torch.is_grad_enabled(), check, plan
+
+
+def _holds(check: Any, args: tuple[Any, ...]) -> bool:
+    """Whether `args` pass `check` (a `TensorGuards`); False where one is not a tensor."""
+    try:
+        return check.check(*args)
+    except TypeError:
+        return False
 
 
 def _symbolic(example_inputs: Sequence[Any]) -> bool:
