@@ -51,7 +51,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from .config import Options
-from .jit import fxgraph
+from .jit import collector, fxgraph
 from .jit.fxgraph import CompiledGraph, clear_compiled_graphs, compiled_graphs
 
 __all__ = ["nncfuse", "nncfuse_ts", "make_backend", "CompiledGraph", "compiled_graphs",
@@ -88,7 +88,8 @@ def make_backend(aot: bool = True, **options: Any) -> Callable[..., Any]:
 
 def nncfuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     """The "nncfuse" backend: AOTAutograd, forward and backward (or inference) through nncfuse."""
-    return make_backend(aot=True)(gm, example_inputs)
+    with collector.paused():  # AOTAutograd's trace: no collections (see jit/collector.py)
+        return make_backend(aot=True)(gm, example_inputs)
 
 
 def nncfuse_ts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

@@ -41,6 +41,7 @@ import torch
 
 from .. import log
 from ..config import Options
+from . import collector
 from .fxgraph import CompiledGraph, brief, decompositions
 from .policy import Program
 
@@ -153,7 +154,9 @@ class AutogradPlan:
         try:
             for _ in range(3):
                 try:
-                    return _Joint(self._fn, inputs, tensors, self.options, copy_views, written)
+                    with collector.paused():  # a trace: no collections (see collector.py)
+                        return _Joint(self._fn, inputs, tensors, self.options, copy_views,
+                                      written)
                 except RuntimeError as e:
                     if "outputs that alias inputs" in str(e) and not copy_views:
                         # A view of an intermediate (a traced model's last `view`): returned

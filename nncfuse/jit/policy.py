@@ -69,7 +69,7 @@ from ..tensorexpr import expr as E
 from ..tensorexpr.codegen.entry import InputOutput
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
 from ..tensorexpr.meta import infer_types
-from . import runtime, scripting
+from . import collector, runtime, scripting
 from .guard import STATIC_SIZES, CompileFailure, is_fused_op
 from .inplace import written_inputs
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
@@ -313,12 +313,13 @@ class Policy:
             self._profiles[key] = entry = (Profiler(graph), fn)
         profiler, fn = entry
         full = args if prog.receiver is None else (prog.receiver, *args)
-        result = run_as_built(profiler.run, fn, *full)
-        # (A re-entrant call of the same signature may have finished this profile already.)
-        if profiler.runs >= self.options.profiling_runs and self._profiles.get(key) is entry:
-            del self._profiles[key]
-            profiler.finish()
-            self.plans[key] = self._optimize_class(profiler.graph, prog, cls, choice)
+        with collector.paused():  # compiling: no collections (see collector.py)
+            result = run_as_built(profiler.run, fn, *full)
+            # (A re-entrant call of the same signature may have finished this profile already.)
+            if profiler.runs >= self.options.profiling_runs and self._profiles.get(key) is entry:
+                del self._profiles[key]
+                profiler.finish()
+                self.plans[key] = self._optimize_class(profiler.graph, prog, cls, choice)
         return result
 
     def optimize(self, graph: torch._C.Graph, prog: Program, dynamic: bool = False) -> Plan:
