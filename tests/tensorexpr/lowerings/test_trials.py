@@ -1,7 +1,5 @@
 """GEMM and convolution trials kept by what decides them (`lowerings/trials.py`, issue 12)."""
 
-import threading
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +10,7 @@ from nncfuse.config import Options
 from nncfuse.tensorexpr.lowerings import external, trials
 from nncfuse.tensorexpr.lowerings.external import ONEDNN_LINEAR_ROWS
 from nncfuse.tensorexpr.meta import TensorMeta
+from tests.jit.test_threads import THREADS, _run_threads
 
 
 def linear_gelu(x, w, b):
@@ -172,17 +171,13 @@ def test_threads_lowering_the_same_gemm_get_the_same_ir(counted):
     trials.clear()
     texts, errors = [], []
 
-    def lower():
+    def lower(seed):
         try:
             for _ in range(3):
                 texts.append(str(build(graph, use_llvm=False).stmt))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=lower) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(texts) == 12 and len(set(texts)) == 1
-    assert 1 <= counted[0] <= 4  # at most one trial per thread before one is kept
+    _run_threads(lower)
+    assert not errors and len(texts) == 3 * THREADS and len(set(texts)) == 1
+    assert 1 <= counted[0] <= THREADS  # at most one trial per thread before one is kept
