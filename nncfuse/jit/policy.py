@@ -167,7 +167,8 @@ class Policy:
             with self._lock:
                 plan = self.plans.get(key)  # made while this thread waited
                 if plan is None:
-                    plan, result = self._specialize(prog, key, args)
+                    with collector.paused():  # profiling, compiling: see collector.py
+                        plan, result = self._specialize(prog, key, args)
                     if plan is None:
                         return result  # of a profiling run
         return plan.run(args)
@@ -313,13 +314,12 @@ class Policy:
             self._profiles[key] = entry = (Profiler(graph), fn)
         profiler, fn = entry
         full = args if prog.receiver is None else (prog.receiver, *args)
-        with collector.paused():  # compiling: no collections (see collector.py)
-            result = run_as_built(profiler.run, fn, *full)
-            # (A re-entrant call of the same signature may have finished this profile already.)
-            if profiler.runs >= self.options.profiling_runs and self._profiles.get(key) is entry:
-                del self._profiles[key]
-                profiler.finish()
-                self.plans[key] = self._optimize_class(profiler.graph, prog, cls, choice)
+        result = run_as_built(profiler.run, fn, *full)
+        # (A re-entrant call of the same signature may have finished this profile already.)
+        if profiler.runs >= self.options.profiling_runs and self._profiles.get(key) is entry:
+            del self._profiles[key]
+            profiler.finish()
+            self.plans[key] = self._optimize_class(profiler.graph, prog, cls, choice)
         return result
 
     def optimize(self, graph: torch._C.Graph, prog: Program, dynamic: bool = False) -> Plan:
