@@ -60,7 +60,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from . import log
 from .config import Options
-from .jit import fxgraph
+from .jit import collector, fxgraph
 from .jit.autograd import FusedGraph
 from .jit.fxgraph import CompiledGraph, brief, clear_compiled_graphs, compiled_graphs
 
@@ -124,7 +124,8 @@ def _trains(example_inputs: Sequence[Any]) -> bool:
 
 def nncfuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     """The "nncfuse" backend: AOTAutograd, forward and backward (or inference) through nncfuse."""
-    return make_backend(aot=True)(gm, example_inputs)
+    with collector.paused():  # AOTAutograd's trace: no collections (see jit/collector.py)
+        return make_backend(aot=True)(gm, example_inputs)
 
 
 def nncfuse_ts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

@@ -41,6 +41,7 @@ import torch
 
 from .. import log
 from ..config import Options
+from . import collector
 from .fxgraph import CompiledGraph, brief, decompositions
 from .policy import Program
 
@@ -167,7 +168,8 @@ def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[
     copy_views, written = False, ()
     for _ in range(3):
         try:
-            return _Joint(fn, inputs, tensors, options, copy_views, written)
+            with collector.paused():  # a trace: no collections (see collector.py)
+                return _Joint(fn, inputs, tensors, options, copy_views, written)
         except RuntimeError as e:
             if "outputs that alias inputs" in str(e) and not copy_views:
                 # A view of an intermediate (a traced model's last `view`): returned as a
@@ -175,6 +177,9 @@ def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[
                 copy_views = True
             elif "input mutations" in str(e) and not written:
                 written = _written(str(e), [inputs[k] for k in tensors])
+                # The message's metadata tells the outputs' aliasing too: a view of an
+                # intermediate would fail the next trace (each a full one).
+                copy_views = copy_views or _aliased_outputs(str(e))
             else:
                 raise
     raise ValueError("not traced with copied views and written buffers")
@@ -196,6 +201,15 @@ def _written(message: str, tensors: list[torch.Tensor]) -> tuple[int, ...]:
                           for k in written):
         raise ValueError("an input written in place requires grad or changes shape")
     return written
+
+
+def _aliased_outputs(message: str) -> bool:
+    """Whether AOTAutograd's `message` (an error with the trace's ViewAndMutationMeta, each
+    output's OutputAliasInfo) says that some output aliases another tensor."""
+    import re
+
+    types = re.findall(r"output_type=<OutputType\.(\w+)", message)
+    return any(t != "non_alias" for t in types)
 
 
 def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], list[Any]]:

@@ -39,6 +39,7 @@ import torch
 
 from .. import log
 from ..config import Options
+from . import collector
 from .decompose import decompositions
 from .inplace import in_place
 from .policy import Policy, Program, program, signature
@@ -82,7 +83,7 @@ class CompiledGraph:
             # must make real tensors.
             from torch.utils._python_dispatch import _disable_current_modes
 
-            with _disable_current_modes():
+            with _disable_current_modes(), collector.paused():
                 self.program = _convert(gm, example_inputs)
         except Exception as e:  # noqa: BLE001 - whatever fails, the FX graph runs
             self.reason = f"not converted to TorchScript: {brief(e)}"

@@ -42,7 +42,7 @@ import torch
 from .. import log
 from ..config import Options
 from ..tensorexpr.kernel import TensorExprKernel
-from ..tensorexpr.lowerings import LoweringError
+from ..tensorexpr.lowerings import LoweringError, trials
 from ..tensorexpr.meta import TensorMeta, is_tensor
 from ..tensorexpr.size_symbols import SizeSymbols
 from . import runtime
@@ -88,10 +88,12 @@ os.register_at_fork(after_in_child=_pool.clear)
 
 
 def clear_kernel_cache() -> None:
-    """Forget compiled kernels (functions already optimized keep theirs)."""
+    """Forget compiled kernels (functions already optimized keep theirs) and the outcomes of
+    GEMM trials (`lowerings/trials.py`)."""
     with _table_lock:
         _compiled.clear()
         _compiling.clear()
+    trials.clear()
 
 
 #: The sizes and strides in a printed tensor type: `Float(8, 1000, strides=[1000, 1], ...`.

@@ -69,7 +69,7 @@ from ..tensorexpr import expr as E
 from ..tensorexpr.codegen.entry import InputOutput
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
 from ..tensorexpr.meta import infer_types
-from . import runtime, scripting
+from . import collector, runtime, scripting
 from .guard import STATIC_SIZES, CompileFailure, is_fused_op
 from .inplace import written_inputs
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
@@ -167,7 +167,8 @@ class Policy:
             with self._lock:
                 plan = self.plans.get(key)  # made while this thread waited
                 if plan is None:
-                    plan, result = self._specialize(prog, key, args)
+                    with collector.paused():  # profiling, compiling: see collector.py
+                        plan, result = self._specialize(prog, key, args)
                     if plan is None:
                         return result  # of a profiling run
         return plan.run(args)

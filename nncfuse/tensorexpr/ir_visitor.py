@@ -73,6 +73,8 @@ def _children(node: Node) -> list[Node]:
         names = _CHILD_FIELDS[type(node)]
     except KeyError:
         names = _child_fields(type(node))
+    if not names:
+        return []  # a leaf
     kids: list[Node] = []
     for name in names:
         value = getattr(node, name)
@@ -86,8 +88,18 @@ def _children(node: Node) -> list[Node]:
 class Visitor:
     """Read-only walk; override `visit_<ClassName>` and call `generic_visit` to recurse."""
 
+    #: `visit_` methods by node class (`method_for`), one table per subclass
+    _visits: dict[type, Callable[..., Any] | None] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._visits = {}
+
     def visit(self, node: Node) -> Any:
-        method = method_for(type(self), "visit_", type(node))
+        try:
+            method = self._visits[type(node)]
+        except KeyError:
+            method = self._visits[type(node)] = method_for(type(self), "visit_", type(node))
         if method is None:
             return self.generic_visit(node)
         return method(self, node)
@@ -100,25 +112,39 @@ class Visitor:
 class Mutator:
     """Identity-preserving rewrite; override `mutate_<ClassName>`, recurse with `generic_mutate`."""
 
+    #: `mutate_` methods by node class (`method_for`), one table per subclass
+    _mutates: dict[type, Callable[..., Any] | None] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._mutates = {}
+
     def mutate(self, node: Any) -> Any:
-        method = method_for(type(self), "mutate_", type(node))
+        try:
+            method = self._mutates[type(node)]
+        except KeyError:
+            method = self._mutates[type(node)] = method_for(type(self), "mutate_", type(node))
         if method is None:
             return self.generic_mutate(node)
         return method(self, node)
 
     def generic_mutate(self, node: Any) -> Any:
-        changes: dict[str, Any] = {}
-        mutate = self.mutate
         try:
             names = _CHILD_FIELDS[type(node)]
         except KeyError:
             names = _child_fields(type(node))
+        if not names:
+            return node  # a leaf
+        changes: dict[str, Any] = {}
+        mutate = self.mutate
         for name in names:
             value = getattr(node, name)
             if isinstance(value, tuple):
                 new = [mutate(v) if isinstance(v, _NODES) else v for v in value]
-                if any(n is not o for n, o in zip(new, value)):
-                    changes[name] = tuple(new)
+                for n, o in zip(new, value):
+                    if n is not o:
+                        changes[name] = tuple(new)
+                        break
             elif isinstance(value, _NODES):
                 new_value = mutate(value)
                 if new_value is not value:

@@ -353,6 +353,36 @@ def test_a_traced_batch_norm_keeps_its_fused_forward():
     assert joint.backward.program is not None, joint.backward.reason
 
 
+class ConvBnFlat(ConvBn):
+    def forward(self, x):
+        y = torch.nn.functional.hardtanh(self.bn(self.conv(x)), 0.0, 6.0)
+        return y.view(2, -1)  # a view of an intermediate, as MobileNetV2's last
+
+
+def test_buffers_written_and_a_view_returned_trace_twice(monkeypatch):
+    """The input mutations error's metadata also says that an output is a view of an
+    intermediate: the second trace copies it and takes the written buffers (each failed trace
+    is a full one: 2.6 s of MobileNetV2's first step)."""
+    import torch._functorch.aot_autograd as aot
+
+    traces = []
+    export = aot.aot_export_joint_simple
+
+    def counted(*args, **kwargs):
+        traces.append(1)
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(aot, "aot_export_joint_simple", counted)
+    torch.manual_seed(0)
+    model, reference = ConvBnFlat().train(), ConvBnFlat().train()
+    reference.load_state_dict(model.state_dict())
+    fused = nncfuse.jit(model)
+    _steps_as_eager(fused, model, reference, lambda: torch.randn(2, 3, 8, 8))
+    (joint,) = _plan(fused).joints()
+    assert joint.written and joint.copy_views
+    assert len(traces) == 2
+
+
 @pytest.mark.parametrize("dim", [None, 1, [0, 1]])
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_var_mean_decomposition_keeps_eagers_shapes(dim, keepdim):

@@ -28,7 +28,8 @@ The routine is tried once at lowering on random inputs of the group's types
 and compared with the unfused ops; a routine that raises or differs falls
 back to the plain ATen op with nncfuse's epilogue (and a call that still
 raises fails the group, which runs unfused). The trial also gives the output
-strides the buffer is declared with.
+strides the buffer is declared with. Its outcome is kept under a key of what it reads
+(`trials.py`): a repeated layer's GEMM takes it without running the routines again.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ from ..external import (
     post_op,
 )
 from ..meta import TensorMeta
+from . import trials
 from .registry import ConstArg, LoweringError, ScalarArg, TensorArg, register, schema_overload
+from .trials import Outcome
 
 __all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem", "trial"]
 
@@ -182,9 +185,8 @@ def _residual(node: Any | None, value: Any) -> Any | None:
 class _Plan:
     fn: str
     args: tuple[Any, ...]
-    reference: Callable[..., torch.Tensor]  # the unfused ops, on the same operands
     last: Any  # the graph value the call computes
-    folded: tuple[Any, ...]
+    folded: tuple[Any, ...]  # the nodes after the external one that the call computes
     bias: Buf | None = None  # what the loops add to the routine's result
 
 
@@ -196,7 +198,6 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     meta = TensorMeta.from_type(value.type())
     if meta is None or not onednn_dtype_ok(meta.dtype):
         return []
-    aten = ROUTINES[aten_routine(kind)]
     user = _single_user(value, outputs)
     unary = _unary(user, value)
     residual = _residual(user, value)
@@ -208,12 +209,11 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
             meta, operands[1]):
         x, w, b = operands
         if unary is not None:
-            plans.append(_Plan("nnc_mkldnn_linear_pointwise", (x, w, b, *unary),
-                               _reference(aten, value, user), user.output(), (user,)))
+            plans.append(_Plan("nnc_mkldnn_linear_pointwise", (x, w, b, *unary), user.output(),
+                               (user,)))
         if residual is not None:
             plans.append(_Plan("nnc_mkldnn_linear_pointwise_binary",
-                               (x, other(residual), w, b, "add"),
-                               _reference(aten, value, user), user.output(), (user,)))
+                               (x, other(residual), w, b, "add"), user.output(), (user,)))
     conv = _conv2d_operands(kind, operands) if len(meta.sizes) == 4 else None
     if conv is not None:
         x, w, b, stride, padding, dilation, groups = conv
@@ -223,32 +223,27 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
         if unary is not None:
             for suffix in (*packed, ""):
                 plans.append(_Plan(f"nnc_mkldnn_convolution_pointwise{suffix}",
-                                   (x, w, b, *geometry, *unary),
-                                   _reference(aten, value, user), user.output(), (user,)))
+                                   (x, w, b, *geometry, *unary), user.output(), (user,)))
         if residual is not None:
             binary = (x, other(residual), w, b, *geometry, "add", None)
             for suffix in (*packed, ""):
                 fn = f"nnc_mkldnn_convolution_pointwise_binary{suffix}"
                 if then is not None:
-                    plans.append(_Plan(fn, (*binary, *then), _reference(aten, value, user, after),
-                                       after.output(), (user, after)))
-                plans.append(_Plan(fn, (*binary, None, (), None),
-                                   _reference(aten, value, user), user.output(), (user,)))
+                    plans.append(_Plan(fn, (*binary, *then), after.output(), (user, after)))
+                plans.append(_Plan(fn, (*binary, None, (), None), user.output(), (user,)))
         bn = _batch_norm(user, value, meta, other) if FOLD_BATCH_NORM else None
         if bn is not None:
             after = _single_user(user.output(), outputs)
             then = _unary(after, user.output())
             fn = "nnc_mkldnn_convolution_bn_pointwise"
             if then is not None:
-                plans.append(_Plan(fn, (x, w, b, *bn, *geometry, *then),
-                                   _reference(aten, value, user, after), after.output(),
+                plans.append(_Plan(fn, (x, w, b, *bn, *geometry, *then), after.output(),
                                    (user, after)))
             plans.append(_Plan(fn, (x, w, b, *bn, *geometry, "none", (), None),
-                               _reference(aten, value, user), user.output(), (user,)))
+                               user.output(), (user,)))
         if packed:  # no post-op fuses: still the packed weight
             plans.append(_Plan("nnc_mkldnn_convolution_pointwise_packed",
-                               (x, w, b, *geometry, "none", (), None), _reference(aten, value),
-                               value, ()))
+                               (x, w, b, *geometry, "none", (), None), value, ()))
     return plans
 
 
@@ -274,7 +269,6 @@ def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> lis
     meta = TensorMeta.from_type(value.type())
     if meta is None or kind not in ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul"):
         return []
-    reference = _reference(ROUTINES[aten_routine(kind)], value)
     if kind == "aten::linear":
         x, w, bias = operands
     elif kind in ("aten::mm", "aten::matmul"):
@@ -293,10 +287,10 @@ def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> lis
     if w in constant and _packable(x, w, meta):
         fn, args = (("nnc_mkl_linear_packed", (x, w, None)) if linear
                     else ("nnc_mkl_mm_packed", (x, w)))
-        plans.append(_Plan(fn, args, reference, value, (), bias))
+        plans.append(_Plan(fn, args, value, (), bias))
     if bias is not None:
         fn, args = ("nnc_aten_linear", (x, w, None)) if linear else ("nnc_aten_mm", (x, w))
-        plans.append(_Plan(fn, args, reference, value, (), bias))
+        plans.append(_Plan(fn, args, value, (), bias))
     return plans
 
 
@@ -434,30 +428,49 @@ def lower_external(
     meta = TensorMeta.from_type(node.output().type())
     if meta is None:
         raise LoweringError(f"no type for the output of {kind}")
+    constant = frozenset(constants)
+    plans = [*_fused_plans(node, operands, outputs, env_buf, constant),
+             *_gemm_plans(node, operands, constant)]
+    # A model's layers repeat their GEMMs: the outcome of a trial with the same key is kept.
+    key = trials.key(node, operands, plans, constants, env_buf, sizes_of)
+    outcome = trials.recall(key)
+    if outcome is None:
+        outcome = _trial(node, operands, plans, sources, constants, env_buf, sizes_of)
+        trials.remember(key, outcome)
+    if outcome.error is not None:
+        raise LoweringError(outcome.error)
+    if outcome.plan is None:
+        return _fused(aten_routine(kind), tuple(operands), name, outcome, node.output(), ())
+    plan = plans[outcome.plan]
+    return _fused(plan.fn, plan.args, name, outcome, plan.last, plan.folded, plan.bias)
+
+
+def _trial(node: Any, operands: Sequence[Any], plans: Sequence[_Plan], sources: frozenset[Buf],
+           constants: dict[Buf, torch.Tensor], env_buf: Callable[[Any], Buf],
+           sizes_of: SizesOf) -> Outcome:
+    """Run each plan on random examples until one matches eager (`_try`); if none does, the
+    node's plain ATen routine."""
     gen = torch.Generator().manual_seed(0)
     example = partial(_example, constants=constants, gen=gen, sizes_of=sizes_of)
     # Drawn in operand order (not `sources`' set order, which follows object ids): the
     # examples decide which plan passes, so the plan, and the IR, must not vary by process.
     examples = {b: example(b) for b in dict.fromkeys(_bufs(operands)) if b in sources}
-    constant = frozenset(constants)
-    plans = [*_fused_plans(node, operands, outputs, env_buf, constant),
-             *_gemm_plans(node, operands, constant)]
-    for plan in plans:
+    reference = ROUTINES[aten_routine(node.kind())]
+    for k, plan in enumerate(plans):
         for b in _bufs(plan.args):
             examples.setdefault(b, example(b))
         if plan.fn == "nnc_mkldnn_convolution_bn_pointwise" and isinstance(plan.args[6], Buf):
             var = plan.args[6]  # a variance: positive
             examples[var] = examples[var].abs() + 0.5
-        result = _try(plan, operands, examples, partial(_lookup, examples, env_buf))
+        run = _reference(reference, node.output(), *plan.folded)
+        result = _try(plan, run, operands, examples, partial(_lookup, examples, env_buf))
         if result is not None:
-            return _fused(plan.fn, plan.args, name, result, plan.last, plan.folded, plan.bias)
-    fn = aten_routine(kind)
+            return Outcome.of(k, result)
     try:
         with torch.no_grad():
-            result = ROUTINES[fn](*_values(operands, examples))
+            return Outcome.of(None, reference(*_values(operands, examples)))
     except RuntimeError as e:
-        raise LoweringError(f"{kind} fails on the group's types: {e}") from e
-    return _fused(fn, tuple(operands), name, result, node.output(), ())
+        return Outcome(None, error=f"{node.kind()} fails on the group's types: {e}")
 
 
 def trial(call: S.ExternalCall, constants: dict[Buf, torch.Tensor],
@@ -480,13 +493,14 @@ def _bufs(args: Sequence[Any]) -> list[Buf]:
     return [a for a in args if isinstance(a, Buf)]
 
 
-def _try(plan: _Plan, operands: Sequence[Any], examples: dict[Buf, torch.Tensor],
-         lookup: Callable[[Any], Any]) -> torch.Tensor | None:
-    """The fused routine's result on the examples if it runs and matches eager, else None."""
+def _try(plan: _Plan, reference: Callable[..., torch.Tensor], operands: Sequence[Any],
+         examples: dict[Buf, torch.Tensor], lookup: Callable[[Any], Any]) -> torch.Tensor | None:
+    """The fused routine's result on the examples if it runs and matches eager's ops
+    (`reference`), else None."""
     try:
         with torch.no_grad():
             got = ROUTINES[plan.fn](*_values(plan.args, examples))
-            want = plan.reference(_values(operands, examples), lookup)
+            want = reference(_values(operands, examples), lookup)
     except (RuntimeError, KeyError, TypeError):
         return None
     full = got if plan.bias is None else got + examples[plan.bias]
@@ -497,11 +511,12 @@ def _try(plan: _Plan, operands: Sequence[Any], examples: dict[Buf, torch.Tensor]
     return got if torch.allclose(full, want, rtol=tol, atol=tol * scale) else None
 
 
-def _fused(fn: str, args: tuple[Any, ...], name: str, result: torch.Tensor,
+def _fused(fn: str, args: tuple[Any, ...], name: str, result: Outcome,
            last: Any, folded: Sequence[Any], bias: Buf | None = None) -> Fused:
     meta = TensorMeta.from_type(last.type())
-    if meta is None or (tuple(result.shape), result.dtype) != (meta.sizes, meta.dtype):
-        raise LoweringError(f"{fn} gives {tuple(result.shape)} {result.dtype}, not the graph's")
-    buf = Buf.make(name, from_torch(result.dtype), meta.sizes, tuple(result.stride()))
+    if meta is None or (result.sizes, result.dtype) != (meta.sizes, meta.dtype):
+        raise LoweringError(f"{fn} gives {result.sizes} {result.dtype}, not the graph's")
+    assert result.dtype is not None
+    buf = Buf.make(name, from_torch(result.dtype), meta.sizes, result.strides)
     return Fused(S.ExternalCall(buf, fn, args), last.unique(),
                  frozenset(n.output().unique() for n in folded), bias)
