@@ -95,6 +95,15 @@ class _Part:
     segments: tuple[_Segment, ...]
 
 
+def _coefficient(index: E.Expr, var: E.Var) -> int | None:
+    """`var`'s coefficient in `index` if `index` is linear in it; None where `var` is also in
+    another of `linear`'s atoms (`16 * j + 32 * (j / 2)`: not one vector after the other)."""
+    terms = Simplifier().linear(index).terms
+    if any(atom is not var and any(n is var for n in walk(atom)) for atom in terms):
+        return None
+    return terms.get(var, 0)  # type: ignore[return-value]
+
+
 def _store_loop(s: S.Stmt) -> _Loop | None:
     """`s` as a loop of vector (or scalar) stores (in a Block of Lets, as `hoist_loads`
     leaves it)."""
@@ -116,7 +125,7 @@ def _store_loop(s: S.Stmt) -> _Loop | None:
         lanes, first = 1, index
     else:
         return None
-    if Simplifier().linear(first).terms.get(s.var) != lanes:
+    if _coefficient(first, s.var) != lanes:
         return None
     base = simplify(substitute(first, {s.var: E.imm(0)}))
     return _Loop(lets, s, body, store, base, lanes, s.start.value, s.stop.value)  # type: ignore
@@ -140,7 +149,6 @@ def _segment(n: E.Expr, op: str, loop: _Loop) -> _Segment | None:
     if not _one_axis(n, op):
         return None
     assert isinstance(n, E.Reduce)
-    linear = Simplifier().linear
     lanes, var, count = n.dtype.lanes, n.vars[0], n.stops[0].value
     body, blocks, block = n.body, 0, 0
     if isinstance(body, E.Reduce):  # blocked: the blocks' sums, each from the identity
@@ -153,12 +161,11 @@ def _segment(n: E.Expr, op: str, loop: _Loop) -> _Segment | None:
     (index,) = body.indices
     if not (isinstance(index, E.Ramp) and E.is_const(index.stride, 1)):
         return None
-    terms = linear(index.base).terms
     zero = {var: E.imm(0)}
-    if terms.get(var) != lanes:
+    if _coefficient(index.base, var) != lanes:
         return None
     if blocks:
-        if terms.get(outer) != lanes * block:
+        if _coefficient(index.base, outer) != lanes * block:
             return None
         zero[outer] = E.imm(0)
     offset = _offset(index.base, zero, loop)

@@ -163,3 +163,31 @@ def test_blocked_sums_in_the_interpreter(monkeypatch):
     assert_exact(on, off)
     torch.testing.assert_close(on, softmax(x), equal_nan=True)
     assert any(isinstance(n, S.Allocate) and "_acc" in n.buf.name for n in walk(kernel.stmt))
+
+
+def _gapped_program(where):
+    """Rows of 1024 stored in 16-lane vectors and 8 64-lane vectors summed, one of the two
+    indices with a term that is not a multiple of its variable: the sum reads vectors 0-3 and
+    5-8 (`64 * r + 64 * (r / 4)`), or the loop stores 16-lane vectors 0-1, 4-5, ...
+    (`16 * j + 32 * (j / 2)`), which `linear` sees as atoms that vanish at the variable's
+    zero: not the stores of one vector after the other that the pass assumes."""
+    row = 1024
+    x, out, s = buf("x", [2 * row]), buf("out", [3 * row]), buf("s", [2])
+    i, j, r = var("i"), var("j"), var("r")
+    gap = {"read": (64 * r + 64 * E.Div(r, E.imm(4)), 16 * j, row // 16),
+           "store": (64 * r, 16 * j + 32 * E.Div(j, E.imm(2)), row // 32)}
+    read, stored, stop = gap[where]
+    store = S.Store(out, (E.Ramp(row * i + stored, E.imm(1), 16),),
+                    E.call("exp", E.Load(x, (E.Ramp(row * i + 16 * j, E.imm(1), 16),))))
+    total = E.Reduce("Add", E.Broadcast(E.Imm.make(-0.0, FLOAT32), 64),
+                     E.Load(out, (E.Ramp(row * i + read, E.imm(1), 64),)), (r,), (E.imm(8),))
+    body = S.Block((S.For(j, E.imm(0), E.imm(stop), store),
+                    S.Store(s, (i,), E.LaneReduce("Add", total))))
+    stmt = S.Block((S.For(i, E.imm(0), E.imm(2), body),))
+    return stmt, [x, out, s], lambda: [torch.randn(2 * row), torch.zeros(3 * row), torch.zeros(2)]
+
+
+@pytest.mark.parametrize("where", ["read", "store"])
+def test_an_index_not_linear_in_its_variable(where):
+    stmt, params, args = _gapped_program(where)
+    same_results(stmt, F.fuse_stored_reductions(stmt), params, args)
