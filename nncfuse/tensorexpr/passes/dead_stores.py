@@ -33,7 +33,8 @@ the output, and the copy, now of each element onto itself, goes:
     for i: out_t[i] = tmp[i];                for i: {}
 Only an output the kernel allocates (not a write-back into an input, whose
 memory the caller sees and other buffers may share) and stores nowhere else,
-of the temporary's dtype and strides; neither may be an external call's
+of the temporary's dtype, sizes and strides (a copy of part of a temporary, a
+`chunk`'s first piece, stays a copy); neither may be an external call's
 argument or result.
 """
 
@@ -77,6 +78,13 @@ def _same_offsets(a: tuple[E.Expr, ...], b: tuple[E.Expr, ...]) -> bool:
         x == y or E.is_const(simplify(x - y), 0) for x, y in zip(a, b))
 
 
+def _alike(t: Buf, o: Buf) -> bool:
+    """Whether two accessed buffers (`flatten_indices`' flat views) are of one dtype, extent
+    and stride: storing one's elements into the other stays in bounds (a copy of the first
+    chunk of a temporary would not)."""
+    return t.dtype == o.dtype and t.dims == o.dims and t.strides == o.strides
+
+
 def _accesses(stmt: S.Stmt) -> tuple[list, Counter, dict[Buf, set[Buf]], set[Buf]]:
     """The nodes of `stmt` in program order, how often each buffer is stored, the buffers
     (views) each is accessed through, and those an external call reads or writes."""
@@ -104,9 +112,9 @@ def _repeated(stmt: S.Stmt, outputs: set[Buf], keep: set[Buf]) -> dict[Buf, Buf]
                 continue
             for tmp, out in ((a, b), (b, a)):
                 t, o = tmp.buf.root, out.buf.root
-                if (t in keep or o not in outputs or t.dtype != o.dtype or {t, o} & external
-                        or count[t] != 1 or count[o] != 1 or access[t] != {tmp.buf}
-                        or access[o] != {out.buf} or tmp.buf.strides != out.buf.strides
+                if (t in keep or o not in outputs or not _alike(tmp.buf, out.buf)
+                        or {t, o} & external or count[t] != 1 or count[o] != 1
+                        or access[t] != {tmp.buf} or access[o] != {out.buf}
                         or not _same_offsets(tmp.indices, out.indices) or tmp.value != out.value
                         or any(ld.buf.root in (t, o) for ld in walk(tmp.value)
                                if isinstance(ld, E.Load))):
@@ -130,9 +138,9 @@ def _copied(stmt: S.Stmt, outputs: set[Buf], keep: set[Buf]) -> dict[Buf, Buf]:
         if not isinstance(ld, E.Load) or o not in outputs:
             continue
         t = ld.buf.root
-        if (t in keep or t is o or t.dtype != o.dtype or {t, o} & external or count[t] != 1
-                or count[o] != 1 or access[t] != {ld.buf} or access[o] != {out.buf}
-                or ld.buf.strides != out.buf.strides or order[id(first[t])] > order[id(out)]
+        if (t in keep or t is o or not _alike(ld.buf, out.buf) or {t, o} & external
+                or count[t] != 1 or count[o] != 1 or access[t] != {ld.buf} or access[o] != {out.buf}
+                or order[id(first[t])] > order[id(out)]
                 or not _same_offsets(ld.indices, out.indices)):
             continue
         found.setdefault(ld.buf, out.buf)

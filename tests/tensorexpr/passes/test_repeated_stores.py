@@ -201,6 +201,35 @@ def test_a_later_copy_stays_where_it_is_not_of_the_same_elements(case):
     assert "tmp" in _stored(after), text(after)
 
 
+def test_a_copy_of_part_of_the_temporary_stays_a_copy():
+    """The output holds 4 of the temporary's 8 elements (a chunk's first piece): storing the
+    temporary there wrote past the output's end (fuzzer seeds 7162, 20226, 31177)."""
+    x, tmp, out, s = buf("x", [8]), buf("tmp", [8]), buf("out", [4]), buf("s", [1])
+    i, j, r = var(), var("j"), var("r")
+    stmt = S.Block((
+        S.For(i, E.imm(0), E.imm(8), S.Store(tmp, (i,), E.call("sin", E.Load(x, (i,))))),
+        S.Store(s, (E.imm(0),), E.reduce("Add", E.Load(tmp, (r + E.imm(4),)), [(r, 4)])),
+        S.For(j, E.imm(0), E.imm(4), S.Store(out, (j,), E.Load(tmp, (j,))))))
+    after = eliminate_dead_stores(stmt, params=[x, out, s], outputs=[out, s])
+    assert "tmp" in _stored(after), text(after)
+
+
+def _chunks(x):
+    a, b = (x & 2).chunk(2, 0)
+    return a, b.expm1()
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_a_chunks_first_piece_returned_beside_the_rest(use_llvm):
+    x = torch.randint(-100, 100, (7,), dtype=torch.int8)
+    fused = nncfuse.jit(_chunks, use_llvm=use_llvm)
+    for _ in range(3):
+        got = fused(x)
+    want = _chunks(x)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
 @pytest.mark.parametrize("contender", ["nncfuse-jit", "nncfuse-backend"])
 def test_the_mlps_gelu_backward_stores_its_value_once(contender):
     """Through both paths (the backend's copy of `t_3` is a later nest, past the column
