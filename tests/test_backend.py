@@ -514,3 +514,21 @@ def test_a_repeated_signature_takes_its_plan_and_another_layout_its_own(backend)
             torch.testing.assert_close(graph(x, y), gm(x, y))
     assert len(graph.policy.plans) == 7  # five without grad, two with
     assert graph._last is not None
+
+
+def test_a_training_graph_with_a_dropout_goes_through_aotautograd(backend):
+    # Its second derivative would run the program again with another mask (`_higher_order`):
+    # AOTAutograd's runtime runs it, with the forward's mask in the gradient (as Inductor).
+    def fn(x, w):
+        return torch.nn.functional.dropout((x * w).sin(), 0.5, training=True)
+
+    compiled = torch.compile(fn, backend="nncfuse")
+    x = torch.randn(256, dtype=torch.float64)
+    w = torch.randn(256, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        y = compiled(x, w)
+        assert not _fused_node(y)
+        kept = (y != 0).to(y.dtype)
+        assert 0 < kept.mean() < 1
+        (g,) = torch.autograd.grad(y.sum(), w)
+        torch.testing.assert_close(g, kept * 2.0 * x * torch.cos(x * w))

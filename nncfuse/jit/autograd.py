@@ -405,6 +405,10 @@ class _Joint:
         examples = tuple(inputs[k] for k in tensors)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
+        if _random(joint):
+            # A second derivative (create_graph=True) runs the program again (`_higher_order`),
+            # which would draw new random numbers (another dropout mask): a wrong gradient.
+            raise ValueError("random ops: a second derivative could not replay the forward's")
         placeholders = joint.graph.find_nodes(op="placeholder")
         outputs = joint.graph.find_nodes(op="output")[0].args[0]
         self.outputs = len(outputs) - len(examples) - len(written)  # those that need grad
@@ -441,6 +445,13 @@ class _Joint:
         return tuple(o.clone() if isinstance(o, torch.Tensor) and o._is_view()
                      and StorageWeakRef(o.untyped_storage()) not in storages else o
                      for o in outs)
+
+
+def _random(gm: torch.fx.GraphModule) -> bool:
+    """Whether `gm` draws random numbers (an op tagged `nondeterministic_seeded`: dropout's
+    `rand`, `bernoulli`, ...)."""
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and torch.Tag.nondeterministic_seeded in n.target.tags for n in gm.graph.nodes)
 
 
 def _tangents_read(backward: torch.fx.GraphModule, outputs: int) -> list[frozenset[int]]:

@@ -482,3 +482,21 @@ def test_a_dropout_that_may_drop_is_kept():
 
     graph = torch.jit.trace(fn, (torch.randn(4),), check_trace=False).graph.copy()
     assert _plain_dropouts(graph) == 0 and len(graph.findAllNodes("aten::dropout")) == 1
+
+
+def test_a_second_derivative_through_a_dropout_uses_the_forwards_mask():
+    # A second derivative runs the program again (eager autograd): a dropout there would draw
+    # another mask. A program that draws random numbers is not traced; it runs unfused.
+    def fn(x, w):
+        return torch.nn.functional.dropout((x * w).sin(), 0.5, training=True)
+
+    fused = nncfuse.jit(fn)
+    x = torch.randn(256, dtype=torch.float64)
+    w = torch.randn(256, dtype=torch.float64, requires_grad=True)
+    for _ in range(3):
+        y = fused(x, w)
+        kept = (y != 0).to(y.dtype)
+        (g,) = torch.autograd.grad(y.sum(), w, create_graph=True)
+        torch.testing.assert_close(g, kept * 2.0 * x * torch.cos(x * w))
+        (gg,) = torch.autograd.grad(g.sum(), w)
+        torch.testing.assert_close(gg, -kept * 2.0 * x * x * torch.sin(x * w))
