@@ -532,3 +532,25 @@ def test_a_training_graph_with_a_dropout_goes_through_aotautograd(backend):
         assert 0 < kept.mean() < 1
         (g,) = torch.autograd.grad(y.sum(), w)
         torch.testing.assert_close(g, kept * 2.0 * x * torch.cos(x * w))
+
+
+def test_an_inference_tensor_argument_of_a_training_graph(backend):
+    # An inference tensor has no version counter: one the backward does not save is an
+    # argument as any other (eager's results, gradients and second derivative); one it saves
+    # raises eager's error.
+    compiled = torch.compile(lambda x, w: (x + w).sin(), backend="nncfuse")
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        with torch.inference_mode():
+            x = torch.randn(4, dtype=torch.float64)
+        got = compiled(x, w)
+        assert _fused_node(got)
+        torch.testing.assert_close(got, (x + w).sin())
+        (g,) = torch.autograd.grad(got.sum(), w, create_graph=True)
+        torch.testing.assert_close(g, (x + w).cos())
+        torch.testing.assert_close(torch.autograd.grad(g.sum(), w)[0], -(x + w).sin())
+    saves = torch.compile(lambda x, w: (x * w).sin(), backend="nncfuse")
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        (lambda x, w: (x * w).sin())(x, w)
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        saves(x, w)

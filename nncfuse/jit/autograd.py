@@ -507,7 +507,7 @@ class _Fused(torch.autograd.Function):
         ctx.save_for_backward(*results[joint.outputs + len(joint.written):])
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
-        ctx.versions = [t._version for t in tensors]
+        ctx.versions = _versions(tensors)
         ctx.set_materialize_grads(False)  # None: an output the loss does not use
         outs = tuple(results[:joint.outputs])
         ctx.shapes = [(o.shape, o.dtype) for o in outs]
@@ -531,6 +531,12 @@ class _Fused(torch.autograd.Function):
                          for k, r in enumerate(results)))
 
 
+def _versions(tensors: tuple[torch.Tensor, ...]) -> list[int | None]:
+    """The tensors' version counters; None for an inference tensor, which has none (and which
+    no one writes outside inference mode)."""
+    return [None if t.is_inference() else t._version for t in tensors]
+
+
 def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """`joint`'s outputs for `tensors`; the buffers it writes get their new values, as the
     program writes them in place."""
@@ -547,7 +553,7 @@ def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
     """The gradients of the inputs, with their own graph (create_graph=True): the unfused
     program again, differentiated by eager autograd."""
     inputs = ctx.inputs
-    if [t._version for t in inputs] != ctx.versions:
+    if _versions(inputs) != ctx.versions:
         raise RuntimeError("one of the variables needed for gradient computation has been "
                            "modified by an inplace operation")
     wanted = [k for k, t in enumerate(inputs) if t.requires_grad]
