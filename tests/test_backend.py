@@ -554,3 +554,25 @@ def test_an_inference_tensor_argument_of_a_training_graph(backend):
         (lambda x, w: (x * w).sin())(x, w)
     with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
         saves(x, w)
+
+
+def test_a_second_derivative_through_batch_norms_running_statistics(backend):
+    # Buffers the graph writes and no output reads: a second derivative runs the FX graph
+    # again on copies of them (eager's values; the buffers stepped once).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Tanh()).double()
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    for _ in range(2):
+        x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+        cx = x.detach().clone().requires_grad_()
+        expected, got = model(x), compiled(cx)
+        assert _fused_node(got)
+        (w,) = torch.autograd.grad(expected.sin().sum(), x, create_graph=True)
+        (g,) = torch.autograd.grad(got.sin().sum(), cx, create_graph=True)
+        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(
+            torch.autograd.grad(g.square().sum(), [cx, *compiled_model.parameters()]),
+            torch.autograd.grad(w.square().sum(), [x, *model.parameters()]))
+        torch.testing.assert_close(list(compiled_model.buffers()), list(model.buffers()))

@@ -414,6 +414,11 @@ class _Joint:
         self.outputs = len(outputs) - len(examples) - len(written)  # those that need grad
         if len(placeholders) - len(examples) != self.outputs:
             raise ValueError("an output does not require grad")
+        read = _placeholders_read(joint, [placeholders[k] for k in written])
+        if any(read[:self.outputs]) or any(read[self.outputs + len(written):]):
+            # A second derivative runs the program again (`_higher_order`), on the values
+            # those inputs have then: the ones it wrote.
+            raise ValueError("an output or a gradient reads an input the program writes")
         forward, backward = min_cut_rematerialization_partition(
             joint, examples, num_fwd_outputs=self.outputs + len(written))
         #: per input, the outputs whose gradients its gradient depends on: with none of them
@@ -458,14 +463,21 @@ def _tangents_read(backward: torch.fx.GraphModule, outputs: int) -> list[frozens
     """For each result of `backward` (an input's gradient), which of its last `outputs`
     placeholders (the outputs' gradients) it is computed from."""
     placeholders = backward.graph.find_nodes(op="placeholder")
-    tangent = {node: k for k, node in enumerate(placeholders[len(placeholders) - outputs:])}
+    return _placeholders_read(backward, placeholders[len(placeholders) - outputs:])
+
+
+def _placeholders_read(gm: torch.fx.GraphModule,
+                       chosen: list[torch.fx.Node]) -> list[frozenset[int]]:
+    """For each result of `gm`, which of the placeholders `chosen` (positions among them) it
+    is computed from."""
+    position = {node: k for k, node in enumerate(chosen)}
     reads: dict[torch.fx.Node, frozenset[int]] = {}
-    for node in backward.graph.nodes:
+    for node in gm.graph.nodes:
         if node.op == "placeholder":
-            reads[node] = frozenset([tangent[node]]) if node in tangent else frozenset()
+            reads[node] = frozenset([position[node]]) if node in position else frozenset()
         elif node.op != "output":
             reads[node] = frozenset().union(*(reads[n] for n in node.all_input_nodes))
-    results = backward.graph.find_nodes(op="output")[0].args[0]
+    results = gm.graph.find_nodes(op="output")[0].args[0]
     return [reads[r] if isinstance(r, torch.fx.Node) else frozenset() for r in results]
 
 
@@ -553,7 +565,9 @@ def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
     """The gradients of the inputs, with their own graph (create_graph=True): the unfused
     program again, differentiated by eager autograd."""
     inputs = ctx.inputs
-    if _versions(inputs) != ctx.versions:
+    written = ctx.joint.written  # written by the program itself (`_applied`), read by nothing
+    if [v for k, v in enumerate(_versions(inputs)) if k not in written] != [
+            v for k, v in enumerate(ctx.versions) if k not in written]:
         raise RuntimeError("one of the variables needed for gradient computation has been "
                            "modified by an inplace operation")
     wanted = [k for k, t in enumerate(inputs) if t.requires_grad]
