@@ -595,7 +595,8 @@ class FusedGraph:
 
         def fn(*args: Any) -> tuple[Any, ...]:
             out = gm(*args)
-            returns_list.append(isinstance(out, list))
+            if not returns_list:  # at the trace (a second derivative calls it again)
+                returns_list.append(isinstance(out, list))
             return tuple(out) if isinstance(out, (list, tuple)) else out
 
         self.joint = traced_joint(fn, tuple(example_inputs), list(range(len(example_inputs))),
