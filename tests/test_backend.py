@@ -514,3 +514,65 @@ def test_a_repeated_signature_takes_its_plan_and_another_layout_its_own(backend)
             torch.testing.assert_close(graph(x, y), gm(x, y))
     assert len(graph.policy.plans) == 7  # five without grad, two with
     assert graph._last is not None
+
+
+def test_a_training_graph_with_a_dropout_goes_through_aotautograd(backend):
+    # Its second derivative would run the program again with another mask (`_higher_order`):
+    # AOTAutograd's runtime runs it, with the forward's mask in the gradient (as Inductor).
+    def fn(x, w):
+        return torch.nn.functional.dropout((x * w).sin(), 0.5, training=True)
+
+    compiled = torch.compile(fn, backend="nncfuse")
+    x = torch.randn(256, dtype=torch.float64)
+    w = torch.randn(256, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        y = compiled(x, w)
+        assert not _fused_node(y)
+        kept = (y != 0).to(y.dtype)
+        assert 0 < kept.mean() < 1
+        (g,) = torch.autograd.grad(y.sum(), w)
+        torch.testing.assert_close(g, kept * 2.0 * x * torch.cos(x * w))
+
+
+def test_an_inference_tensor_argument_of_a_training_graph(backend):
+    # An inference tensor has no version counter: one the backward does not save is an
+    # argument as any other (eager's results, gradients and second derivative); one it saves
+    # raises eager's error.
+    compiled = torch.compile(lambda x, w: (x + w).sin(), backend="nncfuse")
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        with torch.inference_mode():
+            x = torch.randn(4, dtype=torch.float64)
+        got = compiled(x, w)
+        assert _fused_node(got)
+        torch.testing.assert_close(got, (x + w).sin())
+        (g,) = torch.autograd.grad(got.sum(), w, create_graph=True)
+        torch.testing.assert_close(g, (x + w).cos())
+        torch.testing.assert_close(torch.autograd.grad(g.sum(), w)[0], -(x + w).sin())
+    saves = torch.compile(lambda x, w: (x * w).sin(), backend="nncfuse")
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        (lambda x, w: (x * w).sin())(x, w)
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        saves(x, w)
+
+
+def test_a_second_derivative_through_batch_norms_running_statistics(backend):
+    # Buffers the graph writes and no output reads: a second derivative runs the FX graph
+    # again on copies of them (eager's values; the buffers stepped once).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Tanh()).double()
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    for _ in range(2):
+        x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+        cx = x.detach().clone().requires_grad_()
+        expected, got = model(x), compiled(cx)
+        assert _fused_node(got)
+        (w,) = torch.autograd.grad(expected.sin().sum(), x, create_graph=True)
+        (g,) = torch.autograd.grad(got.sin().sum(), cx, create_graph=True)
+        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(
+            torch.autograd.grad(g.square().sum(), [cx, *compiled_model.parameters()]),
+            torch.autograd.grad(w.square().sum(), [x, *model.parameters()]))
+        torch.testing.assert_close(list(compiled_model.buffers()), list(model.buffers()))

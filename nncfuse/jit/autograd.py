@@ -419,11 +419,20 @@ class _Joint:
         examples = tuple(inputs[k] for k in tensors)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
+        if _random(joint):
+            # A second derivative (create_graph=True) runs the program again (`_higher_order`),
+            # which would draw new random numbers (another dropout mask): a wrong gradient.
+            raise ValueError("random ops: a second derivative could not replay the forward's")
         placeholders = joint.graph.find_nodes(op="placeholder")
         outputs = joint.graph.find_nodes(op="output")[0].args[0]
         self.outputs = len(outputs) - len(examples) - len(written)  # those that need grad
         if len(placeholders) - len(examples) != self.outputs:
             raise ValueError("an output does not require grad")
+        read = _placeholders_read(joint, [placeholders[k] for k in written])
+        if any(read[:self.outputs]) or any(read[self.outputs + len(written):]):
+            # A second derivative runs the program again (`_higher_order`), on the values
+            # those inputs have then: the ones it wrote.
+            raise ValueError("an output or a gradient reads an input the program writes")
         forward, backward = min_cut_rematerialization_partition(
             joint, examples, num_fwd_outputs=self.outputs + len(written))
         #: per input, the outputs whose gradients its gradient depends on: with none of them
@@ -457,18 +466,32 @@ class _Joint:
                      for o in outs)
 
 
+def _random(gm: torch.fx.GraphModule) -> bool:
+    """Whether `gm` draws random numbers (an op tagged `nondeterministic_seeded`: dropout's
+    `rand`, `bernoulli`, ...)."""
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and torch.Tag.nondeterministic_seeded in n.target.tags for n in gm.graph.nodes)
+
+
 def _tangents_read(backward: torch.fx.GraphModule, outputs: int) -> list[frozenset[int]]:
     """For each result of `backward` (an input's gradient), which of its last `outputs`
     placeholders (the outputs' gradients) it is computed from."""
     placeholders = backward.graph.find_nodes(op="placeholder")
-    tangent = {node: k for k, node in enumerate(placeholders[len(placeholders) - outputs:])}
+    return _placeholders_read(backward, placeholders[len(placeholders) - outputs:])
+
+
+def _placeholders_read(gm: torch.fx.GraphModule,
+                       chosen: list[torch.fx.Node]) -> list[frozenset[int]]:
+    """For each result of `gm`, which of the placeholders `chosen` (positions among them) it
+    is computed from."""
+    position = {node: k for k, node in enumerate(chosen)}
     reads: dict[torch.fx.Node, frozenset[int]] = {}
-    for node in backward.graph.nodes:
+    for node in gm.graph.nodes:
         if node.op == "placeholder":
-            reads[node] = frozenset([tangent[node]]) if node in tangent else frozenset()
+            reads[node] = frozenset([position[node]]) if node in position else frozenset()
         elif node.op != "output":
             reads[node] = frozenset().union(*(reads[n] for n in node.all_input_nodes))
-    results = backward.graph.find_nodes(op="output")[0].args[0]
+    results = gm.graph.find_nodes(op="output")[0].args[0]
     return [reads[r] if isinstance(r, torch.fx.Node) else frozenset() for r in results]
 
 
@@ -510,7 +533,7 @@ class _Fused(torch.autograd.Function):
         ctx.save_for_backward(*results[joint.outputs + len(joint.written):])
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
-        ctx.versions = [t._version for t in tensors]
+        ctx.versions = _versions(tensors)
         ctx.set_materialize_grads(False)  # None: an output the loss does not use
         outs = tuple(results[:joint.outputs])
         ctx.shapes = [(o.shape, o.dtype) for o in outs]
@@ -534,6 +557,12 @@ class _Fused(torch.autograd.Function):
                          for k, r in enumerate(results)))
 
 
+def _versions(tensors: tuple[torch.Tensor, ...]) -> list[int | None]:
+    """The tensors' version counters; None for an inference tensor, which has none (and which
+    no one writes outside inference mode)."""
+    return [None if t.is_inference() else t._version for t in tensors]
+
+
 def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """`joint`'s outputs for `tensors`; the buffers it writes get their new values, as the
     program writes them in place."""
@@ -550,7 +579,9 @@ def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
     """The gradients of the inputs, with their own graph (create_graph=True): the unfused
     program again, differentiated by eager autograd."""
     inputs = ctx.inputs
-    if [t._version for t in inputs] != ctx.versions:
+    written = ctx.joint.written  # written by the program itself (`_applied`), read by nothing
+    if [v for k, v in enumerate(_versions(inputs)) if k not in written] != [
+            v for k, v in enumerate(ctx.versions) if k not in written]:
         raise RuntimeError("one of the variables needed for gradient computation has been "
                            "modified by an inplace operation")
     wanted = [k for k, t in enumerate(inputs) if t.requires_grad]
@@ -578,7 +609,8 @@ class FusedGraph:
 
         def fn(*args: Any) -> tuple[Any, ...]:
             out = gm(*args)
-            returns_list.append(isinstance(out, list))
+            if not returns_list:  # at the trace (a second derivative calls it again)
+                returns_list.append(isinstance(out, list))
             return tuple(out) if isinstance(out, (list, tuple)) else out
 
         self.joint = traced_joint(fn, tuple(example_inputs), list(range(len(example_inputs))),

@@ -512,3 +512,59 @@ def test_a_dropout_that_may_drop_is_kept():
 
     graph = torch.jit.trace(fn, (torch.randn(4),), check_trace=False).graph.copy()
     assert _plain_dropouts(graph) == 0 and len(graph.findAllNodes("aten::dropout")) == 1
+
+
+def test_a_second_derivative_through_a_dropout_uses_the_forwards_mask():
+    # A second derivative runs the program again (eager autograd): a dropout there would draw
+    # another mask. A program that draws random numbers is not traced; it runs unfused.
+    def fn(x, w):
+        return torch.nn.functional.dropout((x * w).sin(), 0.5, training=True)
+
+    fused = nncfuse.jit(fn)
+    x = torch.randn(256, dtype=torch.float64)
+    w = torch.randn(256, dtype=torch.float64, requires_grad=True)
+    for _ in range(3):
+        y = fused(x, w)
+        kept = (y != 0).to(y.dtype)
+        (g,) = torch.autograd.grad(y.sum(), w, create_graph=True)
+        torch.testing.assert_close(g, kept * 2.0 * x * torch.cos(x * w))
+        (gg,) = torch.autograd.grad(g.sum(), w)
+        torch.testing.assert_close(gg, -kept * 2.0 * x * x * torch.sin(x * w))
+
+
+def test_a_second_derivative_through_buffers_written_in_place():
+    # Batch norm's running statistics, which the program writes and no output reads: the
+    # second derivative runs the program again (on copies of them), as eager's; an input that
+    # is written and then read gets its fused forward no more (the program again would read
+    # what it wrote): it runs unfused.
+    torch.manual_seed(0)
+    model = Norms(True).double().train()
+    reference = Norms(True).double().train()
+    reference.load_state_dict(model.state_dict())
+    fused = nncfuse.jit(model)
+    for _ in range(3):
+        x = torch.randn(5, 12, dtype=torch.float64, requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        got, want = fused(y), reference(x)
+        assert type(got.grad_fn).__name__ == "_FusedBackward"
+        (g,) = torch.autograd.grad(got.sin().sum(), y, create_graph=True)
+        (w,) = torch.autograd.grad(want.sin().sum(), x, create_graph=True)
+        torch.testing.assert_close(g, w)
+        gg = torch.autograd.grad(g.square().sum(), [y, *model.parameters()])
+        ww = torch.autograd.grad(w.square().sum(), [x, *reference.parameters()])
+        torch.testing.assert_close(gg, ww)
+        torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
+
+    def reads_what_it_writes(x, w):
+        x.add_(1.0)
+        return (x * w).sin()
+
+    fused = nncfuse.jit(reads_what_it_writes)
+    for _ in range(3):
+        x = torch.randn(4, dtype=torch.float64)
+        before = x.clone()
+        w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad(fused(x, w).sum(), w, create_graph=True)
+        torch.testing.assert_close(x, before + 1.0)
+        torch.testing.assert_close(g, x * torch.cos(x * w))
+        torch.testing.assert_close(torch.autograd.grad(g.sum(), w)[0], -x * x * torch.sin(x * w))
