@@ -516,9 +516,9 @@ def test_a_repeated_signature_takes_its_plan_and_another_layout_its_own(backend)
     assert graph._last is not None
 
 
-def test_a_training_graph_with_a_dropout_goes_through_aotautograd(backend):
-    # Its second derivative would run the program again with another mask (`_higher_order`):
-    # AOTAutograd's runtime runs it, with the forward's mask in the gradient (as Inductor).
+def test_a_training_graph_with_a_dropout(backend):
+    # The fused node's gradient uses the forward's mask; its second derivative (the program
+    # run again) would draw another, so it raises, as Inductor's double backward does.
     def fn(x, w):
         return torch.nn.functional.dropout((x * w).sin(), 0.5, training=True)
 
@@ -527,11 +527,13 @@ def test_a_training_graph_with_a_dropout_goes_through_aotautograd(backend):
     w = torch.randn(256, dtype=torch.float64, requires_grad=True)
     for _ in range(2):
         y = compiled(x, w)
-        assert not _fused_node(y)
+        assert _fused_node(y)
         kept = (y != 0).to(y.dtype)
         assert 0 < kept.mean() < 1
-        (g,) = torch.autograd.grad(y.sum(), w)
+        (g,) = torch.autograd.grad(y.sum(), w, retain_graph=True)
         torch.testing.assert_close(g, kept * 2.0 * x * torch.cos(x * w))
+    with pytest.raises(RuntimeError, match="second derivative"):
+        torch.autograd.grad(y.sum(), w, create_graph=True)
 
 
 def test_an_inference_tensor_argument_of_a_training_graph(backend):

@@ -419,10 +419,9 @@ class _Joint:
         examples = tuple(inputs[k] for k in tensors)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
-        if _random(joint):
-            # A second derivative (create_graph=True) runs the program again (`_higher_order`),
-            # which would draw new random numbers (another dropout mask): a wrong gradient.
-            raise ValueError("random ops: a second derivative could not replay the forward's")
+        #: whether the program draws random numbers (dropout p > 0): its second derivative,
+        #: the program run again (`_higher_order`), would draw others (another mask)
+        self.random = _random(joint)
         placeholders = joint.graph.find_nodes(op="placeholder")
         outputs = joint.graph.find_nodes(op="output")[0].args[0]
         self.outputs = len(outputs) - len(examples) - len(written)  # those that need grad
@@ -579,6 +578,12 @@ def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
     """The gradients of the inputs, with their own graph (create_graph=True): the unfused
     program again, differentiated by eager autograd."""
     inputs = ctx.inputs
+    if ctx.joint.random:
+        # As torch.compile's AOTAutograd raises for every double backward: a clear error,
+        # not a gradient of another dropout mask; first-order gradients stay fused.
+        raise RuntimeError("nncfuse does not support a second derivative (create_graph=True) "
+                           "of a program that draws random numbers (dropout with p > 0): run "
+                           "it unfused (NNCFUSE_DISABLE=1)")
     written = ctx.joint.written  # written by the program itself (`_applied`), read by nothing
     if [v for k, v in enumerate(_versions(inputs)) if k not in written] != [
             v for k, v in enumerate(ctx.versions) if k not in written]:
