@@ -105,7 +105,8 @@ def make_backend(aot: bool = True, autograd_node: bool = True,
                 return FusedGraph(gm, list(example_inputs), opts)
             except Exception as e:  # noqa: BLE001 - AOTAutograd's own runtime then
                 _log.dump("Training graph through AOTAutograd's runtime: ", brief(e)[:300])
-        return through_aot(gm, example_inputs)
+        with collector.paused():  # AOTAutograd's trace: no collections (see jit/collector.py)
+            return through_aot(gm, example_inputs)
 
     return backend
 
@@ -124,8 +125,7 @@ def _trains(example_inputs: Sequence[Any]) -> bool:
 
 def nncfuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
     """The "nncfuse" backend: AOTAutograd, forward and backward (or inference) through nncfuse."""
-    with collector.paused():  # AOTAutograd's trace: no collections (see jit/collector.py)
-        return make_backend(aot=True)(gm, example_inputs)
+    return make_backend(aot=True)(gm, example_inputs)
 
 
 def nncfuse_ts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

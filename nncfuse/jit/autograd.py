@@ -585,8 +585,8 @@ def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
                            "of a program that draws random numbers (dropout with p > 0): run "
                            "it unfused (NNCFUSE_DISABLE=1)")
     written = ctx.joint.written  # written by the program itself (`_applied`), read by nothing
-    if [v for k, v in enumerate(_versions(inputs)) if k not in written] != [
-            v for k, v in enumerate(ctx.versions) if k not in written]:
+    if any(now != then for k, (now, then) in enumerate(zip(_versions(inputs), ctx.versions))
+           if k not in written):
         raise RuntimeError("one of the variables needed for gradient computation has been "
                            "modified by an inplace operation")
     wanted = [k for k, t in enumerate(inputs) if t.requires_grad]
@@ -599,7 +599,6 @@ def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
     for k, g in zip(wanted, got):
         result[k] = g
     return result
-
 
 
 class FusedGraph:
