@@ -16,7 +16,12 @@ compare). Contenders, each on its own copy of the same initial weights:
 - nncfuse-backend: `torch.compile(module, backend="nncfuse")` (AOTAutograd's forward and
                    backward graphs through nncfuse);
 - nncfuse-jit:     `nncfuse.jit(module)` (scripted; models.py's models traced), whose
-                   parameters require grad: jit/autograd.py's fused forward and backward.
+                   parameters require grad: jit/autograd.py's fused forward and backward;
+- aot-eager:       (only when named in `--contenders`) `torch.compile(module,
+                   backend="aot_eager")`: Dynamo's and AOTAutograd's traces and partition and
+                   no compiler, so its first step is the floor under the first step of any
+                   compiler behind AOTAutograd (Inductor's, the nncfuse backend's, and
+                   `nncfuse.jit`'s under autograd, which traces with AOTAutograd too).
 
 Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
 the compilers, profiling runs; Inductor's cache is a fresh directory unless
@@ -72,6 +77,9 @@ from harness import fmt_time, geomean, measure
 import nncfuse
 
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
+#: Also accepted by --contenders: Dynamo and AOTAutograd's trace and partition with no
+#: compiler behind them, the first-step floor of every compiler under AOTAutograd.
+REFERENCES = ("aot-eager",)
 RTOL, ATOL = 1e-3, 1e-4
 MULTIPLIER = 3.0  # against float64 eager: at most this many times float32 eager's error
 
@@ -154,6 +162,8 @@ def build(contender: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Ca
         return model
     if contender == "compile":
         return torch.compile(model)
+    if contender == "aot-eager":
+        return torch.compile(model, backend="aot_eager")
     if contender == "nncfuse-backend":
         importlib.import_module("nncfuse.backend")  # registers "nncfuse" (as the entry point)
         return torch.compile(model, backend="nncfuse")
