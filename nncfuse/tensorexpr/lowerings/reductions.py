@@ -505,7 +505,9 @@ def logsumexp(ctx: Ctx) -> E.Expr:
     def value(kept: Index, r: Index) -> E.Expr:
         return rows.load(kept, r, compute)
 
-    top = _row_max(ctx, rows, value, compute)
+    # As softmax's: a NaN in the row makes its sum, and so the result, NaN anyway. (Its exp
+    # is no `exp_nonpos`: a row with +inf takes its max as 0, x - 0 may be positive.)
+    top = _row_max(ctx, rows, value, compute, "MaxOrdered", "max")
     kept = box.kept_indices(ctx.indices)
     m = E.Load(top.buf, kept)
     finite = E.select(E.cmp("==", E.call("abs", m), E.imm(math.inf, compute)),

@@ -1,7 +1,8 @@
 """softmax's two facts: exp(x - max) is `exp_nonpos` (its argument is <= 0 or NaN, so
 LLVM leaves out exp's upper clamp), and the row max is `MaxOrdered` (a NaN is passed over:
-it makes every output of its row NaN through its exp anyway). Against the lowering without
-them (exp, Max) bit for bit, and eager, over extremal rows, dtypes, layouts and backends."""
+it makes every output of its row NaN through its exp anyway; logsumexp's too). Against the
+lowering without them (exp, Max) bit for bit, and eager, over extremal rows, dtypes,
+layouts and backends."""
 
 from __future__ import annotations
 
@@ -87,9 +88,9 @@ def names(stmt):
         n.op for n in walk(stmt) if isinstance(n, E.Reduce)}
 
 
-def check_against_before(fn, x, monkeypatch, dynamic=False):
+def check_against_before(fn, x, monkeypatch, dynamic=False, exp="exp_nonpos"):
     new = kernels(fn, x, dynamic)
-    assert "exp_nonpos" in names(new[0].stmt) and not {"exp", "Max"} & names(new[0].stmt)
+    assert exp in names(new[0].stmt) and "Max" not in names(new[0].stmt)
     with monkeypatch.context() as patch:
         lower_as_before(patch)
         old = kernels(fn, x, dynamic)
@@ -112,6 +113,15 @@ def test_softmax_facts_keep_results_float32(name, width, monkeypatch):
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "softmax_dtype", "log_softmax_t"])
 def test_softmax_facts_keep_results_other_dtypes(name, dtype, monkeypatch):
     check_against_before(FNS[name], extremal_rows(100, dtype), monkeypatch)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("width", [1, 7, 100, 1000])
+def test_logsumexp_max_passes_over_nans(width, dtype, monkeypatch):
+    """logsumexp's row max is a MaxOrdered too; its exp stays exp (a row with +inf shifts
+    by 0, not by its max)."""
+    check_against_before(lambda x: torch.logsumexp(x, -1), extremal_rows(width, dtype),
+                         monkeypatch, exp="exp")
 
 
 @pytest.mark.slow
