@@ -237,7 +237,8 @@ BINARY: dict[str, Op] = {op.name: op for op in (
             identity=_lowest),
     _binary("Min", "min", CALL, "any", _min, Emit("min_nan", "smin", "umin"),
             identity=_highest),
-    # `b if a < b else a` alone: a NaN `b` is passed over (x86's maxps), a NaN `a` stays.
+    # `b if a < b else a` alone: a NaN `b` is passed over (x86's maxps), a NaN `a` stays;
+    # -inf leaves every `b` but NaN unchanged, so a reduction from it never holds a NaN.
     _binary("MaxOrdered", "max_ordered", CALL, "float", lambda a, b: np.where(a < b, b, a),
             Emit("max_ordered"), identity=_lowest),
     _binary("And", "&", 4, "any", np.bitwise_and, Emit(None, "and", "and"), identity=_ones),
