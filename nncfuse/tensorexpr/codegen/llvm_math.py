@@ -187,7 +187,8 @@ def _inline_exp(cg: LLVMCodeGen, x: Any, lanes: int, in_normal_range: bool = Fal
     `in_normal_range`: the caller guarantees -87 < x < 88, so none of that is needed.
     `nonpositive`: the caller guarantees x <= 0 or NaN (`exp_nonpos`), so the clamp at
     88.8 never acts and is left out (the same results there; softmax 4096 x 1024 at one
-    thread 1.60 -> 1.54 ms). Beyond 88.8 the result is unspecified (+inf gives NaN).
+    thread 1.47 -> 1.42 ms, 32768 x 128 1.67 -> 1.62). Beyond 88.8 the result is
+    unspecified (+inf gives NaN); the clamp at -104 stays (x - max may be -1e30).
     """
     b = cg.builder
     f32 = FLOAT32.with_lanes(lanes)

@@ -436,7 +436,8 @@ def softmax(ctx: Ctx) -> E.Expr:
         shifted = one - one  # x - max: 0, or NaN for an infinity or NaN
         return E.cast(out, shifted if log else _exp_shifted(shifted))
     # The max of the row's non-NaN values: a NaN makes every output NaN through its exp
-    # (into the sum), as eager's NaN max does, in one instruction per vector, not three.
+    # (into the sum), as eager's NaN max does, in one instruction per vector, not three
+    # (with exp_nonpos, 1 thread: 32768 x 128 1.56 -> 1.33 ms, 4096 x 1024 1.47 -> 1.42).
     top = _row_max(ctx, box, value, compute, "MaxOrdered", "max")
     if not log and out == compute:
         return _softmax_in_place(ctx, box, value, top, compute)
