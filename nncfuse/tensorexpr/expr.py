@@ -215,6 +215,14 @@ class Min(BinaryOp):
 
 
 @dataclass(frozen=True)
+class MaxOrdered(BinaryOp):
+    """`b if a < b else a` for floats, by an ordered compare: a NaN `b` gives `a`, a NaN
+    `a` stays. A max Reduce over it from -inf is the max of the body's non-NaN values
+    (-inf if none), one instruction per vector (vmaxps): softmax's row max, where a NaN
+    in the row makes every output NaN through its exp anyway."""
+
+
+@dataclass(frozen=True)
 class And(BinaryOp):
     """Bitwise and; logical and on bool."""
 
@@ -453,7 +461,7 @@ def is_const(e: Expr, value: Number | None = None) -> bool:
 
 
 #: The `ops.BINARY` rows a `Reduce` or `LaneReduce` may combine with.
-REDUCIBLE = ("Add", "Mul", "Max", "Min", "And", "Or")
+REDUCIBLE = ("Add", "Mul", "Max", "Min", "MaxOrdered", "And", "Or")
 
 
 def _check_reducible(op: str, dtype: Dtype) -> ops.Op:

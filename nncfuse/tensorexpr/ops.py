@@ -237,6 +237,10 @@ BINARY: dict[str, Op] = {op.name: op for op in (
             identity=_lowest),
     _binary("Min", "min", CALL, "any", _min, Emit("min_nan", "smin", "umin"),
             identity=_highest),
+    # `b if a < b else a` alone: a NaN `b` is passed over (x86's maxps), a NaN `a` stays;
+    # -inf leaves every `b` but NaN unchanged, so a reduction from it never holds a NaN.
+    _binary("MaxOrdered", "max_ordered", CALL, "float", lambda a, b: np.where(a < b, b, a),
+            Emit("max_ordered"), identity=_lowest),
     _binary("And", "&", 4, "any", np.bitwise_and, Emit(None, "and", "and"), identity=_ones),
     _binary("Or", "|", 2, "any", np.bitwise_or, Emit(None, "or", "or"),
             identity=lambda d: False if d.is_bool else 0),
@@ -284,6 +288,9 @@ CALLS: dict[str, Op] = {op.name: op for op in (
     _call("acosh", 1, np.arccosh),
     _call("atanh", 1, np.arctanh),
     _call("exp", 1, np.exp),
+    # exp of an argument known to be <= 0 or NaN (`x - max` over x's row: softmax), so that
+    # code may leave out exp's overflow handling; the same values as exp there.
+    _call("exp_nonpos", 1, np.exp),
     _call("exp2", 1, np.exp2),
     _call("expm1", 1, np.expm1),
     _call("log", 1, np.log),

@@ -120,6 +120,10 @@ def _powi(cg: LLVMCodeGen, a: Any, b: Any, dtype: Dtype) -> Any:
 def _call(cg: LLVMCodeGen, name: str, args: list[Any], dtype: Dtype) -> Any:
     value_type = args[0].type
     inline = dtype.name == "float32" and dtype.lanes > 1 and vecmath.vector_math()
+    if name == "exp_nonpos":  # exp of x <= 0 or NaN: inline without the upper clamp
+        if inline:
+            return _inline_exp(cg, args[0], dtype.lanes, nonpositive=True)
+        name = "exp"
     if name == "exp" and inline:
         return _inline_exp(cg, args[0], dtype.lanes)
     if name == "erf" and inline:
@@ -172,7 +176,8 @@ EXP_POLY = (1.3365257764235139e-3, 8.35438258945942e-3, 4.167226329445839e-2,
             1.6666662693023682e-1, 0.5, 1.0)
 
 
-def _inline_exp(cg: LLVMCodeGen, x: Any, lanes: int, in_normal_range: bool = False) -> Any:
+def _inline_exp(cg: LLVMCodeGen, x: Any, lanes: int, in_normal_range: bool = False,
+                nonpositive: bool = False) -> Any:
     """exp of a float32 vector inline, about 1 ULP: no call, so nothing is spilled around one.
 
     Measured 2-3x faster than SLEEF's `expf16_u10` in fused loops (benchmarks/vecmath.py
@@ -180,6 +185,10 @@ def _inline_exp(cg: LLVMCodeGen, x: Any, lanes: int, in_normal_range: bool = Fal
     come out as denormals, as eager's do; large x overflows to inf; NaN stays NaN. With
     AVX-512, vscalefps scales in one instruction, with the same results (`_scalef`).
     `in_normal_range`: the caller guarantees -87 < x < 88, so none of that is needed.
+    `nonpositive`: the caller guarantees x <= 0 or NaN (`exp_nonpos`), so the clamp at
+    88.8 never acts and is left out (the same results there; softmax 4096 x 1024 at one
+    thread 1.47 -> 1.42 ms, 32768 x 128 1.67 -> 1.62). Beyond 88.8 the result is
+    unspecified (+inf gives NaN); the clamp at -104 stays (x - max may be -1e30).
     """
     b = cg.builder
     f32 = FLOAT32.with_lanes(lanes)
@@ -192,8 +201,9 @@ def _inline_exp(cg: LLVMCodeGen, x: Any, lanes: int, in_normal_range: bool = Fal
         return cg.intrinsic("fma", p.type, [p, q, r])
 
     xc = x
-    if not in_normal_range:
+    if not (in_normal_range or nonpositive):
         xc = b.select(b.fcmp_ordered(">", xc, c(88.8)), c(88.8), xc)
+    if not in_normal_range:
         xc = b.select(b.fcmp_ordered("<", xc, c(-104.0)), c(-104.0), xc)
     # rint(x / ln 2) as a multiply-add and a subtract: vrndscaleps is 2 micro-ops (8 cycles)
     n = b.fsub(fma(xc, c(1.4426950408889634), c(ROUNDER)), c(ROUNDER))

@@ -380,11 +380,18 @@ def _row_box(ctx: Ctx, dims: tuple[int, ...]) -> _Box:
 
 
 def _row_max(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],
-             compute: Dtype, op: str = "Max") -> TensorArg:
+             compute: Dtype, op: str = "Max", name: str | None = None) -> TensorArg:
     def row_max(*kept: E.Expr) -> E.Expr:
         return box.reduce(op, kept, lambda r: value(kept, r), E.identity(op, compute))
 
-    return ctx.intermediate(op.lower(), compute, [box.x.shape[d] for d in box.kept], row_max)
+    shape = [box.x.shape[d] for d in box.kept]
+    return ctx.intermediate(name or op.lower(), compute, shape, row_max)
+
+
+def _exp_shifted(shifted: E.Expr) -> E.Expr:
+    """exp of `x - max` over x's row: <= 0, or NaN (a NaN x, or an infinite max), so
+    `exp_nonpos`, which skips exp's overflow handling."""
+    return E.call("exp_nonpos", shifted)
 
 
 def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: TensorArg,
@@ -393,7 +400,7 @@ def _exp_sum(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr], top: 
 
     def exp_sum(*kept: E.Expr) -> E.Expr:
         m = E.Load(top.buf, kept)
-        body = lambda r: E.call("exp", value(kept, r) - m)  # noqa: E731
+        body = lambda r: _exp_shifted(value(kept, r) - m)  # noqa: E731
         return finish(box.reduce("Add", kept, body, _zero(compute)))
 
     return ctx.intermediate(name, compute, [box.x.shape[d] for d in box.kept], exp_sum)
@@ -427,8 +434,11 @@ def softmax(ctx: Ctx) -> E.Expr:
     if box.count == 0 or not box.dims:  # an empty row, or a 0-dim tensor: elementwise
         one = value(box.kept_indices(ctx.indices), tuple(ctx.indices[d] for d in box.dims))
         shifted = one - one  # x - max: 0, or NaN for an infinity or NaN
-        return E.cast(out, shifted if log else E.call("exp", shifted))
-    top = _row_max(ctx, box, value, compute)
+        return E.cast(out, shifted if log else _exp_shifted(shifted))
+    # The max of the row's non-NaN values: a NaN makes every output NaN through its exp
+    # (into the sum), as eager's NaN max does, in one instruction per vector, not three
+    # (with exp_nonpos, 1 thread: 32768 x 128 1.56 -> 1.33 ms, 4096 x 1024 1.47 -> 1.42).
+    top = _row_max(ctx, box, value, compute, "MaxOrdered", "max")
     if not log and out == compute:
         return _softmax_in_place(ctx, box, value, top, compute)
     if log:
@@ -440,7 +450,7 @@ def softmax(ctx: Ctx) -> E.Expr:
     here = tuple(ctx.indices[d] for d in box.dims)
     m, s = E.Load(top.buf, kept), E.Load(scale.buf, kept)
     shifted = value(kept, here) - m
-    return E.cast(out, shifted - s if log else E.call("exp", shifted) * s)
+    return E.cast(out, shifted - s if log else _exp_shifted(shifted) * s)
 
 
 def _softmax_in_place(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Expr],
@@ -453,7 +463,7 @@ def _softmax_in_place(ctx: Ctx, box: _Box, value: Callable[[Index, Index], E.Exp
     def exp(*idx: E.Expr) -> E.Expr:
         kept = tuple(idx[d] for d in box.kept)
         here = tuple(idx[d] for d in box.dims)
-        return E.call("exp", value(kept, here) - E.Load(top.buf, kept))
+        return _exp_shifted(value(kept, here) - E.Load(top.buf, kept))
 
     exps = ctx.intermediate("exp", compute, shape, exp)
 
@@ -496,7 +506,9 @@ def logsumexp(ctx: Ctx) -> E.Expr:
     def value(kept: Index, r: Index) -> E.Expr:
         return rows.load(kept, r, compute)
 
-    top = _row_max(ctx, rows, value, compute)
+    # As softmax's: a NaN in the row makes its sum, and so the result, NaN anyway. (Its exp
+    # is no `exp_nonpos`: a row with +inf takes its max as 0, x - 0 may be positive.)
+    top = _row_max(ctx, rows, value, compute, "MaxOrdered", "max")
     kept = box.kept_indices(ctx.indices)
     m = E.Load(top.buf, kept)
     finite = E.select(E.cmp("==", E.call("abs", m), E.imm(math.inf, compute)),

@@ -53,7 +53,7 @@ def loops(stmt):
 def exp_evaluations(node, trips=1):
     """How many elements' exponentials `node` computes when it runs: each `exp` call's
     lanes times the iterations of the loops and reductions around it."""
-    if isinstance(node, E.Call) and node.name == "exp":
+    if isinstance(node, E.Call) and node.name in ("exp", "exp_nonpos"):
         return trips * node.dtype.lanes + exp_evaluations(node.args[0], trips)
     if isinstance(node, S.For):
         inner = trips * (node.stop.value - node.start.value)
