@@ -54,9 +54,11 @@ def run_as_built(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 class GraphPlan:
-    """Runs an optimized graph in the TorchScript interpreter."""
+    """Runs an optimized graph in the TorchScript interpreter (its repeated views folded
+    first: `fold_same_views`)."""
 
     def __init__(self, graph: torch._C.Graph, receiver: Any):
+        fold_same_views(graph)
         self.graph = graph
         self.receiver = receiver
         self.fn = torch._C._create_function_from_graph("nncfuse_fused", graph)
@@ -64,6 +66,100 @@ class GraphPlan:
     def run(self, args: tuple[Any, ...]) -> Any:
         full = args if self.receiver is None else (self.receiver, *args)
         return run_as_built(self.fn, *full)
+
+
+#: views whose result is their input's storage at its offset, fixed by their arguments alone
+_SAME_VIEWS = frozenset({"aten::view", "aten::t", "aten::transpose", "aten::alias",
+                         "aten::permute", "aten::unsqueeze", "aten::expand"})
+#: uses through which a value leaves the graph (or a block): its identity is seen outside
+_ESCAPES = frozenset({"prim::Return", "prim::TupleConstruct", "prim::ListConstruct"})
+
+
+def fold_same_views(graph: torch._C.Graph) -> int:
+    """Replace each view in `graph`'s top block that repeats an earlier one (the same op of
+    the same value with the same arguments) by that one; return how many were folded.
+
+    AOTAutograd's graphs take a view per use (BERT's backward views each gradient as
+    `[128, 256]` and `[-1, 256]`, one for each of two GEMMs: 24 of 110 views, 41 of 135 in
+    its forward), each a node of the interpreter and a tensor:
+
+        %a = aten::view(%g, [128, 256])         %a = aten::view(%g, [128, 256])
+        %b = aten::view(%g, [-1, 256])     ->   %m = aten::mm(%a, %w)
+        %m = aten::mm(%a, %w)                   %t = aten::t(%a)
+        %t = aten::t(%b)
+
+    Both are the same memory seen the same way, so a reader cannot tell them apart; not
+    where either may be written to (an in-place op, a kernel storing into its input: the
+    metadata of a view may change) or where both leave the graph (two outputs that are one
+    tensor: a gradient accumulated into one would change the other); where one does (a
+    saved tensor of the forward), that one is both. A size of -1
+    matches the earlier view's size there (the same element count: whenever one view is
+    valid the other is the same view).
+    """
+    aliases = None
+    seen: dict[tuple[Any, ...], list[tuple[Any, tuple[Any, ...] | None]]] = {}
+    folded = 0
+    for node in list(graph.nodes()):
+        if node.kind() not in _SAME_VIEWS or node.outputsSize() != 1:
+            continue
+        key, sizes = _view_key(node)
+        if key is None:
+            continue
+        earlier = seen.setdefault(key, [])
+        same = next((n for n, s in earlier if s == sizes or _sizes_match(s, sizes)), None)
+        if same is None:
+            earlier.append((node, sizes))
+            continue
+        if aliases is None:
+            aliases = graph.alias_db()
+        values = (node.output(), same.output(), node.inputsAt(0))
+        if _escapes(node.output()) and _escapes(same.output()) or any(
+                aliases.has_writers(v) for v in values):
+            continue
+        node.output().replaceAllUsesWith(same.output())
+        node.destroy()
+        folded += 1
+    return folded
+
+
+def _view_key(node: Any) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]:
+    """The view `node` as (op, its input, its arguments but a constant size list), and that
+    size list (None if there is none); (None, None) where an argument is not a constant or a
+    dim is negative (its meaning depends on the rank)."""
+    inputs = list(node.inputs())
+    args: list[Any] = []
+    sizes = None
+    for k, v in enumerate(inputs[1:], 1):
+        if v.node().kind() != "prim::Constant":
+            args.append(("value", v.unique()))
+            continue
+        value = v.toIValue()
+        if node.kind() == "aten::view" and k == 1 and isinstance(value, list):
+            sizes = tuple(value)
+            continue
+        if isinstance(value, list):
+            value = tuple(value)
+        if node.kind() in ("aten::transpose", "aten::unsqueeze", "aten::permute") and any(
+                d < 0 for d in (value if isinstance(value, tuple) else (value,))):
+            return None, None
+        args.append(value)
+    if node.kind() == "aten::transpose":
+        args.sort()
+    return (node.kind(), inputs[0].unique(), *args), sizes
+
+
+def _sizes_match(first: tuple[Any, ...] | None, then: tuple[Any, ...] | None) -> bool:
+    """Whether a view to `then` equals an earlier one to `first` (no -1 in it): the same
+    sizes but at most one -1 in `then`."""
+    if first is None or then is None or len(first) != len(then) or -1 in first:
+        return False
+    holes = [k for k, s in enumerate(then) if s == -1]
+    return len(holes) <= 1 and all(s == t for s, t in zip(first, then) if t != -1)
+
+
+def _escapes(value: Any) -> bool:
+    """Whether `value` may leave the graph, or a block, as itself."""
+    return any(use.user.kind() in _ESCAPES for use in value.uses())
 
 
 class KernelPlan:

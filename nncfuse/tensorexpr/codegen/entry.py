@@ -9,7 +9,7 @@ of eager PyTorch's dispatch per op:
 
     def entry(args):
         a0 = args[0]
-        o0 = empty_strided((16,), (1,), dtype=float32)
+        o0 = empty_strided((16,), (1,), float32)
         cfunc(a0.data_ptr(), o0.data_ptr())
         return o0
 
@@ -219,13 +219,26 @@ class KernelInterface:
     quick: tuple[Callable[..., Any], E.Expr] | None = None
 
 
+def _empty_strided() -> Callable[..., torch.Tensor]:
+    """`empty_strided(sizes, strides, dtype)` of a CPU tensor: the allocator called at once,
+    as Inductor's CPU code allocates (0.44 us, against 0.89 through the dispatcher; a
+    tensor made under inference mode is an inference tensor all the same), or
+    `torch.empty_strided` where this torch has no such function."""
+    try:
+        from torch._C._dynamo.guards import _empty_strided_cpu
+
+        return _empty_strided_cpu
+    except ImportError:
+        return lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype)
+
+
 class _Code:
     """The lines of the generated function, and the objects its names refer to."""
 
     def __init__(self) -> None:
         self.lines = ["def entry(args):"]
         self.env: dict[str, Any] = {
-            "empty_strided": torch.empty_strided, "empty": torch.empty, "Tensor": torch.Tensor}
+            "empty_strided": _empty_strided(), "empty": torch.empty, "Tensor": torch.Tensor}
 
     def line(self, text: str) -> None:
         self.lines.append("    " + text)
@@ -327,16 +340,16 @@ def _allocate(
                 factor = str(max(d.value, 1)) if isinstance(d, E.Imm) else f"max({python(d)}, 1)"
                 acc = factor if acc == "1" else f"{acc} * {factor}"
             code.line(f"{name} = empty_strided(({sizes}), ({', '.join(reversed(steps))},), "
-                      f"dtype={dtype})")
+                      f"{dtype})")
         else:
             steps = "".join(f"{python(s)}, " for s in strides)
-            code.line(f"{name} = empty_strided(({sizes}), ({steps}), dtype={dtype})")
+            code.line(f"{name} = empty_strided(({sizes}), ({steps}), {dtype})")
         code.bind("huge_pages", huge_pages)
         nbytes = " * ".join([str(meta.dtype.itemsize), *(python(d) for d in dims)])
         code.line(f"if {nbytes} >= {HUGE_PAGE_BYTES}:")
         code.line(f"    huge_pages({name}.data_ptr(), {nbytes})")
         return name
-    code.line(f"{name} = empty_strided({meta.sizes}, {meta.strides}, dtype={dtype})")
+    code.line(f"{name} = empty_strided({meta.sizes}, {meta.strides}, {dtype})")
     if meta.nbytes >= HUGE_PAGE_BYTES:
         code.bind("huge_pages", huge_pages)
         code.line(f"huge_pages({name}.data_ptr(), {meta.nbytes})")

@@ -51,7 +51,7 @@ def test_every_kind_of_boundary_in_the_generated_source():
         "    a1 = c1\n"
         "    if not h0(a1):\n"
         "        raise RuntimeError(m0)\n"
-        "    o0 = empty_strided((2, 3), (1, 2), dtype=dt0)\n"
+        "    o0 = empty_strided((2, 3), (1, 2), dt0)\n"
         "    run([a0, a1, t2, o0])\n"
         "    return (a0, o0, )\n"
     )
