@@ -190,8 +190,8 @@ class _DropOverwritten(Mutator):
                 a.root for n in walk(child) if isinstance(n, S.ExternalCall)
                 for a in (n.buf, *n.args) if isinstance(a, Buf)}
             later = [w for w in later if w.buf.root not in read]
-            if isinstance(child, S.Store):
-                later.append(child)
+            if isinstance(child, S.Store) and child.buf.root not in read:
+                later.append(child)  # overwrites, unless it reads what it overwrites first
             kept.append(child)
         if len(kept) == len(s.stmts):
             return s

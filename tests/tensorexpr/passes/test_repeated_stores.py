@@ -296,3 +296,15 @@ def test_a_store_of_another_element_is_not_overwritten():
     stmt = S.For(i, E.imm(0), E.imm(4), S.Block((
         S.Store(out, (i,), E.Load(x, (i,))), S.Store(out, (i + 4,), E.Load(x, (i,)) * 2.0))))
     assert eliminate_dead_stores(stmt, params=[x, out]) is stmt
+
+
+def test_a_store_that_the_overwriting_store_reads_stays():
+    """A logsumexp of one element: its maximum stored, then the result computed from it into
+    the same element (fuzzer seed 11571)."""
+    x, out = buf("x", [1]), buf("out", [1])
+    zero = (E.imm(0),)
+    stmt = S.Block((
+        S.Store(out, zero, E.call("exp", E.Load(x, zero))),
+        S.Store(out, zero, E.call("log", E.Load(out, zero)) + E.Load(x, zero)),
+    ))
+    assert eliminate_dead_stores(stmt, params=[x, out]) is stmt
