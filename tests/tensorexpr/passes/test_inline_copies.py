@@ -77,3 +77,33 @@ def _retarget(nest, target):
     if isinstance(nest, S.Block):
         return S.Block(tuple(_retarget(s, target) for s in nest.stmts))
     return S.Store(target, nest.indices, nest.value)
+
+
+def _transposed_rotary(x, w, cos, sin):
+    """Llama's q: a GEMM's output seen as (batch, heads, seq, dim), rotated."""
+    q = (x @ w).view(1, 8, 2, 16).transpose(1, 2)
+    rotated = torch.cat((-q[..., 8:], q[..., :8]), dim=-1)
+    return q * cos + rotated * sin
+
+
+def test_the_rotary_embedding_of_a_transposed_gemm_reads_the_gemm_output():
+    import nncfuse
+    from nncfuse.jit.runtime import kernel_of
+
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 32), torch.randn(32, 32)
+    cos, sin = torch.randn(8, 16).cos(), torch.randn(8, 16).sin()
+    x[0, 0], x[1, 3] = float("nan"), -0.0
+    f = nncfuse.jit(_transposed_rotary)
+    for _ in range(3):
+        got = f(x, w, cos, sin)
+    torch.testing.assert_close(got, _transposed_rotary(x, w, cos, sin), equal_nan=True)
+    groups = nncfuse.fusion_groups(f.graph_for(x, w, cos, sin))
+    assert groups
+    for g in groups:
+        assert "Allocate(" not in str(kernel_of(g).stmt)  # no transposed copy of the GEMM
+
+    def wide(t):
+        return t.double().requires_grad_()
+    args = (wide(torch.randn(8, 32)), wide(w), cos.double(), sin.double())
+    assert torch.autograd.gradcheck(nncfuse.jit(_transposed_rotary), args)
