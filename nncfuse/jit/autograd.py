@@ -437,6 +437,9 @@ class _Joint:
         #: per input, the outputs whose gradients its gradient depends on: with none of them
         #: given (outputs the loss does not use), its gradient is None, as in eager
         self.depends = _tangents_read(backward, self.outputs)
+        #: per output, the strides its gradient was traced with (the output's: a transposed
+        #: output's gradient is transposed too), None where they are not numbers
+        self.tangent_strides = _tangent_strides(backward, self.outputs)
         _plain_casts(forward)
         _plain_casts(backward)
         self.forward = CompiledGraph(forward, _examples(forward), "forward", options)
@@ -470,6 +473,29 @@ def _random(gm: torch.fx.GraphModule) -> bool:
     `rand`, `bernoulli`, ...)."""
     return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                and torch.Tag.nondeterministic_seeded in n.target.tags for n in gm.graph.nodes)
+
+
+def _tangent_strides(backward: torch.fx.GraphModule, outputs: int) -> list[Any]:
+    """The strides of the backward's last `outputs` inputs, the tangents, as traced."""
+    tangents = [n.meta.get("val") for n in backward.graph.find_nodes(op="placeholder")]
+    strides: list[Any] = []
+    for t in tangents[len(tangents) - outputs:]:
+        stride = tuple(t.stride()) if isinstance(t, torch.Tensor) else None
+        strides.append(stride if stride is not None and all(type(d) is int for d in stride)
+                       else None)
+    return strides
+
+
+def _as_traced(grad: torch.Tensor | None, shape: Any, dtype: torch.dtype,
+               stride: tuple[int, ...] | None) -> torch.Tensor:
+    """`grad` (zeros where None) in the layout the backward was traced with (contiguous where
+    that is unknown): a view in the backward graph may need it (a transposed output's)."""
+    if stride is None or len(stride) != len(shape):
+        return grad.contiguous() if grad is not None else torch.zeros(shape, dtype=dtype)
+    if grad is not None and grad.stride() == stride:
+        return grad
+    out = torch.empty_strided(shape, stride, dtype=dtype)
+    return out.copy_(grad) if grad is not None else out.zero_()
 
 
 def _tangents_read(backward: torch.fx.GraphModule, outputs: int) -> list[frozenset[int]]:
@@ -546,8 +572,8 @@ class _Fused(torch.autograd.Function):
         saved = ctx.saved_tensors  # raises after a backward without retain_graph
         given = frozenset(k for k, g in enumerate(grads) if g is not None)
         grads = grads[:joint.outputs]  # not those of the written buffers' values
-        full = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype)
-                for g, (shape, dtype) in zip(grads, ctx.shapes)]
+        full = [_as_traced(g, shape, dtype, stride)
+                for g, (shape, dtype), stride in zip(grads, ctx.shapes, joint.tangent_strides)]
         if torch.is_grad_enabled():
             results = _higher_order(ctx, tuple(full))
         else:

@@ -36,6 +36,19 @@ memory the caller sees and other buffers may share) and stores nowhere else,
 of the temporary's dtype, sizes and strides (a copy of part of a temporary, a
 `chunk`'s first piece, stays a copy); neither may be an external call's
 argument or result.
+
+A store that a later store of the same block overwrites (the same buffer and
+element), with no load of that buffer between them, is dead too: a temporary
+that `reuse_outputs` put in its reader's output, whose loads
+`eliminate_common_subexpressions` then replaced, left one (the suite's seed
+chain, GELU, Llama's SiLU backward; LLVM cannot drop it where a load of another
+buffer, which might alias, comes between):
+
+    for i: {                                for i: {
+      float v = sin(t0[i]);                   float v = sin(t0[i]);
+      out[i] = v;                   ->        out[i] = v * v;
+      out[i] = v * v;                       }
+    }
 """
 
 from __future__ import annotations
@@ -160,6 +173,32 @@ class _DropSelfCopies(Mutator):
         return s
 
 
+class _DropOverwritten(Mutator):
+    """Drops each store of a block that a later store of that block overwrites, with no load
+    of its buffer (any view of it) between them."""
+
+    def mutate_Block(self, s: S.Block) -> S.Stmt:
+        s = self.generic_mutate(s)
+        kept: list[S.Stmt] = []
+        later: list[S.Store] = []  # the stores after `child` in this block, none read since
+        for child in reversed(s.stmts):
+            if isinstance(child, S.Store) and any(
+                    w.buf == child.buf and _same_offsets(w.indices, child.indices)
+                    for w in later):
+                continue
+            read = {n.buf.root for n in walk(child) if isinstance(n, E.Load)} | {
+                a.root for n in walk(child) if isinstance(n, S.ExternalCall)
+                for a in (n.buf, *n.args) if isinstance(a, Buf)}
+            later = [w for w in later if w.buf.root not in read]
+            if isinstance(child, S.Store) and child.buf.root not in read:
+                later.append(child)  # overwrites, unless it reads what it overwrites first
+            kept.append(child)
+        if len(kept) == len(s.stmts):
+            return s
+        kept.reverse()
+        return S.Block(tuple(kept))
+
+
 def eliminate_dead_stores(stmt: S.Stmt, params: Iterable[Buf] = (),
                           outputs: Iterable[Buf] = ()) -> S.Stmt:
     """Drop stores to temporaries that are never loaded, or whose values an output of
@@ -175,4 +214,5 @@ def eliminate_dead_stores(stmt: S.Stmt, params: Iterable[Buf] = (),
     loaded = {n.buf.root for n in walk(stmt) if isinstance(n, E.Load)}
     stored = {n.buf.root for n in walk(stmt) if isinstance(n, S.Store)}
     dead = stored - loaded - keep
-    return _Drop(dead).mutate(stmt) if dead else stmt
+    stmt = _Drop(dead).mutate(stmt) if dead else stmt
+    return _DropOverwritten().mutate(stmt)

@@ -49,7 +49,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, replace_node, substitute, walk
-from .simplify import Simplifier, simplify
+from .simplify import Simplifier, coefficient, simplify
 
 #: Rows shorter than this many elements stay as they are: measured slower (softmax 16384 x 256,
 #: 1 thread, kernel alone: 1.17-1.22 -> 1.25-1.38 ms; 32768 x 128 1.35 -> 1.38), while from
@@ -95,15 +95,6 @@ class _Part:
     segments: tuple[_Segment, ...]
 
 
-def _coefficient(index: E.Expr, var: E.Var) -> int | None:
-    """`var`'s coefficient in `index` if `index` is linear in it; None where `var` is also in
-    another of `linear`'s atoms (`16 * j + 32 * (j / 2)`: not one vector after the other)."""
-    terms = Simplifier().linear(index).terms
-    if any(atom is not var and any(n is var for n in walk(atom)) for atom in terms):
-        return None
-    return terms.get(var, 0)  # type: ignore[return-value]
-
-
 def _store_loop(s: S.Stmt) -> _Loop | None:
     """`s` as a loop of vector (or scalar) stores (in a Block of Lets, as `hoist_loads`
     leaves it)."""
@@ -125,7 +116,7 @@ def _store_loop(s: S.Stmt) -> _Loop | None:
         lanes, first = 1, index
     else:
         return None
-    if _coefficient(first, s.var) != lanes:
+    if coefficient(first, s.var) != lanes:
         return None
     base = simplify(substitute(first, {s.var: E.imm(0)}))
     return _Loop(lets, s, body, store, base, lanes, s.start.value, s.stop.value)  # type: ignore
@@ -162,10 +153,10 @@ def _segment(n: E.Expr, op: str, loop: _Loop) -> _Segment | None:
     if not (isinstance(index, E.Ramp) and E.is_const(index.stride, 1)):
         return None
     zero = {var: E.imm(0)}
-    if _coefficient(index.base, var) != lanes:
+    if coefficient(index.base, var) != lanes:
         return None
     if blocks:
-        if _coefficient(index.base, outer) != lanes * block:
+        if coefficient(index.base, outer) != lanes * block:
             return None
         zero[outer] = E.imm(0)
     offset = _offset(index.base, zero, loop)

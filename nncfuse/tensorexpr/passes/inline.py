@@ -11,6 +11,20 @@ nested) would grow exponentially. `fuse_loops` then puts it in the same loop
 as its readers, `eliminate_common_subexpressions` turns its loads into a
 `Let`, and `eliminate_dead_stores` drops its stores.
 
+A copy (the definition is one load, as a transpose, an expand or a clone makes
+it: `tmp[j, k, l] = mm[k, 64 * j + l]`) is substituted into every load of it,
+however many: a load replaces a load, and the copy is not made (Llama's rotary
+embedding read each transposed q and k copy three times). Only where the copy
+keeps its rows: the source steps by one element (or none) with the copy's
+innermost index, so that its readers' vectors stay contiguous (a copy that
+transposes its innermost dimension stays, for `tile_transposes`), and no
+later nest stores into the source.
+
+    for j, k, l: tmp[j, k, l] = mm[k, 64 * j + l];
+    for j, k, l: out[j, k, l] = tmp[j, k, l] * c[k, l] + tmp[j, k, (l + 32) % 64];
+becomes
+    for j, k, l: out[j, k, l] = mm[k, 64 * j + l] * c[k, l] + mm[k, 64 * j + (l + 32) % 64];
+
 One exception: an expensive definition (a transcendental call, a `Reduce`)
 read by a nest that runs more often than the temporary has elements (a
 broadcast, such as a row sum read by every element of its row) would be
@@ -26,7 +40,8 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
-from ..loopnest import Nest, as_block, definition, extent, loads
+from ..loopnest import Nest, as_block, buffers_stored, definition, extent, loads
+from .simplify import coefficient
 
 
 def _expensive(value: E.Expr) -> bool:
@@ -45,6 +60,18 @@ def _runs_more(consumer: S.Stmt, nest: S.Stmt) -> bool:
     trips = [sorted(map(str, (loop.stop - loop.start for loop in Nest.of(n).loops)))
              for n in (consumer, nest)]
     return trips[0] != trips[1]
+
+
+def _row_copy(indices: tuple[E.Var, ...], value: E.Expr) -> bool:
+    """Whether `value`, a nest's stored value at `indices`, is a load of another buffer whose
+    element steps by 0 or 1 with the innermost index (and no other index moves with it)."""
+    if not isinstance(value, E.Load) or not indices or value.buf.dtype != value.dtype:
+        return False
+    inner = indices[-1]
+    offset: E.Expr = E.imm(0)
+    for index, stride in zip(value.indices, value.buf.strides):
+        offset = offset + index * stride
+    return coefficient(offset, inner) in (0, 1)
 
 
 class _Inline(Mutator):
@@ -76,6 +103,13 @@ def inline_intermediates(stmt: S.Stmt, outputs: Iterable[Buf] = ()) -> S.Stmt:
         buf, indices, value = found
         consumers = [j for j in range(k + 1, len(nests)) if buf in reads[j]]
         if sum(reads[j][buf] for j in consumers) != 1:
+            if consumers and _row_copy(indices, value) and not any(
+                    {buf, value.buf.root} & buffers_stored(n) for n in nests[k + 1:]):
+                for j in consumers:  # each load of the copy becomes a load of its source
+                    nests[j] = _Inline(buf, indices, value).mutate(nests[j])
+                    reads[j][value.buf.root] += reads[j].pop(buf)
+                changed = True
+                continue
             result.append(nest)
             continue
         if _expensive(value) and any(_runs_more(nests[j], nest) for j in consumers):

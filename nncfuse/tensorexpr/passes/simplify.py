@@ -28,7 +28,7 @@ from .. import stmt as S
 from ..dtype import INDEX
 from ..ir_eval import evaluate
 from ..ir_pattern import CONSTS, Const, Node, Rules, Wild, cast, max_, min_, not_float, rule, select
-from ..ir_visitor import Mutator, substitute
+from ..ir_visitor import Mutator, substitute, walk
 
 Bounds = tuple[int, int] | None
 
@@ -108,6 +108,15 @@ def factors(e: E.Expr) -> list[E.Expr]:
     if isinstance(e, E.Mul) and e.dtype == INDEX:
         return [*factors(e.a), *factors(e.b)]
     return [e]
+
+
+def coefficient(index: E.Expr, var: E.Var) -> int | None:
+    """`var`'s coefficient in `index` if `index` is linear in it; None where `var` is also in
+    another of `linear`'s atoms (`16 * j + 32 * (j / 2)`: not one vector after the other)."""
+    terms = Simplifier().linear(index).terms
+    if any(atom is not var and any(n is var for n in walk(atom)) for atom in terms):
+        return None
+    return terms.get(var, 0)  # type: ignore[return-value]
 
 
 class Simplifier(Mutator):

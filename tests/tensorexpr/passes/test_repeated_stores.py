@@ -262,3 +262,49 @@ def _live_kernels():
         except ReferenceError:  # a weak proxy whose object is gone
             pass
     return found
+
+
+def _overwritten(between):
+    """`out[i] = sin(x[i]); <between>; out[i] = out2-like value` in one loop body."""
+    x, out, other = buf("x", [8]), buf("out", [8]), buf("other", [8])
+    i, v = var(), E.Var("v", FLOAT32)
+    body = [S.Let(v, E.call("sin", E.Load(x, (i,)))), S.Store(out, (i,), v),
+            *between(x, out, other, i), S.Store(out, (i,), v * v)]
+    return S.For(i, E.imm(0), E.imm(8), S.Block(tuple(body))), [x, out, other]
+
+
+def test_a_store_that_a_later_store_overwrites_is_dropped():
+    stmt, params = _overwritten(lambda x, out, other, i: [S.Store(other, (i,), E.Load(x, (i,)))])
+    after = eliminate_dead_stores(stmt, params=params)
+    assert_expected_inline(text(after), """\
+for (int64_t i = 0; i < 8; i++) {
+  float v = sin(x[i]);
+  other[i] = x[i];
+  out[i] = v * v;
+}""")
+    same_results(stmt, after, params, lambda: [torch.randn(8) for _ in params])
+
+
+def test_a_store_read_before_it_is_overwritten_stays():
+    stmt, params = _overwritten(lambda x, out, other, i: [S.Store(other, (i,), E.Load(out, (i,)))])
+    assert text(eliminate_dead_stores(stmt, params=params)).count("out[i] =") == 2
+
+
+def test_a_store_of_another_element_is_not_overwritten():
+    x, out = buf("x", [8]), buf("out", [8])
+    i = var()
+    stmt = S.For(i, E.imm(0), E.imm(4), S.Block((
+        S.Store(out, (i,), E.Load(x, (i,))), S.Store(out, (i + 4,), E.Load(x, (i,)) * 2.0))))
+    assert eliminate_dead_stores(stmt, params=[x, out]) is stmt
+
+
+def test_a_store_that_the_overwriting_store_reads_stays():
+    """A logsumexp of one element: its maximum stored, then the result computed from it into
+    the same element (fuzzer seed 11571)."""
+    x, out = buf("x", [1]), buf("out", [1])
+    zero = (E.imm(0),)
+    stmt = S.Block((
+        S.Store(out, zero, E.call("exp", E.Load(x, zero))),
+        S.Store(out, zero, E.call("log", E.Load(out, zero)) + E.Load(x, zero)),
+    ))
+    assert eliminate_dead_stores(stmt, params=[x, out]) is stmt
