@@ -492,8 +492,8 @@ def _as_traced(grad: torch.Tensor | None, shape: Any, dtype: torch.dtype,
     that is unknown): a view in the backward graph may need it (a transposed output's)."""
     if stride is None or len(stride) != len(shape):
         return grad.contiguous() if grad is not None else torch.zeros(shape, dtype=dtype)
-    if grad is not None and grad.stride() == stride:
-        return grad
+    if grad is not None and all(s == d for s, d, n in zip(grad.stride(), stride, shape) if n > 1):
+        return grad  # the strides of dims of size 1 do not matter to a view
     out = torch.empty_strided(shape, stride, dtype=dtype)
     return out.copy_(grad) if grad is not None else out.zero_()
 

@@ -51,3 +51,15 @@ def test_gradients_in_any_layout(how, layout):
 def test_gradcheck(how):
     assert torch.autograd.gradcheck(_compiled(how), _inputs(torch.float64))
     torch._dynamo.reset()
+
+
+def test_a_gradient_in_the_traced_layout_is_not_copied():
+    """Strides of dims of size 1 do not change what a view sees: such a gradient is passed as
+    it is (a copy per backward would cost a step a pass over every such gradient)."""
+    from nncfuse.jit.autograd import _as_traced
+
+    g = torch.randn(4, 1, 8).transpose(0, 1)  # shape (1, 4, 8), strides (8, 8, 1)
+    assert _as_traced(g, (1, 4, 8), torch.float32, (32, 8, 1)) is g
+    moved = _as_traced(g.transpose(1, 2), (1, 8, 4), torch.float32, (32, 4, 1))
+    assert moved.stride() == (32, 4, 1) and torch.equal(moved, g.transpose(1, 2))
+    assert torch.equal(_as_traced(None, (2, 3), torch.float32, (1, 2)), torch.zeros(2, 3))
