@@ -435,6 +435,8 @@ def report(results: dict[str, dict[str, Any]], contenders: list[str]) -> None:
         if c == "compile":
             continue
         both = [r for r in results.values() if c in r["step"] and "compile" in r["step"]]
+        if not both:
+            continue
         speed = geomean(r["step"]["compile"] / r["step"][c] for r in both)
         compile_time = geomean(r["first"][c] / r["first"]["compile"] for r in both)
         print(f"  {c:<17} step speed {speed:5.2f}x   first-step time {compile_time:6.3f}x"
