@@ -461,7 +461,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="mlp,block", help="built-in workloads: mlp,block")
     p.add_argument("--models", default="", help="also these models of models.py, e.g. bert,gpt2")
-    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--contenders", default=",".join(CONTENDERS),
+                   help=f"comma-separated, of {', '.join(CONTENDERS + REFERENCES)}")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, help="timed rounds (default 10; quick 3)")
     p.add_argument("--target-ms", type=float, default=50.0, help="time per sample")

@@ -232,13 +232,16 @@ def _empty_strided() -> Callable[..., torch.Tensor]:
         return lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype)
 
 
+EMPTY_STRIDED = _empty_strided()  # looked up once, not per generated entry
+
+
 class _Code:
     """The lines of the generated function, and the objects its names refer to."""
 
     def __init__(self) -> None:
         self.lines = ["def entry(args):"]
         self.env: dict[str, Any] = {
-            "empty_strided": _empty_strided(), "empty": torch.empty, "Tensor": torch.Tensor}
+            "empty_strided": EMPTY_STRIDED, "empty": torch.empty, "Tensor": torch.Tensor}
 
     def line(self, text: str) -> None:
         self.lines.append("    " + text)
