@@ -357,6 +357,50 @@ def test_training_normalizations_and_softmax_decompose_and_fuse(backend):
     assert all(nncfuse.fusion_groups(g.graphs()[0]) for g in backend.compiled_graphs())
 
 
+def test_a_number_minus_a_tensor_from_a_math_kernel_fuses(backend):
+    # SiLU's backward is ATen's math kernel, whose C++ `1 - sigmoid` is empty_like, fill and
+    # sub: as rsub it fuses with the sigmoid and the rest of the backward (one group, no fill).
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8))
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend="nncfuse")
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        for m in (model, compiled_model):
+            m.zero_grad()
+        expected, got = model(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        (expected * 3.0).sum().backward()
+        (got * 3.0).sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    (_, backward) = backend.compiled_graphs()
+    assert any(n.target is torch.ops.aten.fill.Scalar for n in backward.gm.graph.nodes)
+    kinds = [n.kind() for n in backward.graphs()[0].nodes()]
+    assert "aten::fill" not in kinds and "aten::empty_like" not in kinds
+    assert len(nncfuse.fusion_groups(backward.graphs()[0])) == 1
+
+
+@pytest.mark.parametrize("dtype, number, rewritten", [
+    (torch.float32, 1, True), (torch.float32, 0.5, True), (torch.float64, 0.1, True),
+    (torch.float32, 0.1, False),  # 0.1 rounds in float32: fill's value, not rsub's opmath one
+    (torch.float16, 1e-5, False), (torch.int32, 1, False),  # int: rsub of a float promotes
+    (torch.float32, float("nan"), False), (torch.float32, True, False)])
+def test_number_minus_a_tensor_is_rsub_where_it_is_the_same_tensor(backend, dtype, number,
+                                                                    rewritten):
+    from nncfuse.jit import fxgraph
+
+    def f(y):
+        filled = torch.ops.aten.fill.Scalar(torch.ops.aten.empty_like.default(y), number)
+        return torch.ops.aten.sub.Tensor(filled, y)
+
+    y = torch.arange(6, dtype=dtype).reshape(2, 3)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f)(y)
+    fresh = fxgraph._scriptable(gm, [y])
+    targets = [n.target for n in fresh.graph.nodes if n.op == "call_function"]
+    assert (targets == [torch.ops.aten.rsub]) is rewritten
+    assert torch.equal(fresh(y), f(y)) or (not rewritten and f(y).isnan().all())
+
+
 def test_training_with_dynamic_sizes_converts_the_size_inputs(backend):
     # AOTAutograd's graphs take symbolic sizes as unannotated inputs: they are ints.
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))

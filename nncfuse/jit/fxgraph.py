@@ -305,6 +305,34 @@ def _same_view(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+def _number_minus(node: torch.fx.Node) -> tuple[torch.fx.Node, Any] | None:
+    """(y, c) if `node` is ATen's C++ `c - y` of a number `c` (TensorOperators.h writes it
+    `empty_like(y).fill_(c).sub_(y)`; a math kernel's, such as `silu_backward`'s `1 - sigmoid`,
+    which AOTAutograd's functionalization decomposes before any table) and `rsub(y, c)` is
+    the same tensor: `y` floating point, `c` exact in its dtype; else None. The filled tensor
+    is no op that fuses: it would end the fusion group of `y`'s producer and cost a fill.
+
+        sub(fill(empty_like(y), c), y)   ==>   rsub(y, c)
+    """
+    if node.target is not aten.sub.Tensor or node.kwargs or len(node.args) != 2:
+        return None
+    filled, y = node.args
+    if not (isinstance(filled, torch.fx.Node) and filled.target is aten.fill.Scalar
+            and len(filled.users) == 1 and not filled.kwargs):
+        return None
+    empty, c = filled.args
+    if not (isinstance(empty, torch.fx.Node) and empty.target is aten.empty_like.default
+            and len(empty.users) == 1 and empty.args == (y,)
+            and set(empty.kwargs.items()) <= {("memory_format", torch.preserve_format)}):
+        return None
+    example = y.meta.get("val") if isinstance(y, torch.fx.Node) else None
+    if not (isinstance(example, torch.Tensor) and example.is_floating_point()
+            and type(c) in (int, float)):
+        return None
+    exact = torch.tensor(c, dtype=example.dtype).item()
+    return (y, c) if exact == c else None  # (a NaN is never exact: it stays)
+
+
 _NUMBER_TYPES = ((torch.SymBool, bool), (bool, bool), (torch.SymInt, int), (int, int),
                  (torch.SymFloat, float), (float, float))
 
@@ -314,8 +342,9 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     it is, for the fallback): inputs annotated by their examples (AOTAutograd's graphs take
     sizes unannotated, which TorchScript would read as tensors), ops by packet rather than
     overload, devices by type name, `_to_copy(x, dtype=...)` as `to`, `alias(x)` (detach,
-    decomposed) and `t(t(x))` (linear's backward) as `x`, the private ops of `_PUBLIC` as
-    the public ones they equal in a functional graph. A copy is never a lazy graph module."""
+    decomposed) and `t(t(x))` (linear's backward) as `x`, C++'s `c - y` as `rsub(y, c)`
+    (`_number_minus`), the private ops of `_PUBLIC` as the public ones they equal in a
+    functional graph. A copy is never a lazy graph module."""
     graph = copy.deepcopy(gm.graph)
     for node, example in zip(graph.find_nodes(op="placeholder"), example_inputs):
         if node.type is None:
@@ -324,6 +353,18 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     for node in graph.find_nodes(op="call_function", target=aten._to_copy.default):
         if len(node.args) == 1 and list(node.kwargs) == ["dtype"]:
             node.target = aten.to.dtype
+    for node in graph.find_nodes(op="call_function", target=aten.sub.Tensor):
+        found = _number_minus(node)
+        if found is not None:
+            filled = node.args[0]
+            with graph.inserting_before(node):
+                rsub = graph.call_function(aten.rsub.Scalar, found)
+            rsub.meta = dict(node.meta)
+            node.replace_all_uses_with(rsub)
+            graph.erase_node(node)
+            empty = filled.args[0]
+            graph.erase_node(filled)
+            graph.erase_node(empty)
     for private, public in _PUBLIC.items():
         for node in graph.find_nodes(op="call_function", target=private):
             if not node.kwargs and node.args[2:] in ((), (False,)):  # not half_to_float
