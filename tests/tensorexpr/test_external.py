@@ -368,3 +368,27 @@ def test_mkls_packed_gemm_follows_the_weight_and_the_rows():
     wt.copy_(torch.randn(32, 16))
     torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b))
     torch.testing.assert_close(mm(x, wt), x @ wt)
+
+
+@pytest.mark.parametrize("kind", ["aten::mm", "aten::bmm", "aten::addmm", "aten::matmul",
+                                  "aten::linear"])
+def test_a_gemm_routine_is_its_torch_binding_and_gives_the_ops_bits(kind):
+    """The in-kernel GEMMs call the unboxed `torch` binding (cheaper than the OpOverload, most
+    of all right after a GEMM has emptied the caches), with the node's operands in schema
+    order (addmm's keyword-only beta and alpha by name), and give the OpOverload's result."""
+    from nncfuse.tensorexpr.external import BINDINGS, ROUTINES, aten_op, aten_routine
+
+    routine = ROUTINES[aten_routine(kind)]
+    cells = [c.cell_contents for c in getattr(routine, "__closure__", None) or ()]
+    assert routine is BINDINGS[kind] or BINDINGS[kind] in cells  # addmm: the keyword wrapper
+    torch.manual_seed(0)
+    x, w, b = torch.randn(7, 5), torch.randn(5, 3), torch.randn(3)
+    operands = {
+        "aten::mm": (x, w),
+        "aten::bmm": (x[None].expand(2, 7, 5), w[None].expand(2, 5, 3)),
+        "aten::addmm": (b, x, w, 0.5, 2.0),  # beta, alpha: keyword-only in the schema
+        "aten::matmul": (x, w),
+        "aten::linear": (x, w.t(), b),
+    }[kind]
+    got, want = routine(*operands), aten_op(kind)(*operands)
+    assert torch.equal(got, want) and got.stride() == want.stride()
