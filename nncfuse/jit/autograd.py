@@ -165,10 +165,19 @@ def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[
     """`fn` traced at `inputs` (tensors at positions `tensors`) into a `_Joint`; where
     AOTAutograd refuses outputs that alias an input or inputs written in place, traced again
     with copied views or written buffers (see `_Joint`). Raises if it cannot be traced."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
     copy_views, written = False, ()
     for _ in range(3):
         try:
-            with collector.paused():  # a trace: no collections (see collector.py)
+            # A trace: no collections (see collector.py). Lazy graph modules, as Dynamo
+            # makes them (the backend's traces already run under them): AOTAutograd and the
+            # partitioner recompile their graphs' Python code a dozen times (BERT: a third
+            # of the partition), and nothing reads that code or calls these graphs but the
+            # FX fallback, which compiles it on its first call. (The partitioner's backward,
+            # reordered into a plain GraphModule, is made lazy in `_Joint`; `_scriptable`'s
+            # copy is a plain one, whose code the conversion reads.)
+            with collector.paused(), _use_lazy_graph_module(True):
                 return _Joint(fn, inputs, tensors, options, copy_views, written)
         except RuntimeError as e:
             if "outputs that alias inputs" in str(e) and not copy_views:
@@ -409,6 +418,7 @@ class _Joint:
                  options: Options, copy_views: bool = False, written: tuple[int, ...] = ()):
         from torch._functorch.aot_autograd import aot_export_joint_simple
         from torch._functorch.partitioners import min_cut_rematerialization_partition
+        from torch.fx._lazy_graph_module import _LazyGraphModule
 
         self.fn, self.inputs, self.tensors = fn, inputs, tensors
         self.copy_views = copy_views  # outputs that share no input's storage copied
@@ -432,8 +442,9 @@ class _Joint:
             # A second derivative runs the program again (`_higher_order`), on the values
             # those inputs have then: the ones it wrote.
             raise ValueError("an output or a gradient reads an input the program writes")
-        forward, backward = min_cut_rematerialization_partition(
-            joint, examples, num_fwd_outputs=self.outputs + len(written))
+        forward, backward = (_LazyGraphModule.from_graphmodule(gm) for gm in
+                             min_cut_rematerialization_partition(
+                                 joint, examples, num_fwd_outputs=self.outputs + len(written)))
         #: per input, the outputs whose gradients its gradient depends on: with none of them
         #: given (outputs the loss does not use), its gradient is None, as in eager
         self.depends = _tangents_read(backward, self.outputs)
