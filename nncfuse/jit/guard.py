@@ -43,7 +43,7 @@ from .. import log
 from ..config import Options
 from ..tensorexpr.kernel import TensorExprKernel
 from ..tensorexpr.lowerings import LoweringError, trials
-from ..tensorexpr.meta import TensorMeta, is_tensor
+from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
 from ..tensorexpr.size_symbols import SizeSymbols
 from . import runtime
 from .subgraph import unmerge
@@ -111,7 +111,7 @@ def _cache_key(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Ke
     guards = ""
     if dynamic:
         text = _SIZES.sub("(", text)
-        inputs = list(subgraph.inputs())
+        inputs = inputs_of(subgraph)
         metas = [(k, TensorMeta.from_type(v.type())) for k, v in enumerate(inputs)]
         if any(m is None for k, m in metas if is_tensor(inputs[k])):
             raise LoweringError("incomplete input types")
@@ -213,7 +213,7 @@ def _kind(group: Any, built: _Built) -> str | Exception:
     with _table_lock:
         if built.kind is None and not isinstance(built.kernel, Exception):
             try:
-                built.kind = runtime.register_kernel(built.kernel, list(group.inputs()),
+                built.kind = runtime.register_kernel(built.kernel, inputs_of(group),
                                                      group.outputsSize())
             except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
                 built.kernel = e
@@ -264,9 +264,9 @@ def guard_fusion_groups(
 
 def _unguarded(graph: torch._C.Graph, group: Any, kind: str) -> None:
     """The group's node becomes a dynamic kernel's, which guards itself (its entry)."""
-    fused = _kernel_node(graph, group, kind, list(group.inputs()))
+    fused = _kernel_node(graph, group, kind, inputs_of(group))
     fused.insertBefore(group)
-    for new, old in zip(fused.outputs(), group.outputs()):
+    for new, old in zip(outputs_of(fused), outputs_of(group)):
         old.replaceAllUsesWith(new)
     group.destroy()
 
@@ -276,19 +276,19 @@ def _kernel_node(graph: torch._C.Graph, group: Any, kind: str, inputs: list[Any]
     group's (not inserted)."""
     fused = graph.create(kind, inputs, group.outputsSize())
     fused.g_("Subgraph", group.g("Subgraph"))
-    for new, old in zip(fused.outputs(), group.outputs()):
+    for new, old in zip(outputs_of(fused), outputs_of(group)):
         new.setType(old.type())
     return fused
 
 
 def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:
     subgraph = group.g("Subgraph")
-    outer = list(group.inputs())
+    outer = inputs_of(group)
     checked = [v for v in outer if is_tensor(v)]
-    types = [inner.type() for inner, v in zip(subgraph.inputs(), outer) if is_tensor(v)]
+    types = [inner.type() for inner, v in zip(inputs_of(subgraph), outer) if is_tensor(v)]
     check = graph.create("prim::TypeCheck", checked, len(checked) + 1)
     check.tys_("types", types)
-    check_outs = list(check.outputs())
+    check_outs = outputs_of(check)
     for value, ty in zip(check_outs, types):
         value.setType(ty)
     check_outs[-1].setType(torch._C.BoolType.get())
@@ -301,21 +301,21 @@ def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:
     typed = dict(zip((v.unique() for v in checked), check_outs[:-1]))
     fused = _kernel_node(graph, group, kind, [typed.get(v.unique(), v) for v in outer])
     fused.insertBefore(fused_block.returnNode())
-    for new in fused.outputs():
+    for new in outputs_of(fused):
         fused_block.registerOutput(new)
 
-    env = {inner.unique(): v for inner, v in zip(subgraph.inputs(), outer)}
+    env = {inner.unique(): v for inner, v in zip(inputs_of(subgraph), outer)}
     for node in subgraph.nodes():
         clone = graph.createClone(node, lambda v: env[v.unique()])
         clone.insertBefore(fallback_block.returnNode())
-        for out, new in zip(node.outputs(), clone.outputs()):
+        for out, new in zip(outputs_of(node), outputs_of(clone)):
             if is_tensor(out):
                 new.setType(torch._C.TensorType.get())
             env[out.unique()] = new
-    for inner in subgraph.outputs():
+    for inner in outputs_of(subgraph):
         fallback_block.registerOutput(env[inner.unique()])
 
-    for new, old in zip(branch.outputs(), group.outputs()):
+    for new, old in zip(outputs_of(branch), outputs_of(group)):
         new.setType(old.type())
         old.replaceAllUsesWith(new)
     group.destroy()
