@@ -41,6 +41,7 @@ import torch
 
 from .. import log
 from ..config import Options
+from ..tensorexpr.meta import blocks_of
 from . import collector
 from .fxgraph import CompiledGraph, brief, decompositions
 from .policy import Program
@@ -253,7 +254,7 @@ def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], l
                 value.setType(node.output().type())
                 node.output().replaceAllUsesWith(value)
                 attributes.append((owner, name))
-            for inner in node.blocks():
+            for inner in blocks_of(node):
                 visit(inner)
 
     visit(graph)
@@ -324,7 +325,7 @@ def _scalar_constants(graph: torch._C.Graph) -> int:
         source = out.node()
         for use in list(out.uses()):
             user = use.user
-            if not user.kind().startswith("aten::") or list(user.blocks()) or len(
+            if not user.kind().startswith("aten::") or blocks_of(user) or len(
                     list(user.outputs())) != 1:
                 continue
             if number is not None and user.kind() in _TO_NUMBER and (

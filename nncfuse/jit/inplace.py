@@ -40,7 +40,7 @@ import torch
 
 from .. import log
 from ..tensorexpr.lowerings import aliases, lowering_for
-from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
+from ..tensorexpr.meta import TensorMeta, blocks_of, inputs_of, is_tensor, outputs_of
 
 _log = log.get_logger(__file__)
 
@@ -165,7 +165,7 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
         used = [k for k, v in enumerate(inputs_of(node)) if v.unique() in versions]
         if not used:
             continue
-        if node.owningBlock() != top or list(node.blocks()):
+        if node.owningBlock() != top or blocks_of(node):
             return None
         if plan.view_write is not None and _escapes_to_return(node):
             continue
@@ -356,7 +356,7 @@ def _view_readers(view: Any) -> list[Any] | None:
     readers = []
     for use in view.output().uses():
         user = use.user
-        if user.owningBlock() != view.owningBlock() or list(user.blocks()):
+        if user.owningBlock() != view.owningBlock() or blocks_of(user):
             return None
         if _writes(user, use.offset) or _escapes_to_return(user):
             return None
@@ -509,7 +509,7 @@ def only_write_backs(block: Any, exempt: frozenset[Any]) -> bool:
     """Whether the write-backs in `exempt` are the only nodes of `block` (and its nested
     blocks) that write to a tensor."""
     for node in block.nodes():
-        if any(not only_write_backs(b, exempt) for b in node.blocks()):
+        if any(not only_write_backs(b, exempt) for b in blocks_of(node)):
             return False
         if node in exempt:
             continue
@@ -530,7 +530,7 @@ def written_inputs(graph: torch._C.Graph, skip: int = 0) -> tuple[int, ...]:
 
     def visit(block: Any) -> None:
         for node in block.nodes():
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 visit(sub)
             if node.kind() == WRITE_BACK:
                 root, _ = _chain_root(node.inputsAt(0))

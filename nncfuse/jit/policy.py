@@ -68,7 +68,7 @@ from ..config import Options
 from ..tensorexpr import expr as E
 from ..tensorexpr.codegen.entry import InputOutput
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
-from ..tensorexpr.meta import infer_types, inputs_of, outputs_of
+from ..tensorexpr.meta import blocks_of, infer_types, inputs_of, outputs_of
 from . import collector, runtime, scripting
 from .guard import STATIC_SIZES, CompileFailure, is_fused_op
 from .inplace import written_inputs
@@ -135,7 +135,7 @@ def _elementwise(node: Any) -> bool:
         return True
     if node.kind() in EXTERNAL_KINDS:  # GEMMs and convolutions: typed by profiling
         return False
-    return not list(node.blocks()) and lowering_for(node)[0] is not None
+    return not blocks_of(node) and lowering_for(node)[0] is not None
 
 
 class Policy:
@@ -467,7 +467,7 @@ def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
 def _all_nodes(nodes: Any) -> Any:
     for n in nodes:
         yield n
-        for block in n.blocks():
+        for block in blocks_of(n):
             yield from _all_nodes(block.nodes())
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
+from ..tensorexpr.meta import TensorMeta, blocks_of, inputs_of, is_tensor, outputs_of
 
 _PROFILE_OP = "nncfuse::profile"
 
@@ -68,7 +68,7 @@ class Profiler:
         for node in list(block.nodes()):
             if node.kind() == _PROFILE_OP:
                 continue
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 self._instrument(sub)
             after = node
             for value in outputs_of(node):

@@ -35,7 +35,7 @@ import torch
 from .. import log
 from ..config import Options
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
-from ..tensorexpr.meta import inputs_of, is_tensor, outputs_of
+from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import guard
 from .inplace import (
     chain_root,
@@ -112,7 +112,7 @@ class _Fuser:
         values = inputs_of(block)
         for node in block.nodes():
             values += outputs_of(node)
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 self._find_written(sub, aliases)
         self.written.update(v.unique() for v in values if aliases.has_writers(v))
 
@@ -120,7 +120,7 @@ class _Fuser:
         """A list of written tensors (a cat's, a stack's) is written too: its reader reads
         them."""
         for node in block.nodes():
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 self._find_written_lists(sub)
             if node.kind() == "prim::ListConstruct" and any(
                 v.unique() in self.written for v in inputs_of(node)
@@ -153,7 +153,7 @@ class _Fuser:
     # -- the walk ---------------------------------------------------------------
     def run(self, block: Any) -> None:
         for node in list(block.nodes()):
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 self.run(sub)
         changed = True
         while changed:
@@ -241,7 +241,7 @@ def _written_inputs(node: Any) -> set[int]:
 
 def _writes(block: Any) -> bool:
     """Whether a node in `block` (or its nested blocks) writes (`_written_inputs`)."""
-    return any(_written_inputs(n) or any(_writes(b) for b in n.blocks()) for n in block.nodes())
+    return any(_written_inputs(n) or any(_writes(b) for b in blocks_of(n)) for n in block.nodes())
 
 
 def _crosses_write_back(producer: Any, consumer: Any) -> bool:
@@ -313,7 +313,7 @@ def fusion_groups(graph: Any) -> list[Any]:
         for node in block.nodes():
             if is_group(node) or guard.is_fused_op(node):
                 found.append(node)
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 visit(sub)
 
     visit(graph.block())
@@ -357,7 +357,7 @@ def _made_from_fixed(value: Any, seen: dict[int, bool]) -> bool:
         return True
     if node.kind() == "prim::ListConstruct":
         return all(is_tensor(v) and _size_fixed(v, seen) for v in inputs_of(node))
-    if list(node.blocks()) or lowering_for(node)[0] is None or not is_tensor(value):
+    if blocks_of(node) or lowering_for(node)[0] is None or not is_tensor(value):
         return False
     return all(
         v.node().kind() == "prim::Constant" or isinstance(v.type(), _SIZELESS)
@@ -384,7 +384,7 @@ def _chunks_to_slices(graph: Any, block: Any) -> None:
     along a dim of fixed size, or in kernels that check their sizes.
     """
     for node in list(block.nodes()):
-        for sub in node.blocks():
+        for sub in blocks_of(node):
             _chunks_to_slices(graph, sub)
         if node.kind() != "prim::ListUnpack" or node.input().node().kind() not in _SPLITS:
             continue

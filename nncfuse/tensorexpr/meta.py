@@ -82,6 +82,24 @@ def inputs_of(owner: Any) -> list[Any]:
     return [param.outputsAt(k) for k in range(param.outputsSize())]
 
 
+#: kinds of node whose meaning runs no block (ATen's ops, `nncfuse::` kernels, these): their
+#: nodes own none (TorchScript makes none; a block there would never run)
+_BLOCKLESS = frozenset({"prim::Constant", "prim::ListConstruct", "prim::ListUnpack",
+                        "prim::TupleConstruct", "prim::TupleUnpack", "prim::NumToTensor",
+                        "prim::GetAttr", "prim::TypeCheck", "prim::TensorExprGroup"})
+
+
+def blocks_of(node: Any) -> list[Any]:
+    """The blocks of a graph's node (a prim::If's two, a prim::Loop's body), as a list; for
+    the kinds that run none, none, without asking: walking an empty `node.blocks()` costs
+    its C++ exception too (see `inputs_of`), and the walks over every node of a graph ask
+    each (BERT's training step: 10,000 times)."""
+    kind = node.kind()
+    if kind in _BLOCKLESS or kind.startswith(("aten::", "nncfuse::")):
+        return []
+    return list(node.blocks())
+
+
 def outputs_of(owner: Any) -> list[Any]:
     """The outputs of a graph's node, of a graph or of a block, in order (see `inputs_of`)."""
     if isinstance(owner, torch._C.Node):

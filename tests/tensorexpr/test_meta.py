@@ -1,9 +1,9 @@
-"""meta's list accessors of TorchScript values (tensorexpr/meta.py): the same values, in the
+"""meta's list accessors of TorchScript values and blocks (tensorexpr/meta.py): the same, in the
 same order, as the pybind iterators they replace, for nodes, graphs and blocks."""
 
 import torch
 
-from nncfuse.tensorexpr.meta import inputs_of, outputs_of
+from nncfuse.tensorexpr.meta import blocks_of, inputs_of, outputs_of
 
 _IR = """
 graph(%x : Float(4, 4, strides=[4, 1], requires_grad=0, device=cpu), %flag : bool):
@@ -41,3 +41,14 @@ def test_the_accessors_give_what_the_iterators_give():
     assert len(outputs_of(unpack)) == 2 and len(inputs_of(graph)) == 2
     constant = graph.findNode("prim::Constant")
     assert _ids(outputs_of(constant)) == [constant.output().unique()]
+
+
+def test_blocks_are_a_control_flow_nodes_own():
+    graph = torch._C.parse_ir(_IR)
+    for node in graph.nodes():
+        mine = blocks_of(node)
+        assert isinstance(mine, list) and len(mine) == len(list(node.blocks()))
+        assert all(b.owningNode() == node for b in mine)
+    (branch,) = graph.findAllNodes("prim::If")
+    assert len(blocks_of(branch)) == 2
+    assert [n.kind() for n in blocks_of(branch)[0].nodes()] == ["aten::sin"]
