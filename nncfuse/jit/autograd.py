@@ -176,8 +176,8 @@ def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[
             # partitioner recompile their graphs' Python code a dozen times (BERT: a third
             # of the partition), and nothing reads that code or calls these graphs but the
             # FX fallback, which compiles it on its first call. (The partitioner's backward,
-            # reordered into a plain GraphModule, is made lazy in `_Joint`; `_scriptable`'s
-            # copy is a plain one, whose code the conversion reads.)
+            # reordered into a plain GraphModule, is made lazy in `_Joint`; the conversion
+            # generates the code of its own copy of each graph, `fxgraph._scriptable`'s.)
             with collector.paused(), _use_lazy_graph_module(True):
                 return _Joint(fn, inputs, tensors, options, copy_views, written)
         except RuntimeError as e:
