@@ -233,12 +233,12 @@ def test_fx_code_compiles_as_a_function_as_the_module_would(backend, monkeypatch
     compiled(x).sum().backward()
     assert [g.kind for g in backend.compiled_graphs()] == ["forward", "backward"]
     for (gm, examples), graph in zip(converted, backend.compiled_graphs()):
-        fresh = fxgraph._scriptable(gm, examples)
-        assert fxgraph._compiled_function(fresh) is not None
+        fx_graph = fxgraph._scriptable(gm, examples)
+        assert fxgraph._compiled_function(fx_graph) is not None
         assert graph.program.receiver is None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript's, on the module's attributes
-            scripted = torch.jit.script(fresh).graph.copy()
+            scripted = torch.jit.script(fxgraph._module(gm, fx_graph)).graph.copy()
         scripted.eraseInput(0)  # `self`, unused
         assert _uses(graph.program.graph) == _uses(program(scripted, None).graph)
 

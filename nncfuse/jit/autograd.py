@@ -41,6 +41,7 @@ import torch
 
 from .. import log
 from ..config import Options
+from ..tensorexpr.meta import blocks_of
 from . import collector
 from .fxgraph import CompiledGraph, brief, decompositions
 from .policy import Program
@@ -165,10 +166,19 @@ def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[
     """`fn` traced at `inputs` (tensors at positions `tensors`) into a `_Joint`; where
     AOTAutograd refuses outputs that alias an input or inputs written in place, traced again
     with copied views or written buffers (see `_Joint`). Raises if it cannot be traced."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
     copy_views, written = False, ()
     for _ in range(3):
         try:
-            with collector.paused():  # a trace: no collections (see collector.py)
+            # A trace: no collections (see collector.py). Lazy graph modules, as Dynamo
+            # makes them (the backend's traces already run under them): AOTAutograd and the
+            # partitioner recompile their graphs' Python code a dozen times (BERT: a third
+            # of the partition), and nothing reads that code or calls these graphs but the
+            # FX fallback, which compiles it on its first call. (The partitioner's backward,
+            # reordered into a plain GraphModule, is made lazy in `_Joint`; the conversion
+            # generates the code of its own copy of each graph, `fxgraph._scriptable`'s.)
+            with collector.paused(), _use_lazy_graph_module(True):
                 return _Joint(fn, inputs, tensors, options, copy_views, written)
         except RuntimeError as e:
             if "outputs that alias inputs" in str(e) and not copy_views:
@@ -244,7 +254,7 @@ def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], l
                 value.setType(node.output().type())
                 node.output().replaceAllUsesWith(value)
                 attributes.append((owner, name))
-            for inner in node.blocks():
+            for inner in blocks_of(node):
                 visit(inner)
 
     visit(graph)
@@ -315,7 +325,7 @@ def _scalar_constants(graph: torch._C.Graph) -> int:
         source = out.node()
         for use in list(out.uses()):
             user = use.user
-            if not user.kind().startswith("aten::") or list(user.blocks()) or len(
+            if not user.kind().startswith("aten::") or blocks_of(user) or len(
                     list(user.outputs())) != 1:
                 continue
             if number is not None and user.kind() in _TO_NUMBER and (
@@ -409,6 +419,7 @@ class _Joint:
                  options: Options, copy_views: bool = False, written: tuple[int, ...] = ()):
         from torch._functorch.aot_autograd import aot_export_joint_simple
         from torch._functorch.partitioners import min_cut_rematerialization_partition
+        from torch.fx._lazy_graph_module import _LazyGraphModule
 
         self.fn, self.inputs, self.tensors = fn, inputs, tensors
         self.copy_views = copy_views  # outputs that share no input's storage copied
@@ -432,8 +443,9 @@ class _Joint:
             # A second derivative runs the program again (`_higher_order`), on the values
             # those inputs have then: the ones it wrote.
             raise ValueError("an output or a gradient reads an input the program writes")
-        forward, backward = min_cut_rematerialization_partition(
-            joint, examples, num_fwd_outputs=self.outputs + len(written))
+        forward, backward = (_LazyGraphModule.from_graphmodule(gm) for gm in
+                             min_cut_rematerialization_partition(
+                                 joint, examples, num_fwd_outputs=self.outputs + len(written)))
         #: per input, the outputs whose gradients its gradient depends on: with none of them
         #: given (outputs the loss does not use), its gradient is None, as in eager
         self.depends = _tangents_read(backward, self.outputs)

@@ -229,14 +229,14 @@ def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             raise ValueError(f"an input is on {x.device}")
-    fresh = _scriptable(gm, example_inputs)
-    graph = _compiled_function(fresh)
+    fx_graph = _scriptable(gm, example_inputs)
+    graph = _compiled_function(fx_graph)
     receiver = None
     if graph is None:
         with warnings.catch_warnings():
             # TorchScript's deprecation, and its note on GraphModule's untyped attributes
             warnings.simplefilter("ignore")
-            script = torch.jit.script(fresh)
+            script = torch.jit.script(_module(gm, fx_graph))
         graph = script.graph.copy()
         receiver = script._c
         if not list(next(graph.inputs()).uses()):
@@ -252,20 +252,23 @@ _SELF = re.compile(r"^def forward\(self(, |\))", re.M)
 _FREES = re.compile(r"^( +)(.*);  ((?:\w+ = )+None)$", re.M)
 
 
-def _compiled_function(fresh: torch.fx.GraphModule) -> torch._C.Graph | None:
-    """The TorchScript graph of `fresh`'s code compiled as a function without `self`, by
+def _compiled_function(fx_graph: torch.fx.Graph) -> torch._C.Graph | None:
+    """The TorchScript graph of `fx_graph`'s code compiled as a function without `self`, by
     TorchScript's own parser (`torch.jit.script` of the module parses the code in Python,
     tokenizing it twice, and infers a type for each attribute: 3-4x the time); None where
     the code reads attributes or does not compile that way (the module is scripted then).
-    The same statements as the module's forward, names resolved in the code's globals."""
-    if any(n.op in ("get_attr", "call_module") for n in fresh.graph.nodes):
+    The same statements as a GraphModule's forward (the code it would generate, without
+    making the module or compiling that code in Python), names resolved in the code's
+    globals."""
+    if any(n.op in ("get_attr", "call_module") for n in fx_graph.nodes):
         return None
+    code = fx_graph.python_code(root_module="self")
     src, count = _SELF.subn(lambda m: "def forward(" + (")" if m.group(1) == ")" else ""),
-                            fresh.code, count=1)
+                            code.src, count=1)
     if count != 1:
         return None
     src = _FREES.sub(r"\1\2\n\1\3", src)  # the parser takes one statement a line
-    names = fresh.forward.__globals__
+    names = code.globals
 
     def resolve(name: str) -> Any:
         return names[name] if name in names else getattr(builtins, name, None)
@@ -337,14 +340,14 @@ _NUMBER_TYPES = ((torch.SymBool, bool), (bool, bool), (torch.SymInt, int), (int,
                  (torch.SymFloat, float), (float, float))
 
 
-def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
-    """A plain GraphModule copy of `gm` that `torch.jit.script` takes (the original stays as
-    it is, for the fallback): inputs annotated by their examples (AOTAutograd's graphs take
+def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.Graph:
+    """A copy of `gm`'s graph whose code TorchScript compiles (the original stays as it is,
+    for the fallback): inputs annotated by their examples (AOTAutograd's graphs take
     sizes unannotated, which TorchScript would read as tensors), ops by packet rather than
     overload, devices by type name, `_to_copy(x, dtype=...)` as `to`, `alias(x)` (detach,
     decomposed) and `t(t(x))` (linear's backward) as `x`, C++'s `c - y` as `rsub(y, c)`
     (`_number_minus`), the private ops of `_PUBLIC` as the public ones they equal in a
-    functional graph. A copy is never a lazy graph module."""
+    functional graph."""
     graph = copy.deepcopy(gm.graph)
     for node, example in zip(graph.find_nodes(op="placeholder"), example_inputs):
         if node.type is None:
@@ -388,6 +391,13 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
         if isinstance(node.target, torch._ops.OpOverload):
             node.target = node.target.overloadpacket
     graph.lint()
+    return graph
+
+
+def _module(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A plain GraphModule of `graph` (`_scriptable`'s) with `gm`'s attributes, for
+    `torch.jit.script` where the code does not compile as a function: never a lazy graph
+    module, which scripting does not take."""
     fresh = torch.fx.GraphModule(gm, graph)
     # Scripting infers a type for every attribute; for the FX graph (`_graph`) it tries to
     # compile torch.fx.Graph as a TorchScript class and fails: a third of the scripting.

@@ -43,7 +43,7 @@ from .. import log
 from ..config import Options
 from ..tensorexpr.kernel import TensorExprKernel
 from ..tensorexpr.lowerings import LoweringError, trials
-from ..tensorexpr.meta import TensorMeta, is_tensor
+from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
 from ..tensorexpr.size_symbols import SizeSymbols
 from . import runtime
 from .subgraph import unmerge
@@ -111,7 +111,7 @@ def _cache_key(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Ke
     guards = ""
     if dynamic:
         text = _SIZES.sub("(", text)
-        inputs = list(subgraph.inputs())
+        inputs = inputs_of(subgraph)
         metas = [(k, TensorMeta.from_type(v.type())) for k, v in enumerate(inputs)]
         if any(m is None for k, m in metas if is_tensor(inputs[k])):
             raise LoweringError("incomplete input types")
@@ -124,16 +124,44 @@ def _cache_key(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Ke
 def _compile_all(groups: list[Any], options: Options) -> list[str | Exception]:
     """For each group, the op kind running its kernel or the exception that building it
     raised (`_build`): the kernels built by `COMPILE_THREADS` threads, registered in the
-    groups' order (so that op names do not depend on which thread finished first)."""
+    groups' order (so that op names do not depend on which thread finished first).
+
+    A task per distinct graph (`_distinct`), the largest first: a thread handed a group
+    identical to one another thread builds would wait on its key's lock, idle (BERT's
+    training step: 41 groups, 13 kernels), and the largest last would run alone at the end.
+    The repeats reuse their first's kernel, here, once it is built."""
     if COMPILE_THREADS < 2 or len(groups) < 2:
         return [_kind(group, _build(group, options)) for group in groups]
     with _table_lock:
         if not _pool:
             _pool.append(ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="nncfuse-compile"))
+    firsts = sorted(_distinct(groups, options), key=lambda k: -_size(groups[k]))
     # Each task in a copy of this thread's context: STATIC_SIZES is the caller's.
-    futures = [_pool[0].submit(contextvars.copy_context().run, _build, group, options)
-               for group in groups]
-    return [_kind(group, future.result()) for group, future in zip(groups, futures)]
+    futures = {k: _pool[0].submit(contextvars.copy_context().run, _build, groups[k], options)
+               for k in firsts}
+    return [_kind(group, futures[k].result() if k in futures else _build(group, options))
+            for k, group in enumerate(groups)]
+
+
+def _distinct(groups: list[Any], options: Options) -> list[int]:
+    """The positions of the groups whose graph no earlier group has (by `_cache_key`'s text:
+    identical groups build one kernel); a group with tensor constants is its own."""
+    seen: set[_Key] = set()
+    firsts = []
+    for k, group in enumerate(groups):
+        subgraph = group.g("Subgraph")
+        if not _has_tensor_constants(subgraph):
+            key = _cache_key(subgraph, options, dynamic=False)
+            if key in seen:
+                continue
+            seen.add(key)
+        firsts.append(k)
+    return firsts
+
+
+def _size(group: Any) -> int:
+    """The number of nodes of `group`'s graph: what building its kernel takes, roughly."""
+    return sum(1 for _ in group.g("Subgraph").nodes())
 
 
 def _build(group: Any, options: Options) -> _Built:
@@ -185,7 +213,7 @@ def _kind(group: Any, built: _Built) -> str | Exception:
     with _table_lock:
         if built.kind is None and not isinstance(built.kernel, Exception):
             try:
-                built.kind = runtime.register_kernel(built.kernel, list(group.inputs()),
+                built.kind = runtime.register_kernel(built.kernel, inputs_of(group),
                                                      group.outputsSize())
             except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
                 built.kernel = e
@@ -236,9 +264,9 @@ def guard_fusion_groups(
 
 def _unguarded(graph: torch._C.Graph, group: Any, kind: str) -> None:
     """The group's node becomes a dynamic kernel's, which guards itself (its entry)."""
-    fused = _kernel_node(graph, group, kind, list(group.inputs()))
+    fused = _kernel_node(graph, group, kind, inputs_of(group))
     fused.insertBefore(group)
-    for new, old in zip(fused.outputs(), group.outputs()):
+    for new, old in zip(outputs_of(fused), outputs_of(group)):
         old.replaceAllUsesWith(new)
     group.destroy()
 
@@ -248,19 +276,19 @@ def _kernel_node(graph: torch._C.Graph, group: Any, kind: str, inputs: list[Any]
     group's (not inserted)."""
     fused = graph.create(kind, inputs, group.outputsSize())
     fused.g_("Subgraph", group.g("Subgraph"))
-    for new, old in zip(fused.outputs(), group.outputs()):
+    for new, old in zip(outputs_of(fused), outputs_of(group)):
         new.setType(old.type())
     return fused
 
 
 def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:
     subgraph = group.g("Subgraph")
-    outer = list(group.inputs())
+    outer = inputs_of(group)
     checked = [v for v in outer if is_tensor(v)]
-    types = [inner.type() for inner, v in zip(subgraph.inputs(), outer) if is_tensor(v)]
+    types = [inner.type() for inner, v in zip(inputs_of(subgraph), outer) if is_tensor(v)]
     check = graph.create("prim::TypeCheck", checked, len(checked) + 1)
     check.tys_("types", types)
-    check_outs = list(check.outputs())
+    check_outs = outputs_of(check)
     for value, ty in zip(check_outs, types):
         value.setType(ty)
     check_outs[-1].setType(torch._C.BoolType.get())
@@ -273,21 +301,21 @@ def _guard(graph: torch._C.Graph, group: Any, kind: str) -> None:
     typed = dict(zip((v.unique() for v in checked), check_outs[:-1]))
     fused = _kernel_node(graph, group, kind, [typed.get(v.unique(), v) for v in outer])
     fused.insertBefore(fused_block.returnNode())
-    for new in fused.outputs():
+    for new in outputs_of(fused):
         fused_block.registerOutput(new)
 
-    env = {inner.unique(): v for inner, v in zip(subgraph.inputs(), outer)}
+    env = {inner.unique(): v for inner, v in zip(inputs_of(subgraph), outer)}
     for node in subgraph.nodes():
         clone = graph.createClone(node, lambda v: env[v.unique()])
         clone.insertBefore(fallback_block.returnNode())
-        for out, new in zip(node.outputs(), clone.outputs()):
+        for out, new in zip(outputs_of(node), outputs_of(clone)):
             if is_tensor(out):
                 new.setType(torch._C.TensorType.get())
             env[out.unique()] = new
-    for inner in subgraph.outputs():
+    for inner in outputs_of(subgraph):
         fallback_block.registerOutput(env[inner.unique()])
 
-    for new, old in zip(branch.outputs(), group.outputs()):
+    for new, old in zip(outputs_of(branch), outputs_of(group)):
         new.setType(old.type())
         old.replaceAllUsesWith(new)
     group.destroy()

@@ -40,7 +40,7 @@ import torch
 
 from .. import log
 from ..tensorexpr.lowerings import aliases, lowering_for
-from ..tensorexpr.meta import TensorMeta, is_tensor
+from ..tensorexpr.meta import TensorMeta, blocks_of, inputs_of, is_tensor, outputs_of
 
 _log = log.get_logger(__file__)
 
@@ -103,7 +103,7 @@ def _functional(node: Any) -> Any | None:
     if schema is None or target is None:
         return None
     args, kwargs = [], {}
-    for arg, value in zip(schema.arguments, node.inputs()):
+    for arg, value in zip(schema.arguments, inputs_of(node)):
         example = _example(value)
         if example is _NO:
             return None
@@ -162,10 +162,10 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
     if ty is None or ty.requires_grad or not _distinct_elements(ty):
         return None  # (eager refuses to write into a tensor whose elements share memory)
     for node in graph.nodes():
-        used = [k for k, v in enumerate(node.inputs()) if v.unique() in versions]
+        used = [k for k, v in enumerate(inputs_of(node)) if v.unique() in versions]
         if not used:
             continue
-        if node.owningBlock() != top or list(node.blocks()):
+        if node.owningBlock() != top or blocks_of(node):
             return None
         if plan.view_write is not None and _escapes_to_return(node):
             continue
@@ -204,7 +204,7 @@ def _plan(graph: torch._C.Graph, x: Any) -> _Plan | None:
         if node.kind() == "prim::ListConstruct" and not _into_cat(node):
             return None
     for node in list(graph.nodes()) + [graph.return_node()]:
-        for v in node.outputs() if node.kind() != "prim::Return" else ():
+        for v in outputs_of(node) if node.kind() != "prim::Return" else ():
             if v.unique() in versions and any(u.user.owningBlock() != top for u in v.uses()):
                 return None
     if any(u.user.owningBlock() != top for u in x.uses()):
@@ -252,7 +252,7 @@ def _slices(copy: Any) -> list[tuple[Any, int, int, int]] | None:
         if node.kind() != "aten::slice" or base is None or base.sizes == ():
             return None
         operands = [v.toIValue() if v.node().kind() == "prim::Constant" else "?"
-                    for v in list(node.inputs())[1:]]
+                    for v in inputs_of(node)[1:]]
         if "?" in operands or operands[3] != 1:
             return None
         dim = operands[0] % len(base.sizes)
@@ -356,7 +356,7 @@ def _view_readers(view: Any) -> list[Any] | None:
     readers = []
     for use in view.output().uses():
         user = use.user
-        if user.owningBlock() != view.owningBlock() or list(user.blocks()):
+        if user.owningBlock() != view.owningBlock() or blocks_of(user):
             return None
         if _writes(user, use.offset) or _escapes_to_return(user):
             return None
@@ -401,14 +401,14 @@ def _view_ops_as_copies(graph: torch._C.Graph) -> None:
         meta = TensorMeta.from_type(view.type())
         if meta is None or not _distinct_elements(meta) or any(
             v.unique() == root.unique() or chain_root(v).unique() == root.unique()
-            for v in list(node.inputs())[1:]
+            for v in inputs_of(node)[1:]
         ):
             continue
         functional = _functional(node)
         if functional is None or node.outputsSize() != 1:
             continue
         with graph.insert_point_guard(node):
-            new = graph.insertNode(graph.create(functional, list(node.inputs()), 1))
+            new = graph.insertNode(graph.create(functional, inputs_of(node), 1))
             new.output().setType(node.output().type())
             new.copyMetadata(node)
             if lowering_for(new)[0] is None:  # only ops that fuse (not `detach_`, say)
@@ -438,7 +438,7 @@ def functionalize_input_writes(graph: torch._C.Graph) -> set[Any]:
     _view_ops_as_copies(graph)
     if not any(in_place(node.kind()) for node in graph.nodes()):
         return exempt  # nothing to plan (AOTAutograd's graphs): skip a pass per input
-    for x in list(graph.inputs()):
+    for x in inputs_of(graph):
         if not is_tensor(x):
             continue
         plan = _plan(graph, x)
@@ -451,7 +451,7 @@ def functionalize_input_writes(graph: torch._C.Graph) -> set[Any]:
             if plan.readers_after:
                 new = _rebuild(graph, copy)
                 for node in plan.readers_after:
-                    for k, v in enumerate(list(node.inputs())):
+                    for k, v in enumerate(inputs_of(node)):
                         if v == x:
                             node.replaceInput(k, new)
             _log.update("Slice assignment into input %", x.debugName(), " is a write-back")
@@ -472,7 +472,7 @@ def _functionalize(graph: torch._C.Graph, x: Any, plan: _Plan, exempt: set[Any])
                 cur = node.inputsAt(1)
             else:
                 with graph.insert_point_guard(node):
-                    inputs = [cur, *list(node.inputs())[1:]]
+                    inputs = [cur, *inputs_of(node)[1:]]
                     new = graph.insertNode(graph.create(functional, inputs, 1))
                     new.output().setType(node.output().type())
                     new.copyMetadata(node)
@@ -482,10 +482,10 @@ def _functionalize(graph: torch._C.Graph, x: Any, plan: _Plan, exempt: set[Any])
             continue
         if cur is x:
             continue
-        for k, v in enumerate(list(node.inputs())):
+        for k, v in enumerate(inputs_of(node)):
             if v.unique() in versions and v is not cur and not _escapes_to_return(node):
                 node.replaceInput(k, cur)
-    for k, v in enumerate(list(graph.return_node().inputs())):
+    for k, v in enumerate(inputs_of(graph.return_node())):
         if v.unique() in versions:
             graph.return_node().replaceInput(k, x)
     if cur is x:
@@ -509,7 +509,7 @@ def only_write_backs(block: Any, exempt: frozenset[Any]) -> bool:
     """Whether the write-backs in `exempt` are the only nodes of `block` (and its nested
     blocks) that write to a tensor."""
     for node in block.nodes():
-        if any(not only_write_backs(b, exempt) for b in node.blocks()):
+        if any(not only_write_backs(b, exempt) for b in blocks_of(node)):
             return False
         if node in exempt:
             continue
@@ -525,12 +525,12 @@ def written_inputs(graph: torch._C.Graph, skip: int = 0) -> tuple[int, ...]:
     """Positions (less `skip`, for a module's `self`) of the graph inputs that a `copy_` in
     `graph` (nested blocks included: guards' fallbacks) writes, directly or through views.
     The fused ops' write-backs write the same inputs as their fallbacks."""
-    position = {v.unique(): k for k, v in enumerate(graph.inputs())}
+    position = {v.unique(): k for k, v in enumerate(inputs_of(graph))}
     found: set[int] = set()
 
     def visit(block: Any) -> None:
         for node in block.nodes():
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 visit(sub)
             if node.kind() == WRITE_BACK:
                 root, _ = _chain_root(node.inputsAt(0))

@@ -29,6 +29,7 @@ from ..tensorexpr.codegen.entry import (
     overlaps,
 )
 from ..tensorexpr.kernel import TensorExprKernel
+from ..tensorexpr.meta import inputs_of, outputs_of
 from . import runtime
 
 
@@ -126,7 +127,7 @@ def _view_key(node: Any) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None
     """The view `node` as (op, its input, its arguments but a constant size list), and that
     size list (None if there is none); (None, None) where an argument is not a constant or a
     dim is negative (its meaning depends on the rank)."""
-    inputs = list(node.inputs())
+    inputs = inputs_of(node)
     args: list[Any] = []
     sizes = None
     for k, v in enumerate(inputs[1:], 1):
@@ -239,12 +240,12 @@ def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
         if len(fused_nodes) != 1 or not runtime.is_fused_op(fused_nodes[0]):
             return None
         fused = fused_nodes[0]
-        checked = {out.unique(): inp for inp, out in zip(check.inputs(), check.outputs())}
+        checked = {out.unique(): inp for inp, out in zip(inputs_of(check), outputs_of(check))}
     else:
         return None
-    position = {v.unique(): k for k, v in enumerate(graph.inputs())}
+    position = {v.unique(): k for k, v in enumerate(inputs_of(graph))}
     sources: list[Source] = []
-    for v in fused.inputs():
+    for v in inputs_of(fused):
         v = checked.get(v.unique(), v)
         if v.unique() in position:
             sources.append(ArgSource(position[v.unique()]))
@@ -252,9 +253,9 @@ def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:
             sources.append(ConstSource(v.toIValue()))
         else:
             return None
-    results = {v.unique(): k for k, v in enumerate(branch.outputs())}
-    returned = list(tuple_out.inputs()) if tuple_out is not None else list(graph.outputs())
-    if tuple_out is not None and list(graph.outputs()) != [tuple_out.output()]:
+    results = {v.unique(): k for k, v in enumerate(outputs_of(branch))}
+    returned = inputs_of(tuple_out) if tuple_out is not None else outputs_of(graph)
+    if tuple_out is not None and outputs_of(graph) != [tuple_out.output()]:
         return None
     if any(v.unique() not in results for v in returned):
         return None

@@ -68,7 +68,7 @@ from ..config import Options
 from ..tensorexpr import expr as E
 from ..tensorexpr.codegen.entry import InputOutput
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
-from ..tensorexpr.meta import infer_types
+from ..tensorexpr.meta import blocks_of, infer_types, inputs_of, outputs_of
 from . import collector, runtime, scripting
 from .guard import STATIC_SIZES, CompileFailure, is_fused_op
 from .inplace import written_inputs
@@ -123,7 +123,7 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     elementwise_only = (
         receiver is None
         and all(_elementwise(n) for n in graph.nodes())
-        and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in graph.inputs())
+        and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in inputs_of(graph))
     )
     return Program(graph, unfused, receiver, elementwise_only)
 
@@ -135,7 +135,7 @@ def _elementwise(node: Any) -> bool:
         return True
     if node.kind() in EXTERNAL_KINDS:  # GEMMs and convolutions: typed by profiling
         return False
-    return not list(node.blocks()) and lowering_for(node)[0] is not None
+    return not blocks_of(node) and lowering_for(node)[0] is not None
 
 
 class Policy:
@@ -366,17 +366,17 @@ def symbolic_graph(plan: Plan) -> torch._C.Graph | None:
                    for o in lowered.outputs]
         sub = copy.g("Subgraph").copy()
         symbolic: set[int] = set()  # example values of the symbols: an intermediate's `*`
-        for values, sizes in ((sub.inputs(), inputs.get), (sub.outputs(), outputs.__getitem__)):
+        for values, sizes in ((inputs_of(sub), inputs.get), (outputs_of(sub), outputs.__getitem__)):
             for k, value in enumerate(values):
                 dims = sizes(k)
                 if dims is not None and (example := _sizes(value)) is not None:
                     symbolic |= {n for n, d in zip(example, dims) if _int_size(d) is None}
-        for value in (v for n in sub.nodes() for v in n.outputs()):
+        for value in (v for n in sub.nodes() for v in outputs_of(n)):
             if (example := _sizes(value)) is not None:
                 _show(value, [None if n in symbolic else n for n in example])
-        for values, sizes in ((copy.inputs(), inputs.get), (sub.inputs(), inputs.get),
-                              (copy.outputs(), outputs.__getitem__),
-                              (sub.outputs(), outputs.__getitem__)):
+        for values, sizes in ((inputs_of(copy), inputs.get), (inputs_of(sub), inputs.get),
+                              (outputs_of(copy), outputs.__getitem__),
+                              (outputs_of(sub), outputs.__getitem__)):
             for k, value in enumerate(values):
                 if (dims := sizes(k)) is not None and _sizes(value) is not None:
                     _show(value, [_int_size(d) for d in dims])
@@ -435,7 +435,7 @@ def _dynamic_only(plan: Plan, static: frozenset[int] = frozenset()) -> bool:
 def _fixed_view(node: Any, static: frozenset[int]) -> bool:
     """Whether a slice, select or narrow is along a dim whose size `_fixed` shows, or has
     operands computed when it runs."""
-    if any(v.node().kind() != "prim::Constant" for v in list(node.inputs())[2:]):
+    if any(v.node().kind() != "prim::Constant" for v in inputs_of(node)[2:]):
         return True
     dim = node.inputsAt(1).toIValue()
     sizes = _dims(node.inputsAt(0))
@@ -467,7 +467,7 @@ def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
 def _all_nodes(nodes: Any) -> Any:
     for n in nodes:
         yield n
-        for block in n.blocks():
+        for block in blocks_of(n):
             yield from _all_nodes(block.nodes())
 
 
@@ -509,7 +509,7 @@ def _infer_types(graph: torch._C.Graph, args: tuple[Any, ...]) -> torch._C.Graph
     call runs compiled code instead of a profiling run at eager speed.
     """
     graph = graph.copy()
-    position = {v.unique(): k for k, v in enumerate(graph.inputs())}
+    position = {v.unique(): k for k, v in enumerate(inputs_of(graph))}
 
     def example(value: Any) -> Any:
         a = args[position[value.unique()]]
@@ -531,4 +531,4 @@ def _infer_types(graph: torch._C.Graph, args: tuple[Any, ...]) -> torch._C.Graph
 
 
 def _values(graph: torch._C.Graph) -> list[Any]:
-    return [*graph.inputs(), *(v for n in graph.nodes() for v in n.outputs())]
+    return [*inputs_of(graph), *(v for n in graph.nodes() for v in outputs_of(n))]

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..tensorexpr.meta import TensorMeta, is_tensor
+from ..tensorexpr.meta import TensorMeta, blocks_of, inputs_of, is_tensor, outputs_of
 
 _PROFILE_OP = "nncfuse::profile"
 
@@ -63,15 +63,15 @@ class Profiler:
     def _instrument(self, block: Any) -> None:
         first = next(iter(block.nodes()), None)
         anchor = first if first is not None else block.returnNode()
-        for value in block.inputs():
+        for value in inputs_of(block):
             self._add(value, before=anchor)
         for node in list(block.nodes()):
             if node.kind() == _PROFILE_OP:
                 continue
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 self._instrument(sub)
             after = node
-            for value in node.outputs():
+            for value in outputs_of(node):
                 after = self._add(value, after=after) or after
 
     def _add(self, value: Any, before: Any = None, after: Any = None) -> Any:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..tensorexpr.meta import TensorMeta, is_tensor
+from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor
 
 #: Integer arithmetic on sizes, by kind: (its integer op, the number of int operands). The
 #: int overloads (scripted code) and the tensor ones on 0-dim tensors (traced code) alike.
@@ -55,7 +55,7 @@ def is_size_node(node: Any) -> bool:
     return (node.kind() in SIZE_KINDS and node.outputsSize() == 1
             and _is_int_or_ints(node.output())
             and not (node.kind() == "prim::ListConstruct"
-                     and any(is_tensor(v) for v in node.inputs())))
+                     and any(is_tensor(v) for v in inputs_of(node))))
 
 
 def _is_int_or_ints(value: Any) -> bool:
@@ -111,7 +111,7 @@ def _walk(value: Any, sources: list[Any], depth: int) -> str | None:
         sources.append(read[0])
         return None
     if node_kind == "prim::ListConstruct" and _is_int_or_ints(value):
-        return _walk_all(list(node.inputs()), sources, depth)
+        return _walk_all(inputs_of(node), sources, depth)
     if node_kind in _PASS:
         inner = node.inputsAt(0)
         if node_kind != "prim::NumToTensor" and not _int_tensor(inner):
@@ -153,7 +153,7 @@ def _int_tensor(value: Any) -> bool:
 
 def _operands(node: Any) -> list[Any]:
     """The int operands of arithmetic `node` (add and sub: alpha must be the constant 1)."""
-    ops = list(node.inputs())
+    ops = inputs_of(node)
     if node.kind() in ("aten::add", "aten::sub") and len(ops) == 3:
         return ops[:2] if _int_constant(ops[2]) == 1 else []
     return ops
@@ -194,7 +194,7 @@ def copy_into(graph: Any, value: Any, lookup: Callable[[Any], Any],
     if kind in _PASS:
         return copy_into(graph, node.inputsAt(0), lookup, place)
     if kind == "prim::ListConstruct":
-        items = [copy_into(graph, v, lookup, place) for v in node.inputs()]
+        items = [copy_into(graph, v, lookup, place) for v in inputs_of(node)]
         made = place(graph.create("prim::ListConstruct", items))
         made.output().setType(torch._C.ListType.ofInts())
         return made.output()
@@ -225,12 +225,12 @@ def drop_unused(value: Any) -> None:
     if kind == "aten::size":
         node.destroy()
     elif kind == "aten::__getitem__":
-        inputs = list(node.inputs())
+        inputs = inputs_of(node)
         node.destroy()
         if not list(inputs[0].uses()):
             inputs[0].node().destroy()  # aten::size(%t): the list of %t's sizes
     elif kind in (*_PASS, *_ARITHMETIC, "prim::ListConstruct"):
-        inputs = list(node.inputs())
+        inputs = inputs_of(node)
         node.destroy()
         for v in inputs:
             drop_unused(v)

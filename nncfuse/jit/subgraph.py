@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..tensorexpr.meta import inputs_of, outputs_of
 from . import sizes
 from .sizes import is_size_node
 
@@ -61,7 +62,7 @@ def merge_into(graph: Any, group: Any, producer: Any, copies: Copies = _no_copie
         if node.kind() != "prim::Constant" and not is_size_node(node):
             _absorb(group, node, copies, drop=not copied)
     for node in reversed(copied):  # users first
-        if not any(v.uses() for v in node.outputs()):
+        if not any(v.uses() for v in outputs_of(node)):
             node.destroy()
 
 
@@ -70,8 +71,8 @@ def _absorb(group: Any, node: Any, copies: Copies = _no_copies, drop: bool = Tru
     operands that `copies` names are built again inside (and with `drop`, removed outside
     when nothing else uses them)."""
     subgraph = group.g("Subgraph")
-    inner_inputs = list(subgraph.inputs())
-    index = {v.unique(): k for k, v in enumerate(group.inputs())}
+    inner_inputs = inputs_of(subgraph)
+    index = {v.unique(): k for k, v in enumerate(inputs_of(group))}
     first = next(iter(subgraph.nodes()), None)
 
     def place(clone: Any) -> Any:
@@ -98,7 +99,7 @@ def _absorb(group: Any, node: Any, copies: Copies = _no_copies, drop: bool = Tru
         return inner_inputs[index[v.unique()]]
 
     clone = place(subgraph.createClone(node, lookup))
-    pairs = list(zip(node.outputs(), clone.outputs()))
+    pairs = list(zip(outputs_of(node), outputs_of(clone)))
     consumed = []
     for out, inner in pairs:
         inner.setType(out.type())
@@ -122,16 +123,16 @@ def _absorb(group: Any, node: Any, copies: Copies = _no_copies, drop: bool = Tru
 def unmerge(graph: Any, group: Any) -> list[Any]:
     """Replace `group` by copies of its nodes, in place; return them in order."""
     subgraph = group.g("Subgraph")
-    env = {v.unique(): outer for v, outer in zip(subgraph.inputs(), group.inputs())}
+    env = {v.unique(): outer for v, outer in zip(inputs_of(subgraph), inputs_of(group))}
     moved: list[Any] = []
     for node in subgraph.nodes():
         clone = graph.createClone(node, lambda v: env[v.unique()])
         clone.insertBefore(group)
-        for out, new in zip(node.outputs(), clone.outputs()):
+        for out, new in zip(outputs_of(node), outputs_of(clone)):
             new.setType(out.type())
             env[out.unique()] = new
         moved.append(clone)
-    for inner, outer in zip(subgraph.outputs(), group.outputs()):
+    for inner, outer in zip(outputs_of(subgraph), outputs_of(group)):
         outer.replaceAllUsesWith(env[inner.unique()])
     group.destroy()
     return moved
@@ -153,7 +154,7 @@ def move_aliases_out(graph: Any, group: Any, is_alias: Callable[[Any], bool]) ->
     and what is no longer used inside is removed.
     """
     subgraph = group.g("Subgraph")
-    inputs = {v.unique() for v in subgraph.inputs()}
+    inputs = {v.unique() for v in inputs_of(subgraph)}
     env: dict[int, Any] = {}  # inner value -> its copy outside: chains share their prefixes
     last = [group]  # the node the next copy goes after
 
@@ -166,7 +167,7 @@ def move_aliases_out(graph: Any, group: Any, is_alias: Callable[[Any], bool]) ->
                 clone = graph.createClone(node, outer)
                 clone.insertAfter(last[0])
                 last[0] = clone
-                for out, new in zip(node.outputs(), clone.outputs()):
+                for out, new in zip(outputs_of(node), outputs_of(clone)):
                     new.setType(out.type())
                     env[out.unique()] = new
             else:
@@ -178,13 +179,13 @@ def move_aliases_out(graph: Any, group: Any, is_alias: Callable[[Any], bool]) ->
         if found is None:
             break
         k, _ = found
-        new = outer(list(subgraph.outputs())[k])
+        new = outer(outputs_of(subgraph)[k])
         group.outputsAt(k).replaceAllUsesWith(new)
         group.eraseOutput(k)
         subgraph.eraseOutput(k)
         torch._C._jit_pass_dce(subgraph)
-    for k in reversed(range(len(list(subgraph.inputs())))):
-        if not list(subgraph.inputs())[k].uses():
+    for k in reversed(range(len(inputs_of(subgraph)))):
+        if not inputs_of(subgraph)[k].uses():
             subgraph.eraseInput(k)
             group.removeInput(k)
 
@@ -192,10 +193,10 @@ def move_aliases_out(graph: Any, group: Any, is_alias: Callable[[Any], bool]) ->
 def _shared_alias(subgraph: Any, is_alias: Callable[[Any], bool]) -> tuple[int, list[Any]] | None:
     """(output index, alias chain from it to its base) of the first returned alias whose base
     is a subgraph input or is seen through another output too; None if there is none."""
-    inputs = {v.unique() for v in subgraph.inputs()}
+    inputs = {v.unique() for v in inputs_of(subgraph)}
     chains: list[tuple[int, list[Any], Any]] = []
     seen: dict[int, int] = {}
-    for k, value in enumerate(subgraph.outputs()):
+    for k, value in enumerate(outputs_of(subgraph)):
         chain, base = [], value
         while base.unique() not in inputs and is_alias(base.node()):
             chain.append(base.node())
@@ -212,10 +213,10 @@ def _outer_value(graph: Any, group: Any, inner: Any) -> Any:
     """The value outside `group` that stands for its subgraph's value `inner` (made an output
     of the group if it was not one; constants are copied before the group)."""
     subgraph = group.g("Subgraph")
-    for k, v in enumerate(subgraph.inputs()):
+    for k, v in enumerate(inputs_of(subgraph)):
         if v == inner:
             return group.inputsAt(k)
-    for k, v in enumerate(subgraph.outputs()):
+    for k, v in enumerate(outputs_of(subgraph)):
         if v == inner:
             return group.outputsAt(k)
     if inner.node().kind() == "prim::Constant":

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..tensorexpr.dtype import from_torch
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, external_problem, lowering_for
-from ..tensorexpr.meta import TensorMeta, is_tensor
+from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
 from . import sizes
 
 _NUMBER_KINDS = {"FloatType", "IntType", "BoolType"}
@@ -49,14 +49,14 @@ def _list_problem(node: Any) -> str | None:
     """Why the `prim::ListConstruct` `node` cannot fuse with the node that reads it."""
     uses = list(node.output().uses())
     if len(uses) == 1 and uses[0].user.kind() == _GROUP:  # the reader is in a group already
-        inner = list(uses[0].user.g("Subgraph").inputs())[uses[0].offset]
+        inner = inputs_of(uses[0].user.g("Subgraph"))[uses[0].offset]
         uses = list(inner.uses())
         reader_problem = None
     else:
         reader_problem = _node_problem(uses[0].user) if uses else None
     if len(uses) != 1 or uses[0].user.kind() not in _LIST_READERS or uses[0].offset != 0:
         return "a list fuses only into the one cat or stack that reads it"
-    for value in node.inputs():
+    for value in inputs_of(node):
         if not is_tensor(value):
             return f"list item %{value.debugName()} is not a tensor"
         problem = _tensor_problem(value, "list item")
@@ -80,7 +80,7 @@ def _node_problem(node: Any) -> str | None:
         return reason
     if lowering.problem is not None and (problem := lowering.problem(node)):
         return problem
-    outputs = list(node.outputs())
+    outputs = outputs_of(node)
     if len(outputs) != lowering.outputs or not all(is_tensor(v) for v in outputs):
         return f"the node does not produce exactly {lowering.outputs} tensor(s)"
     for value in outputs:
@@ -91,7 +91,7 @@ def _node_problem(node: Any) -> str | None:
         problem = external_problem(node)
         if problem:
             return problem
-    for value in node.inputs():
+    for value in inputs_of(node):
         if is_tensor(value):
             problem = _tensor_problem(value, "input")
             if problem:
@@ -131,7 +131,7 @@ def copied_operand(node: Any, value: Any) -> bool:
 
 def size_sources(node: Any) -> list[Any]:
     """The tensors whose sizes the copied operands of `node` read (`copied_operand`)."""
-    return [t for v in node.inputs() if copied_operand(node, v) for t in sizes.problem(v)[1]]
+    return [t for v in inputs_of(node) if copied_operand(node, v) for t in sizes.problem(v)[1]]
 
 
 def fuses_alone(node: Any) -> bool:
@@ -149,7 +149,7 @@ def is_external(node: Any) -> bool:
 
 def feeds_external(group: Any, value: Any) -> bool:
     """Whether `value`, an input of `group`, is read by an external call inside it."""
-    sub = list(group.g("Subgraph").inputs())
+    sub = inputs_of(group.g("Subgraph"))
     return any(
         is_external(u.user)
         for use in value.uses() if use.user == group

@@ -35,7 +35,7 @@ import torch
 from .. import log
 from ..config import Options
 from ..tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
-from ..tensorexpr.meta import is_tensor
+from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import guard
 from .inplace import (
     chain_root,
@@ -109,10 +109,10 @@ class _Fuser:
         self.writes = _writes(graph.block())
 
     def _find_written(self, block: Any, aliases: Any) -> None:
-        values = list(block.inputs())
+        values = inputs_of(block)
         for node in block.nodes():
-            values += list(node.outputs())
-            for sub in node.blocks():
+            values += outputs_of(node)
+            for sub in blocks_of(node):
                 self._find_written(sub, aliases)
         self.written.update(v.unique() for v in values if aliases.has_writers(v))
 
@@ -120,10 +120,10 @@ class _Fuser:
         """A list of written tensors (a cat's, a stack's) is written too: its reader reads
         them."""
         for node in block.nodes():
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 self._find_written_lists(sub)
             if node.kind() == "prim::ListConstruct" and any(
-                v.unique() in self.written for v in node.inputs()
+                v.unique() in self.written for v in inputs_of(node)
             ):
                 self.written.add(node.output().unique())
 
@@ -138,11 +138,11 @@ class _Fuser:
             reason = why_not_write_back(node)
         else:
             reason = why_not_fusible(node)
-        if reason is None and any(v.unique() in self.written for v in node.inputs()):
+        if reason is None and any(v.unique() in self.written for v in inputs_of(node)):
             reason = "an input is written to by another node"
         if reason is None and any(v.unique() in self.written for v in size_sources(node)):
             reason = "a tensor it reads the sizes of is written to by another node"
-        if reason is None and any(v.unique() in self.written for v in node.outputs()):
+        if reason is None and any(v.unique() in self.written for v in outputs_of(node)):
             reason = "its output is written to by another node"
         if key is not None:
             self.reasons[key] = reason
@@ -153,7 +153,7 @@ class _Fuser:
     # -- the walk ---------------------------------------------------------------
     def run(self, block: Any) -> None:
         for node in list(block.nodes()):
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 self.run(sub)
         changed = True
         while changed:
@@ -168,7 +168,7 @@ class _Fuser:
                     node = node.prev()
         for node in list(block.nodes()):
             lone = not is_group(node) and node.kind() != "prim::Constant"
-            lone = lone and node.outputsSize() >= 1 and all(map(is_tensor, node.outputs()))
+            lone = lone and node.outputsSize() >= 1 and all(map(is_tensor, outputs_of(node)))
             lone = lone and not is_external(node)  # a library call alone: nothing to fuse
             lone = lone and (self.options.min_group_size <= 1 or fuses_alone(node))
             if lone and self.why_not(node) is None:
@@ -194,7 +194,7 @@ class _Fuser:
         block = node.owningBlock()
         producers = [
             v.node()
-            for v in node.inputs()
+            for v in inputs_of(node)
             if v.node().owningBlock() == block
             and v.node().kind() not in ("prim::Param", "prim::Constant")
         ]
@@ -228,7 +228,7 @@ def _written_inputs(node: Any) -> set[int]:
         writes = node.kind().startswith("aten::") and in_place(node.kind()) and node.inputsSize()
         return {chain_root(node.inputsAt(0)).unique()} if writes else set()
     subgraph = node.g("Subgraph")
-    outer = {v.unique(): o for v, o in zip(subgraph.inputs(), node.inputs())}
+    outer = {v.unique(): o for v, o in zip(inputs_of(subgraph), inputs_of(node))}
     found = set()
     for inner in subgraph.nodes():
         if inner.kind() == "aten::copy_":
@@ -241,7 +241,7 @@ def _written_inputs(node: Any) -> set[int]:
 
 def _writes(block: Any) -> bool:
     """Whether a node in `block` (or its nested blocks) writes (`_written_inputs`)."""
-    return any(_written_inputs(n) or any(_writes(b) for b in n.blocks()) for n in block.nodes())
+    return any(_written_inputs(n) or any(_writes(b) for b in blocks_of(n)) for n in block.nodes())
 
 
 def _crosses_write_back(producer: Any, consumer: Any) -> bool:
@@ -264,10 +264,10 @@ def _crosses_write_back(producer: Any, consumer: Any) -> bool:
 
 def _read_roots(node: Any) -> set[int]:
     """The values `node` reads, each traced through views and tensor lists to its root."""
-    values = list(node.inputs())
+    values = inputs_of(node)
     for v in list(values):
         if v.node().kind() == "prim::ListConstruct":
-            values += list(v.node().inputs())
+            values += inputs_of(v.node())
     return {chain_root(v).unique() for v in values}
 
 
@@ -276,7 +276,7 @@ def _feeds_external(consumer: Any, producer: Any) -> bool:
     group before an external call that reads it."""
     if not is_group(consumer):
         return False
-    return any(feeds_external(consumer, v) for v in producer.outputs())
+    return any(feeds_external(consumer, v) for v in outputs_of(producer))
 
 
 def _order(a: Any, b: Any) -> int:
@@ -289,13 +289,14 @@ def _move_together(producer: Any, consumer: Any) -> bool:
         return False
     if consumer.prev() == producer:
         return True
-    users_between = any(use.user.isBefore(consumer) for v in producer.outputs() for use in v.uses())
+    users_between = any(use.user.isBefore(consumer)
+                        for v in outputs_of(producer) for use in v.uses())
     if not users_between:
         producer.moveBefore(consumer)
         return True
     defined_between = any(
         v.node().isAfter(producer)
-        for v in consumer.inputs()
+        for v in inputs_of(consumer)
         if v.node().owningBlock() == consumer.owningBlock()
     )
     if not defined_between:
@@ -312,7 +313,7 @@ def fusion_groups(graph: Any) -> list[Any]:
         for node in block.nodes():
             if is_group(node) or guard.is_fused_op(node):
                 found.append(node)
-            for sub in node.blocks():
+            for sub in blocks_of(node):
                 visit(sub)
 
     visit(graph.block())
@@ -355,13 +356,13 @@ def _made_from_fixed(value: Any, seen: dict[int, bool]) -> bool:
     if node.kind() == "prim::Constant":
         return True
     if node.kind() == "prim::ListConstruct":
-        return all(is_tensor(v) and _size_fixed(v, seen) for v in node.inputs())
-    if list(node.blocks()) or lowering_for(node)[0] is None or not is_tensor(value):
+        return all(is_tensor(v) and _size_fixed(v, seen) for v in inputs_of(node))
+    if blocks_of(node) or lowering_for(node)[0] is None or not is_tensor(value):
         return False
     return all(
         v.node().kind() == "prim::Constant" or isinstance(v.type(), _SIZELESS)
         or (is_tensor(v) or v.node().kind() == "prim::ListConstruct") and _size_fixed(v, seen)
-        for v in node.inputs())
+        for v in inputs_of(node))
 
 
 def _chunks_to_slices(graph: Any, block: Any) -> None:
@@ -383,7 +384,7 @@ def _chunks_to_slices(graph: Any, block: Any) -> None:
     along a dim of fixed size, or in kernels that check their sizes.
     """
     for node in list(block.nodes()):
-        for sub in node.blocks():
+        for sub in blocks_of(node):
             _chunks_to_slices(graph, sub)
         if node.kind() != "prim::ListUnpack" or node.input().node().kind() not in _SPLITS:
             continue
@@ -391,7 +392,7 @@ def _chunks_to_slices(graph: Any, block: Any) -> None:
         if len(node.input().uses()) != 1:
             continue
         source = split.inputsAt(0)
-        operands = [v.toIValue() for v in list(split.inputs())[1:]
+        operands = [v.toIValue() for v in inputs_of(split)[1:]
                     if v.node().kind() == "prim::Constant"]
         if len(operands) != split.inputsSize() - 1 or not is_tensor(source):
             continue
@@ -400,13 +401,13 @@ def _chunks_to_slices(graph: Any, block: Any) -> None:
                         "the signature")
             continue
         ndim = source.type().dim()
-        sizes = [v.type().sizes() if is_tensor(v) else None for v in node.outputs()]
+        sizes = [v.type().sizes() if is_tensor(v) else None for v in outputs_of(node)]
         if ndim is None or None in sizes or any(s is None or None in s for s in sizes):
             continue
         dim = (operands[0] if split.kind() == "aten::unbind" else operands[-1]) % max(ndim, 1)
         with graph.insert_point_guard(node):
             start = 0
-            for out, size in zip(node.outputs(), sizes):
+            for out, size in zip(outputs_of(node), sizes):
                 if split.kind() == "aten::unbind":
                     args = [source, graph.insertConstant(dim), graph.insertConstant(start)]
                     part = graph.create("aten::select", args, 1)

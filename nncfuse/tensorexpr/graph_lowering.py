@@ -50,7 +50,7 @@ from .lowerings import (
     scalar_dtype,
 )
 from .lowerings.shapes import product
-from .meta import TensorMeta, infer_types, is_tensor
+from .meta import TensorMeta, infer_types, inputs_of, is_tensor, outputs_of
 from .size_symbols import InputGuard, SizeSymbol, SizeSymbols
 
 _log = log.get_logger(__file__)
@@ -111,28 +111,28 @@ def _example(value: Any) -> Any:
 
 def graph_metas(graph: torch._C.Graph) -> dict[int, TensorMeta]:
     """Metadata of the graph's tensor values: from their types, else from a meta-tensor run."""
-    for v in graph.inputs():
+    for v in inputs_of(graph):
         if is_tensor(v) and TensorMeta.from_type(v.type()) is None:
             raise LoweringError(f"graph input %{v.debugName()} has an incomplete tensor type")
     metas: dict[int, TensorMeta] = {}
     complete = all(
         TensorMeta.from_type(v.type()) is not None
         for node in graph.nodes()
-        for v in node.outputs()
+        for v in outputs_of(node)
         if is_tensor(v)
     )
     if not complete:
         device = next(
-            (m.device for v in graph.inputs() if (m := TensorMeta.from_type(v.type()))),
+            (m.device for v in inputs_of(graph) if (m := TensorMeta.from_type(v.type()))),
             torch.device("cpu"),
         )
         metas = {k: replace(m, device=device) for k, m in infer_types(graph, _example).items()}
     for node in graph.nodes():
-        for v in node.outputs():
+        for v in outputs_of(node):
             meta = TensorMeta.from_type(v.type())
             if meta is not None:
                 metas[v.unique()] = meta
-    for v in graph.inputs():
+    for v in inputs_of(graph):
         meta = TensorMeta.from_type(v.type())
         if meta is not None:
             metas[v.unique()] = meta
@@ -150,7 +150,7 @@ class _GraphLowering:
         self.symbols: SizeSymbols | None = None
         if dynamic:
             self.symbols = SizeSymbols([
-                (k, self.metas[v.unique()]) for k, v in enumerate(graph.inputs()) if is_tensor(v)
+                (k, self.metas[v.unique()]) for k, v in enumerate(inputs_of(graph)) if is_tensor(v)
             ], static)
         self.env: dict[int, Arg] = {}  # graph value (unique) -> its operand
         self.names: set[str] = set()
@@ -182,7 +182,7 @@ class _GraphLowering:
 def _lower_list(state: _GraphLowering, node: Any) -> None:
     """A `prim::ListConstruct` of tensors (for cat and stack) is the list of their operands,
     of constant numbers a constant list (sizes); no loop nest."""
-    items = tuple(state.env[v.unique()] for v in node.inputs())
+    items = tuple(state.env[v.unique()] for v in inputs_of(node))
     if all(isinstance(a, TensorArg) for a in items):
         state.env[node.output().unique()] = ListArg(items)
     elif all(isinstance(a, ScalarArg) and a.const is not None for a in items):
@@ -209,7 +209,7 @@ def _lower_size(state: _GraphLowering, node: Any) -> None:
     a size symbol's expression), integer ops on sizes their result; no loop nest. A result
     that is not a constant (a symbol) is an expression the lowerings that need constants
     refuse."""
-    args = [state.env[v.unique()] for v in node.inputs()]
+    args = [state.env[v.unique()] for v in inputs_of(node)]
     if node.kind() == "aten::size":
         source, dim = args
         d = getattr(dim, "const", None)
@@ -358,7 +358,7 @@ def lower_graph(
     state = _GraphLowering(graph, dynamic, static)
     inputs = _bind_inputs(state, graph)
     kernel_inputs = frozenset(inputs)
-    graph_outputs = {v.unique() for v in graph.outputs()}
+    graph_outputs = {v.unique() for v in outputs_of(graph)}
     for node in graph.nodes():
         if node.kind() == "prim::Constant":
             _lower_constant(state, node)
@@ -372,7 +372,7 @@ def lower_graph(
             _lower_write_back(state, node, inputs)
         elif node.kind() in EXTERNAL_KINDS:
             _lower_external(state, node, kernel_inputs, graph_outputs)
-        elif any(v.unique() in state.folded for v in node.outputs()):
+        elif any(v.unique() in state.folded for v in outputs_of(node)):
             continue
         else:
             _lower_node(state, node, kernel_inputs, graph_outputs)
@@ -389,7 +389,7 @@ def lower_graph(
         outputs=outputs,
         output_metas=MappingProxyType(dict(state.output_metas)),
         input_metas=tuple(state.metas[v.unique()] if is_tensor(v) else None
-                          for v in graph.inputs()),
+                          for v in inputs_of(graph)),
         name=_kernel_name(state.ops),
         checks=tuple(state.checks),
         written=tuple(sorted(set(state.written.values()))),
@@ -446,7 +446,7 @@ def _bind_inputs(state: _GraphLowering, graph: torch._C.Graph) -> tuple[Buf | E.
     number."""
     params: list[Buf | E.Var] = []
     guards = {g.position: g for g in state.symbols.guards} if state.symbols else {}
-    for k, value in enumerate(graph.inputs()):
+    for k, value in enumerate(inputs_of(graph)):
         debug = value.debugName()
         name = state.unique(f"t{k}" if debug.isdigit() else _sanitize(debug))
         if is_tensor(value):
@@ -493,10 +493,10 @@ def _lower_node(
         raise LoweringError(reason)
     if state.symbols is not None:
         _check_dynamic(node, lowering)
-    outs = list(node.outputs())
+    outs = outputs_of(node)
     if len(outs) != lowering.outputs or not all(is_tensor(v) for v in outs):
         raise LoweringError(f"{node.kind()} must have {lowering.outputs} tensor output(s)")
-    args = [state.env[v.unique()] for v in node.inputs()]
+    args = [state.env[v.unique()] for v in inputs_of(node)]
     is_cat = node.kind() in _CATS
     op = node.kind().split("::")[-1]
     state.ops.append(op)
@@ -537,7 +537,7 @@ def _lower_external(
     """A GEMM or convolution: an `ExternalCall` into a buffer of its own, run before the loops
     (`lowerings/external.py`), with the activation or residual add after it when oneDNN
     fuses them; those nodes then lower to nothing."""
-    args = [state.env[v.unique()] for v in node.inputs()]
+    args = [state.env[v.unique()] for v in inputs_of(node)]
     constants = dict(state.constants)
     sources = frozenset(b for b in (*kernel_inputs, *constants) if isinstance(b, Buf))
 
@@ -592,9 +592,9 @@ def _collect_outputs(
     state: _GraphLowering, graph: torch._C.Graph
 ) -> tuple[ComputedOutput | InputOutput, ...]:
     """Per graph output: the buffer that computes it, or the graph input it returns."""
-    input_index = {v.unique(): k for k, v in enumerate(graph.inputs())}
+    input_index = {v.unique(): k for k, v in enumerate(inputs_of(graph))}
     outputs: list[ComputedOutput | InputOutput] = []
-    for value in graph.outputs():
+    for value in outputs_of(graph):
         if value.unique() in input_index:
             outputs.append(InputOutput(input_index[value.unique()]))
             continue

@@ -571,3 +571,35 @@ def test_a_second_derivative_through_buffers_written_in_place():
         torch.testing.assert_close(x, before + 1.0)
         torch.testing.assert_close(g, x * torch.cos(x * w))
         torch.testing.assert_close(torch.autograd.grad(g.sum(), w)[0], -x * x * torch.sin(x * w))
+
+
+def test_the_trace_generates_python_code_only_for_the_conversion(monkeypatch):
+    """AOTAutograd's and the partitioner's graphs are lazy graph modules (`traced_joint`):
+    Python code is generated for the two copies converted to TorchScript, and for the
+    backward twice inside the partitioner (which reorders it into a plain GraphModule),
+    never for the forward nor again for the backward; the FX fallback still runs them
+    (compiling their code on its first call)."""
+    import torch.fx._lazy_graph_module as lazy
+
+    made = []
+    python_code = torch.fx.Graph.python_code
+
+    def counted(self, *args, **kwargs):
+        made.append(self)
+        return python_code(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counted)
+    fused = nncfuse.jit(activation)
+    x, y = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6, requires_grad=True)
+    out = fused(x, y)
+    (joint,) = _plan(fused).joints()
+    assert isinstance(joint.forward.gm, lazy._LazyGraphModule)
+    assert isinstance(joint.backward.gm, lazy._LazyGraphModule)
+    assert not lazy._use_lazy_graph_module_flag  # the mode ends with the trace
+    assert all(g is not joint.forward.gm.graph for g in made)
+    assert sum(g is joint.backward.gm.graph for g in made) <= 2
+    assert len(made) <= 4
+    monkeypatch.undo()
+    results = joint.forward.gm(x.detach(), y.detach())  # the FX fallback: code made now
+    torch.testing.assert_close(results[0], out)
+    torch.testing.assert_close(out, activation(x, y))

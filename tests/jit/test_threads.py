@@ -214,6 +214,42 @@ def test_a_graphs_groups_compile_in_the_pool_named_in_graph_order(monkeypatch):
     assert len(serials) == 2 and serials[0] < serials[1]
 
 
+
+def _repeats(x, y):
+    """Two identical groups, broken apart by cumsums, and a larger one between them."""
+    a = torch.sigmoid(x * y) + 1.0
+    b = torch.cumsum(a, 0)
+    c = torch.tanh(torch.sigmoid(b * y) * 3.0 - b) / (b.abs() + 2.0)
+    d = torch.cumsum(c, 1)
+    return torch.cumsum(torch.sigmoid(d * y) + 1.0, 0)
+
+
+def test_identical_groups_are_one_task_and_the_largest_starts_first(monkeypatch):
+    """A graph's groups go to the compile threads once per distinct graph, the largest first
+    (a thread handed a repeat would wait for another thread's kernel); the repeat reuses its
+    first's kernel, in the groups' order, on the calling thread."""
+    monkeypatch.setattr(guard, "COMPILE_THREADS", 2)
+    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: False)
+    real_build, built = guard._build, []
+
+    def build(group, options):
+        built.append((threading.current_thread().name, guard._size(group)))
+        return real_build(group, options)
+
+    monkeypatch.setattr(guard, "_build", build)
+    guard.clear_kernel_cache()
+    fn = nncfuse.jit(_repeats)
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    for _ in range(2):
+        torch.testing.assert_close(fn(x, y), _repeats(x, y))
+    kinds = [n.kind() for n in nncfuse.fusion_groups(fn.graph_for(x, y))]
+    assert len(kinds) == 3 and kinds[0] == kinds[2] != kinds[1]
+    pooled = [size for name, size in built if name.startswith("nncfuse-compile")]
+    assert len(pooled) == 2 and pooled[0] > pooled[1]
+    assert [name for name, _ in built if not name.startswith("nncfuse-compile")] == [
+        threading.current_thread().name]
+
+
 def _compile_in_child(queue):
     guard.clear_kernel_cache()
     fn = nncfuse.jit(_three_groups)
