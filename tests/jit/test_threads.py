@@ -180,6 +180,21 @@ def test_the_optimize_switch_is_per_thread():
     assert torch._C._get_graph_executor_optimize() == before
 
 
+def _pooled_and_recorded(monkeypatch, name, record):
+    """Two compile threads, kernels built whatever their size, the kernel cache empty, and
+    `guard.<name>` wrapped so that `record` sees each call's arguments first."""
+    monkeypatch.setattr(guard, "COMPILE_THREADS", 2)
+    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: False)
+    real = getattr(guard, name)
+
+    def recorded(*args):
+        record(*args)
+        return real(*args)
+
+    monkeypatch.setattr(guard, name, recorded)
+    guard.clear_kernel_cache()
+
+
 def _three_groups(x, y):
     """Three fusion groups (cumsum does not fuse), two of them named alike."""
     a = torch.sigmoid(x * y) + 1.0
@@ -192,16 +207,9 @@ def test_a_graphs_groups_compile_in_the_pool_named_in_graph_order(monkeypatch):
     """The kernels of one graph's groups are built by the compile threads; their op names are
     taken in the groups' order (the first alike-named group's serial is the lower), whichever
     thread finished first."""
-    monkeypatch.setattr(guard, "COMPILE_THREADS", 2)
-    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: False)
-    real, threads = guard.TensorExprKernel, []
-
-    def kernel(*args):
-        threads.append(threading.current_thread().name)
-        return real(*args)
-
-    monkeypatch.setattr(guard, "TensorExprKernel", kernel)
-    guard.clear_kernel_cache()
+    threads = []
+    _pooled_and_recorded(monkeypatch, "TensorExprKernel",
+                         lambda *args: threads.append(threading.current_thread().name))
     fn = nncfuse.jit(_three_groups)
     x, y = torch.randn(5, 7), torch.randn(5, 7)
     for _ in range(2):
@@ -228,16 +236,9 @@ def test_identical_groups_are_one_task_and_the_largest_starts_first(monkeypatch)
     """A graph's groups go to the compile threads once per distinct graph, the largest first
     (a thread handed a repeat would wait for another thread's kernel); the repeat reuses its
     first's kernel, in the groups' order, on the calling thread."""
-    monkeypatch.setattr(guard, "COMPILE_THREADS", 2)
-    monkeypatch.setattr(policy, "_meta_is_cheap", lambda: False)
-    real_build, built = guard._build, []
-
-    def build(group, options):
-        built.append((threading.current_thread().name, guard._size(group)))
-        return real_build(group, options)
-
-    monkeypatch.setattr(guard, "_build", build)
-    guard.clear_kernel_cache()
+    built = []
+    _pooled_and_recorded(monkeypatch, "_build", lambda group, options: built.append(
+        (threading.current_thread().name, guard._size(group))))
     fn = nncfuse.jit(_repeats)
     x, y = torch.randn(5, 7), torch.randn(5, 7)
     for _ in range(2):
