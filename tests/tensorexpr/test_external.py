@@ -205,6 +205,22 @@ def test_non_contiguous_inputs(use_llvm):
                           torch.randn(2, 8, 6, 6)), use_llvm)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_an_expanded_gemm_operand_compiles(dtype):
+    # A broadcast input (stride 0) of an mm: the routine's trial operands are random values
+    # over the memory it spans (copy_ refuses to write elements that share memory); the group
+    # compiled to be the fused kernel, not left unfused by a failed trial (fuzzer seed 43130).
+    def fn(x, w):
+        return torch.nn.functional.gelu(torch.mm(x, w)) * 2.0
+
+    fused = nncfuse.jit(fn)
+    x, w = torch.randn(1, 7, dtype=dtype).expand(3, 7), torch.randn(7, 5, dtype=dtype)
+    for _ in range(3):
+        torch.testing.assert_close(fused(x, w), fn(x, w))
+    assert fused.compile_failures == []
+    assert nncfuse.fusion_groups(fused.graph_for(x, w))
+
 class MLP(torch.nn.Module):
     def __init__(self):
         super().__init__()

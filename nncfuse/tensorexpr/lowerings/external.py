@@ -395,6 +395,12 @@ def _example(buf: Buf, constants: dict[Buf, torch.Tensor], gen: torch.Generator,
     if buf in constants:
         return constants[buf]
     sizes, strides = sizes_of(buf)
+    if any(size > 1 and stride == 0 for size, stride in zip(sizes, strides)):
+        # An expanded operand (a broadcast input): its elements share memory, which copy_
+        # refuses to write; random values over the memory it spans, viewed as the operand.
+        extent = 0 if 0 in sizes else 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
+        spanned = torch.randn(extent, generator=gen).to(buf.dtype.torch)
+        return spanned.as_strided(sizes, strides)
     t = torch.empty_strided(sizes, strides, dtype=buf.dtype.torch)
     return t.copy_(torch.randn(sizes, generator=gen).to(buf.dtype.torch))
 
