@@ -325,8 +325,7 @@ def _scalar_constants(graph: torch._C.Graph) -> int:
         source = out.node()
         for use in list(out.uses()):
             user = use.user
-            if not user.kind().startswith("aten::") or blocks_of(user) or len(
-                    list(user.outputs())) != 1:
+            if not user.kind().startswith("aten::") or user.outputsSize() != 1:  # no blocks
                 continue
             if number is not None and user.kind() in _TO_NUMBER and (
                     user.kind() == "aten::ScalarImplicit"

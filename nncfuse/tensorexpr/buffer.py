@@ -32,6 +32,12 @@ def contiguous_strides(dims: Sequence[Expr]) -> tuple[Expr, ...]:
     return tuple(reversed(strides))
 
 
+def span(dims: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements from the first to one past the last that sizes `dims` and `strides` address
+    (0 for an empty tensor): the memory a strided tensor needs, an expanded one's too."""
+    return 0 if 0 in dims else 1 + sum((d - 1) * s for d, s in zip(dims, strides))
+
+
 def _fold_mul(a: Expr, b: Expr) -> Expr:
     if isinstance(a, Imm) and isinstance(b, Imm):
         return imm(a.value * b.value)  # type: ignore[operator]
@@ -101,9 +107,7 @@ class Buf:
         dims = self.static_dims()
         strides = [s.value if isinstance(s, Imm) else None for s in self.strides]
         if dims is not None and None not in strides:
-            if 0 in dims:
-                return imm(0)
-            return imm(1 + sum((d - 1) * s for d, s in zip(dims, strides)))  # type: ignore
+            return imm(span(dims, strides))  # type: ignore[arg-type]
         total: Expr = imm(1)
         for d, s in zip(self.dims, self.strides):
             total = total + (d - 1) * s

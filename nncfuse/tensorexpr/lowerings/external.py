@@ -44,7 +44,7 @@ import torch
 
 from .. import expr as E
 from .. import stmt as S
-from ..buffer import Buf
+from ..buffer import Buf, span
 from ..dtype import from_torch
 from ..external import (
     ATEN_EXTERNALS,
@@ -398,8 +398,7 @@ def _example(buf: Buf, constants: dict[Buf, torch.Tensor], gen: torch.Generator,
     if any(size > 1 and stride == 0 for size, stride in zip(sizes, strides)):
         # An expanded operand (a broadcast input): its elements share memory, which copy_
         # refuses to write; random values over the memory it spans, viewed as the operand.
-        extent = 0 if 0 in sizes else 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
-        spanned = torch.randn(extent, generator=gen).to(buf.dtype.torch)
+        spanned = torch.randn(span(sizes, strides), generator=gen).to(buf.dtype.torch)
         return spanned.as_strided(sizes, strides)
     t = torch.empty_strided(sizes, strides, dtype=buf.dtype.torch)
     return t.copy_(torch.randn(sizes, generator=gen).to(buf.dtype.torch))
