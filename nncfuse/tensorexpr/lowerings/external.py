@@ -52,6 +52,7 @@ from ..external import (
     aten_op,
     aten_routine,
     mkl_packed_ok,
+    mkl_sgemm_fast,
     onednn_dtype_ok,
     post_op,
 )
@@ -93,6 +94,13 @@ ONEDNN_LINEAR_WEIGHT = 1 << 20
 #: 160 -> 640 0.88x / 1.02x. (ConvNeXt end to end: 1.05x eager with ATen's GEMMs against
 #: 1.16x with oneDNN's.)
 ONEDNN_LINEAR_MANY_ROWS = 512
+#: Where MKL's float32 GEMM is the slower (`mkl_sgemm_fast`: not an Intel CPU), oneDNN's is
+#: taken for any GEMM of ONEDNN_LINEAR_ROWS rows, columns and reduction each and at least
+#: this many multiply-adds. Zen 5, 1 thread, MKL over oneDNN: 0.14x at 32 x 16 -> 16, 0.60x
+#: at 128 x 64 -> 64, 0.91x at 64 x 128 -> 128, 1.28-1.35x at 2M multiply-adds (32 x 256 ->
+#: 256, 128 x 128 -> 128, 512 x 64 -> 64), 1.6-2.1x from 8M (BERT's 128 x 256 -> 1024 in
+#: each layout of its step, 3136 x 40 -> 160); 0.56x for 2048 x 4096 -> 1 (hence the columns).
+ONEDNN_SGEMM_WORK = 1 << 21
 
 #: MKL's packed GEMM for constant weights of at least this many elements. It takes at least
 #: 7.9 MB per weight (MKL's packing pads: 1982689 floats for 64 x 32) and saved 8% at
@@ -253,10 +261,24 @@ def _onednn_linear(meta: TensorMeta, w: Any) -> bool:
         return False
     if meta.dtype != torch.float32 or not torch._C.has_mkl:
         return True
+    if not mkl_sgemm_fast():
+        return _onednn_sgemm(meta, w, transposed=True)
     if _rows(meta) >= ONEDNN_LINEAR_MANY_ROWS:
         return True
     dims = w.static_dims() if isinstance(w, Buf) else None
     return dims is not None and math.prod(dims) >= ONEDNN_LINEAR_WEIGHT
+
+
+def _onednn_sgemm(meta: TensorMeta, w: Any, transposed: bool) -> bool:
+    """Whether oneDNN's GEMM is the faster for this float32 one where MKL's is slow
+    (`ONEDNN_SGEMM_WORK`); `w` is the 2-d weight, `transposed`: (columns, reduction), as
+    a linear's."""
+    dims = w.static_dims() if isinstance(w, Buf) else None
+    if meta.dtype != torch.float32 or mkl_sgemm_fast() or dims is None or len(dims) != 2:
+        return False
+    reduction = dims[1] if transposed else dims[0]
+    m, n = _rows(meta), meta.sizes[-1]
+    return min(m, n, reduction) >= ONEDNN_LINEAR_ROWS and m * n * reduction >= ONEDNN_SGEMM_WORK
 
 
 def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> list[_Plan]:
@@ -287,6 +309,11 @@ def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> lis
     if w in constant and _packable(x, w, meta):
         fn, args = (("nnc_mkl_linear_packed", (x, w, None)) if linear
                     else ("nnc_mkl_mm_packed", (x, w)))
+        plans.append(_Plan(fn, args, value, (), bias))
+    if isinstance(x, Buf) and (x.ndim >= 2 if linear else x.ndim == 2 == len(meta.sizes)) \
+            and onednn_dtype_ok(meta.dtype) and _onednn_sgemm(meta, w, transposed=linear):
+        fn, args = (("nnc_mkldnn_linear_pointwise", (x, w, None, "none", (), None)) if linear
+                    else ("nnc_mkldnn_mm", (x, w)))
         plans.append(_Plan(fn, args, value, (), bias))
     if bias is not None:
         fn, args = ("nnc_aten_linear", (x, w, None)) if linear else ("nnc_aten_mm", (x, w))
