@@ -61,7 +61,8 @@ from . import trials
 from .registry import ConstArg, LoweringError, ScalarArg, TensorArg, register, schema_overload
 from .trials import Outcome
 
-__all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem", "trial"]
+__all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem", "onednn_gemm_alone",
+           "trial"]
 
 EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 
@@ -271,14 +272,37 @@ def _onednn_linear(meta: TensorMeta, w: Any) -> bool:
 
 def _onednn_sgemm(meta: TensorMeta, w: Any, transposed: bool) -> bool:
     """Whether oneDNN's GEMM is the faster for this float32 one where MKL's is slow
-    (`ONEDNN_SGEMM_WORK`); `w` is the 2-d weight, `transposed`: (columns, reduction), as
-    a linear's."""
-    dims = w.static_dims() if isinstance(w, Buf) else None
+    (`ONEDNN_SGEMM_WORK`); `w` is the 2-d weight (a Buf, or its sizes), `transposed`:
+    (columns, reduction), as a linear's."""
+    dims = w.static_dims() if isinstance(w, Buf) else w if isinstance(w, tuple) else None
     if meta.dtype != torch.float32 or mkl_sgemm_fast() or dims is None or len(dims) != 2:
         return False
     reduction = dims[1] if transposed else dims[0]
     m, n = _rows(meta), meta.sizes[-1]
     return min(m, n, reduction) >= ONEDNN_LINEAR_ROWS and m * n * reduction >= ONEDNN_SGEMM_WORK
+
+
+def onednn_gemm_alone(node: Any) -> bool:
+    """Whether GEMM `node` is worth a kernel of its own: a float32 mm, or addmm of beta and
+    alpha 1, that takes oneDNN's routine (`_onednn_sgemm`: MKL's is the slower here). The
+    weight gradients' `mm`s and attention's input projections, which no elementwise op
+    follows: BERT's training step has 41 of its 75 GEMMs outside kernels."""
+    kind = node.kind()
+    if kind not in ("aten::mm", "aten::addmm") or not onednn_dtype_ok(torch.float32):
+        return False
+    metas = [TensorMeta.from_type(v.type()) for v in (node.output(), *node.inputs())]
+    if kind == "aten::addmm":
+        scalars = [v.toIValue() if v.node().kind() == "prim::Constant" else None
+                   for v in list(node.inputs())[3:]]
+        bias = metas[1].sizes if metas[1] is not None else None
+        if scalars != [1, 1] or bias is None or metas[0] is None or len(bias) > 2 or any(
+                b not in (1, o) for b, o in zip(reversed(bias), reversed(metas[0].sizes))):
+            return False
+        metas = [metas[0], *metas[2:4]]
+    out, x, w = metas[:3]
+    if out is None or x is None or w is None or len(x.sizes) != 2 or len(w.sizes) != 2:
+        return False
+    return _onednn_sgemm(out, tuple(w.sizes), transposed=False)
 
 
 def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> list[_Plan]:
