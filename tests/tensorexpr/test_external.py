@@ -465,3 +465,39 @@ def test_a_gemm_routine_is_its_torch_binding_and_gives_the_ops_bits(kind):
     }[kind]
     got, want = routine(*operands), aten_op(kind)(*operands)
     assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+def weight_gradient(g, x):
+    return torch.mm(g.t(), x)
+
+
+def projection(b, x, w):
+    return torch.addmm(b, x, w).view(2, 64, -1)
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.float32), reason="oneDNN takes no float32 here")
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("mkl_fast", [False, True])
+@pytest.mark.parametrize("case", ["weight_gradient", "projection", "small"])
+def test_a_gemm_alone_is_a_kernel_where_onednn_beats_mkl(monkeypatch, case, mkl_fast, use_llvm):
+    monkeypatch.setattr(lowering, "mkl_sgemm_fast", lambda: mkl_fast)
+    fn, args = {
+        "weight_gradient": (weight_gradient, (extremal(torch.randn(128, 256)),
+                                              torch.randn(128, 256))),
+        "projection": (projection, (torch.randn(256), extremal(torch.randn(128, 256)),
+                                    torch.randn(256, 256))),
+        "small": (weight_gradient, (torch.randn(64, 64), torch.randn(64, 64))),
+    }[case]
+    fused = nncfuse.jit(fn, use_llvm=use_llvm)
+    for _ in range(3):
+        got = fused(*args)
+    want = fn(*args)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-4, atol=1e-4)
+    assert got.stride() == want.stride() and (got._base is None) == (want._base is None)
+    found = kernels(fused, *args)
+    if mkl_fast or case == "small":
+        assert found == []  # a library call alone: ATen's, unfused
+    else:
+        (kernel,) = found
+        (call,) = external_calls(kernel)
+        assert call.fn == "nnc_mkldnn_mm"
