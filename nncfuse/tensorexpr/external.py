@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from ..config import cpu_info
+
 #: aten kinds that run as an external call inside a group, and how many leading tensor
 #: operands each takes (the rest are constants or numbers)
 ATEN_EXTERNALS: dict[str, int] = {
@@ -200,17 +202,6 @@ def _mkldnn_mm(x, w):  # noqa: ANN001, ANN202
     return torch.ops.mkldnn._linear_pointwise(x, w.t(), None, "none", [], "")
 
 
-def _cpu_vendor() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 @cache
 def mkl_sgemm_fast() -> bool:
     """Whether MKL's float32 GEMM is the one to call here rather than oneDNN's: torch has
@@ -218,7 +209,7 @@ def mkl_sgemm_fast() -> bool:
     on AMD's Zen 5 (AVX-512) its sgemm ran at 83-90 GFLOPS on one thread, oneDNN's at
     130-180 (BERT's GEMMs, 128 rows, every layout of its training step: 1.6-2.1x; 128 x
     768 -> 3072 2.0x), but for small ones (oneDNN's ~14 us a call: `ONEDNN_SGEMM_WORK`)."""
-    return torch._C.has_mkl and _cpu_vendor() in ("GenuineIntel", None)
+    return torch._C.has_mkl and cpu_info("vendor_id") in ("GenuineIntel", None)
 
 
 def mkl_packed_ok(dtype: torch.dtype) -> bool:
