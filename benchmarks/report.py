@@ -22,6 +22,8 @@ import llvmlite.binding as llvm
 import torch
 from harness import fmt_time, geomean
 
+from nncfuse.config import cpu_info
+
 LARGE = 1 << 20  # workloads at least this big enter the "speedup over eager" average
 LABELS = {"eager": "eager", "script": "TorchScript", "compile": "torch.compile",
           "nncfuse": "nncfuse", "nncfuse-frozen": "nncfuse frozen",
@@ -29,14 +31,7 @@ LABELS = {"eager": "eager", "script": "TorchScript", "compile": "torch.compile",
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpu_info("model name") or platform.processor() or "unknown"
 
 
 def _git_revision() -> str:

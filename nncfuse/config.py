@@ -9,6 +9,18 @@ from dataclasses import dataclass
 VERSION = "0.1.0"
 
 
+def cpu_info(field: str) -> str | None:
+    """The first `field` of /proc/cpuinfo ("vendor_id", "model name"), or None."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 

@@ -19,7 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..tensorexpr.dtype import from_torch
-from ..tensorexpr.lowerings import EXTERNAL_KINDS, external_problem, lowering_for
+from ..tensorexpr.lowerings import (
+    EXTERNAL_KINDS,
+    external_problem,
+    lowering_for,
+    onednn_gemm_alone,
+)
 from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
 from . import sizes
 
@@ -136,7 +141,10 @@ def size_sources(node: Any) -> list[Any]:
 
 def fuses_alone(node: Any) -> bool:
     """Whether `node` makes a group of its own even below `min_group_size` (`Lowering.alone`:
-    a reduction whose one kernel beats eager's one op at this size)."""
+    a reduction whose one kernel beats eager's one op at this size; a GEMM that takes
+    oneDNN's routine where ATen's, MKL's, is the slower: `onednn_gemm_alone`)."""
+    if is_external(node):
+        return onednn_gemm_alone(node)
     lowering, _ = lowering_for(node)
     return bool(lowering is not None and lowering.alone is not None and lowering.alone(node))
 

@@ -17,7 +17,9 @@ groups of their own, adjacent groups merge, and groups with fewer than
 
 GEMMs and convolutions (`supported.is_external`) join a group as external calls
 that the kernel runs before its loops: they read only group inputs, so one
-neither pulls in its producers nor is merged after a node it reads.
+neither pulls in its producers nor is merged after a node it reads. Alone, with views
+of its result at most, a GEMM is no group (nothing to fuse, and eager hands out views of
+what the library returns) but where oneDNN's routine beats ATen's (`onednn_gemm_alone`).
 
 Alias safety: only nodes whose inputs nothing writes to (per the graph's
 AliasDb, taken before fusion) are fused, so moving them never reorders a
@@ -169,7 +171,8 @@ class _Fuser:
         for node in list(block.nodes()):
             lone = not is_group(node) and node.kind() != "prim::Constant"
             lone = lone and node.outputsSize() >= 1 and all(map(is_tensor, outputs_of(node)))
-            lone = lone and not is_external(node)  # a library call alone: nothing to fuse
+            # a library call alone: nothing to fuse, but where oneDNN's GEMM beats ATen's
+            lone = lone and (not is_external(node) or fuses_alone(node))
             lone = lone and (self.options.min_group_size <= 1 or fuses_alone(node))
             if lone and self.why_not(node) is None:
                 make_group(self.graph, node, copied_operand)
@@ -182,10 +185,13 @@ class _Fuser:
                     and not _fuses_alone(node):
                 _log.update("Undoing a group of ", _body_size(node), " node(s)")
                 unmerge(self.graph, node)
-            elif is_group(node) and _external_and_views(node):
-                # A copy of what a library call returns, where eager hands out its views.
+            elif is_group(node) and _external_and_views(node) and not _fuses_alone(node):
+                # A copy of what a library call returns, where eager hands out its views;
+                # a GEMM worth a kernel alone keeps one, the views read its result.
                 _log.update("Undoing a group of external calls and views only")
-                unmerge(self.graph, node)
+                for moved in unmerge(self.graph, node):
+                    if is_external(moved) and fuses_alone(moved):
+                        make_group(self.graph, moved, copied_operand)
 
     def scan(self, node: Any) -> Any | None:
         """Pull one producer into `node`; the group if that happened, else None."""

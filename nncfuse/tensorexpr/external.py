@@ -23,7 +23,9 @@ its result. Two families:
   input, whose output oneDNN writes channels-last;
 - `nnc_mkl_linear_packed`, `nnc_mkl_mm_packed`: MKL's GEMM on a weight packed
   the same way (`mkl._mkl_reorder_linear_weight`, what torch.compile's freezing
-  does for float32), for a constant weight (a frozen module's).
+  does for float32), for a constant weight (a frozen module's);
+- `nnc_mkldnn_mm`: `x @ w` as oneDNN's linear of `w.t()`, no bias, no post-op: the
+  float32 GEMM where MKL's is the slower one (`mkl_sgemm_fast`).
 
 oneDNN takes float32 and bfloat16 (this torch: not float64; bfloat16 only where
 `torch.ops.mkldnn._is_mkldnn_bf16_supported()`); `onednn_dtype_ok` says so.
@@ -34,10 +36,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import torch
+
+from ..config import cpu_info
 
 #: aten kinds that run as an external call inside a group, and how many leading tensor
 #: operands each takes (the rest are constants or numbers)
@@ -194,6 +198,20 @@ def _mkl_mm_packed(x, w):  # noqa: ANN001, ANN202
     return _mkl_linear_packed(x, w, None, transposed=True)
 
 
+def _mkldnn_mm(x, w):  # noqa: ANN001, ANN202
+    return torch.ops.mkldnn._linear_pointwise(x, w.t(), None, "none", [], "")
+
+
+@cache
+def mkl_sgemm_fast() -> bool:
+    """Whether MKL's float32 GEMM is the one to call here rather than oneDNN's: torch has
+    MKL, and the CPU is Intel's or of an unknown vendor. MKL picks its kernels by vendor;
+    on AMD's Zen 5 (AVX-512) its sgemm ran at 83-90 GFLOPS on one thread, oneDNN's at
+    130-180 (BERT's GEMMs, 128 rows, every layout of its training step: 1.6-2.1x; 128 x
+    768 -> 3072 2.0x), but for small ones (oneDNN's ~14 us a call: `ONEDNN_SGEMM_WORK`)."""
+    return torch._C.has_mkl and cpu_info("vendor_id") in ("GenuineIntel", None)
+
+
 def mkl_packed_ok(dtype: torch.dtype) -> bool:
     """Whether MKL's packed GEMM (`nnc_mkl_*_packed`) takes `dtype` on this machine."""
     return dtype == torch.float32 and torch._C.has_mkl and hasattr(torch.ops.mkl,
@@ -212,6 +230,7 @@ ROUTINES: dict[str, Callable[..., torch.Tensor]] = {
     "nnc_mkldnn_convolution_pointwise_binary_packed": _conv_binary_packed,
     "nnc_mkl_linear_packed": _mkl_linear_packed,
     "nnc_mkl_mm_packed": _mkl_mm_packed,
+    "nnc_mkldnn_mm": _mkldnn_mm,
 }
 
 

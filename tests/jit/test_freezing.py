@@ -12,6 +12,7 @@ from nncfuse.jit.runtime import kernel_of
 from nncfuse.tensorexpr import external
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.external import mkl_packed_ok, onednn_dtype_ok
+from nncfuse.tensorexpr.lowerings import external as lowering
 
 
 class ConvBnAct(nn.Module):
@@ -445,3 +446,21 @@ def test_a_scripted_submodule_in_training_runs_unfrozen():
         torch.testing.assert_close(fn(x), reference(x), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(script.bn.running_mean, reference.bn.running_mean)
     assert fn.freezes == 1
+
+
+@pytest.mark.skipif(not mkl_packed_ok(torch.float32) or not onednn_dtype_ok(torch.float32),
+                    reason="MKL's packed GEMM and oneDNN")
+@pytest.mark.parametrize("make, routine", [
+    (lambda: nn.Sequential(nn.Linear(256, 256), nn.GELU()), "nnc_mkldnn_linear_pointwise"),
+    (lambda: nn.Sequential(nn.Linear(256, 512, bias=False), nn.SiLU()),
+     "nnc_mkldnn_linear_pointwise"),
+])
+def test_frozen_linears_run_onednns_gemm_where_mkls_is_slow(monkeypatch, make, routine):
+    monkeypatch.setattr(lowering, "mkl_sgemm_fast", lambda: False)
+    module = make().eval()
+    x = torch.randn(2, 64, 256)
+    fn = nncfuse.jit(module, freeze=True)
+    _check(fn, module, x)
+    (group,) = _groups(fn, x)
+    (call,) = [s for s in kernel_of(group).stmt.stmts if isinstance(s, S.ExternalCall)]
+    assert call.fn == routine

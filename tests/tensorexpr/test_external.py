@@ -11,10 +11,12 @@ from nncfuse.tensorexpr.buffer import Buf
 from nncfuse.tensorexpr.dtype import FLOAT32
 from nncfuse.tensorexpr.external import onednn_dtype_ok
 from nncfuse.tensorexpr.ir_eval import IREvaluator
+from nncfuse.tensorexpr.lowerings import external as lowering
 from nncfuse.tensorexpr.lowerings.external import (
     ONEDNN_LINEAR_MANY_ROWS,
     ONEDNN_LINEAR_ROWS,
     ONEDNN_LINEAR_WEIGHT,
+    ONEDNN_SGEMM_WORK,
 )
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interpreter")]
@@ -69,6 +71,13 @@ CASES = {f.__name__: f for f in (linear_gelu, addmm_relu, conv_relu, depthwise_h
 ONEDNN = {"linear_gelu", "conv_relu", "depthwise_hardtanh", "conv_add_relu"}
 #: float32 linears run MKL's GEMM (through ATen) and nncfuse's loops, not oneDNN's
 MKL = torch._C.has_mkl
+
+
+@pytest.fixture(autouse=True)
+def mkl_sgemm_fast(monkeypatch):
+    """These tests state an Intel CPU's choices (MKL's float32 GEMM where torch has MKL),
+    whatever this one's; `test_float32_gemms_take_onednn_where_mkl_is_slow` the others'."""
+    monkeypatch.setattr(lowering, "mkl_sgemm_fast", lambda: MKL)
 
 
 def kernels(fused, *args):
@@ -142,6 +151,54 @@ def test_a_float32_linear_of_a_large_weight_is_onednns_with_its_post_op(rows, n,
     x, w, b = torch.randn(rows, 256), torch.randn(n, 256) / 16, torch.randn(n)
     (call,) = external_calls(check(linear_gelu, (x, w, b)))
     assert (call.fn == "nnc_mkldnn_linear_pointwise") == onednn
+
+
+def mm_relu(x, w):
+    return torch.relu(torch.mm(x, w))
+
+
+def linear_plain(x, w, b):
+    return torch.sigmoid(F.linear(x, w, b))
+
+
+def extremal(t):
+    """`t` with NaN, +-Inf, -0.0, large, tiny and denormal values in its first rows."""
+    t = t.clone()
+    t[0, 0], t[0, 1], t[1, 2], t[2, :] = float("nan"), float("inf"), float("-inf"), -0.0
+    t[3, 3], t[3, 4], t[4, 5], t[4, 6] = 1e30, -1e-30, 1e-40, -3e-42
+    return t
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.float32), reason="oneDNN takes no float32 here")
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("case, m, k, n, onednn", [
+    ("mm", 128, 256, 256, True),
+    ("mm", 128, 64, 64, False),  # too little work: oneDNN's fixed cost
+    ("mm", 2048, 1024, 1, False),  # one column: MKL's
+    ("mm", ONEDNN_LINEAR_ROWS - 1, 256, 1024, False),
+    ("addmm", 128, 256, 256, True),  # the bias added by the loops
+    ("linear", 128, 256, 256, True),
+    ("mm_t", 128, 256, 256, True),  # backward layouts: transposed operands
+    ("t_mm", 256, 128, 256, True),
+])
+def test_float32_gemms_take_onednn_where_mkl_is_slow(monkeypatch, case, m, k, n, onednn,
+                                                     use_llvm):
+    monkeypatch.setattr(lowering, "mkl_sgemm_fast", lambda: False)
+    assert (min(m, k, n) >= ONEDNN_LINEAR_ROWS and m * k * n >= ONEDNN_SGEMM_WORK) == onednn
+    x, w, b = extremal(torch.randn(m, k)), torch.randn(k, n) / 16, torch.randn(n)
+    b[:3] = torch.tensor([float("inf"), -0.0, float("nan")])[:n]
+    fn, args = {
+        "mm": (mm_relu, (x, w)),
+        "addmm": (addmm_relu, (b, x, w)),
+        "linear": (linear_plain, (x, w.t().contiguous(), b)),
+        "mm_t": (mm_relu, (x, torch.randn(n, k).t())),
+        "t_mm": (mm_relu, (torch.randn(k, m).t(), w)),
+    }[case]
+    (call,) = external_calls(check(fn, args, use_llvm))
+    routine = "nnc_mkldnn_linear_pointwise" if case == "linear" else "nnc_mkldnn_mm"
+    assert (call.fn == routine) == onednn
+    if case in ("addmm", "linear"):
+        assert onednn and call.args[2 if case == "linear" else 1] is not b  # loops add it
 
 
 def addmm_scaled(b, x, w):
@@ -408,3 +465,39 @@ def test_a_gemm_routine_is_its_torch_binding_and_gives_the_ops_bits(kind):
     }[kind]
     got, want = routine(*operands), aten_op(kind)(*operands)
     assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+def weight_gradient(g, x):
+    return torch.mm(g.t(), x)
+
+
+def projection(b, x, w):
+    return torch.addmm(b, x, w).view(2, 64, -1)
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.float32), reason="oneDNN takes no float32 here")
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("mkl_fast", [False, True])
+@pytest.mark.parametrize("case", ["weight_gradient", "projection", "small"])
+def test_a_gemm_alone_is_a_kernel_where_onednn_beats_mkl(monkeypatch, case, mkl_fast, use_llvm):
+    monkeypatch.setattr(lowering, "mkl_sgemm_fast", lambda: mkl_fast)
+    fn, args = {
+        "weight_gradient": (weight_gradient, (extremal(torch.randn(128, 256)),
+                                              torch.randn(128, 256))),
+        "projection": (projection, (torch.randn(256), extremal(torch.randn(128, 256)),
+                                    torch.randn(256, 256))),
+        "small": (weight_gradient, (torch.randn(64, 64), torch.randn(64, 64))),
+    }[case]
+    fused = nncfuse.jit(fn, use_llvm=use_llvm)
+    for _ in range(3):
+        got = fused(*args)
+    want = fn(*args)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-4, atol=1e-4)
+    assert got.stride() == want.stride() and (got._base is None) == (want._base is None)
+    found = kernels(fused, *args)
+    if mkl_fast or case == "small":
+        assert found == []  # a library call alone: ATen's, unfused
+    else:
+        (kernel,) = found
+        (call,) = external_calls(kernel)
+        assert call.fn == "nnc_mkldnn_mm"

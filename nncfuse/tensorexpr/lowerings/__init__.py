@@ -17,7 +17,12 @@ from . import (  # noqa: F401
     unary,
 )
 from .casts import aliases  # noqa: F401 - for the fuser
-from .external import EXTERNAL_KINDS, external_problem, lower_external  # noqa: F401
+from .external import (  # noqa: F401
+    EXTERNAL_KINDS,
+    external_problem,
+    lower_external,
+    onednn_gemm_alone,
+)
 from .registry import (  # noqa: F401 - names used outside the package
     VIEWS,
     Arg,

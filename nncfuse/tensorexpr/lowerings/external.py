@@ -52,6 +52,7 @@ from ..external import (
     aten_op,
     aten_routine,
     mkl_packed_ok,
+    mkl_sgemm_fast,
     onednn_dtype_ok,
     post_op,
 )
@@ -60,7 +61,8 @@ from . import trials
 from .registry import ConstArg, LoweringError, ScalarArg, TensorArg, register, schema_overload
 from .trials import Outcome
 
-__all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem", "trial"]
+__all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem", "onednn_gemm_alone",
+           "trial"]
 
 EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 
@@ -93,6 +95,13 @@ ONEDNN_LINEAR_WEIGHT = 1 << 20
 #: 160 -> 640 0.88x / 1.02x. (ConvNeXt end to end: 1.05x eager with ATen's GEMMs against
 #: 1.16x with oneDNN's.)
 ONEDNN_LINEAR_MANY_ROWS = 512
+#: Where MKL's float32 GEMM is the slower (`mkl_sgemm_fast`: not an Intel CPU), oneDNN's is
+#: taken for any GEMM of ONEDNN_LINEAR_ROWS rows, columns and reduction each and at least
+#: this many multiply-adds. Zen 5, 1 thread, MKL over oneDNN: 0.14x at 32 x 16 -> 16, 0.60x
+#: at 128 x 64 -> 64, 0.91x at 64 x 128 -> 128, 1.28-1.35x at 2M multiply-adds (32 x 256 ->
+#: 256, 128 x 128 -> 128, 512 x 64 -> 64), 1.6-2.1x from 8M (BERT's 128 x 256 -> 1024 in
+#: each layout of its step, 3136 x 40 -> 160); 0.56x for 2048 x 4096 -> 1 (hence the columns).
+ONEDNN_SGEMM_WORK = 1 << 21
 
 #: MKL's packed GEMM for constant weights of at least this many elements. It takes at least
 #: 7.9 MB per weight (MKL's packing pads: 1982689 floats for 64 x 32) and saved 8% at
@@ -204,7 +213,8 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     after = _single_user(user.output(), outputs) if residual is not None else None
     then = _unary(after, user.output()) if after is not None else None
     plans: list[_Plan] = []
-    packed = operands[1] in constant and _packable(operands[0], operands[1], meta)  # faster
+    packed = operands[1] in constant and _packable(operands[0], operands[1], meta) \
+        and not _onednn_sgemm(meta, operands[1], transposed=True)  # faster, where MKL's is
     if kind == "aten::linear" and len(meta.sizes) >= 2 and not packed and _onednn_linear(
             meta, operands[1]):
         x, w, b = operands
@@ -253,10 +263,47 @@ def _onednn_linear(meta: TensorMeta, w: Any) -> bool:
         return False
     if meta.dtype != torch.float32 or not torch._C.has_mkl:
         return True
+    if not mkl_sgemm_fast():
+        return _onednn_sgemm(meta, w, transposed=True)
     if _rows(meta) >= ONEDNN_LINEAR_MANY_ROWS:
         return True
     dims = w.static_dims() if isinstance(w, Buf) else None
     return dims is not None and math.prod(dims) >= ONEDNN_LINEAR_WEIGHT
+
+
+def _onednn_sgemm(meta: TensorMeta, w: Any, transposed: bool) -> bool:
+    """Whether oneDNN's GEMM is the faster for this float32 one where MKL's is slow
+    (`ONEDNN_SGEMM_WORK`); `w` is the 2-d weight (a Buf, or its sizes), `transposed`:
+    (columns, reduction), as a linear's."""
+    dims = w.static_dims() if isinstance(w, Buf) else w if isinstance(w, tuple) else None
+    if meta.dtype != torch.float32 or mkl_sgemm_fast() or dims is None or len(dims) != 2:
+        return False
+    reduction = dims[1] if transposed else dims[0]
+    m, n = _rows(meta), meta.sizes[-1]
+    return min(m, n, reduction) >= ONEDNN_LINEAR_ROWS and m * n * reduction >= ONEDNN_SGEMM_WORK
+
+
+def onednn_gemm_alone(node: Any) -> bool:
+    """Whether GEMM `node` is worth a kernel of its own: a float32 mm, or addmm of beta and
+    alpha 1, that takes oneDNN's routine (`_onednn_sgemm`: MKL's is the slower here). The
+    weight gradients' `mm`s and attention's input projections, which no elementwise op
+    follows: BERT's training step has 41 of its 75 GEMMs outside kernels."""
+    kind = node.kind()
+    if kind not in ("aten::mm", "aten::addmm") or not onednn_dtype_ok(torch.float32):
+        return False
+    metas = [TensorMeta.from_type(v.type()) for v in (node.output(), *node.inputs())]
+    if kind == "aten::addmm":
+        scalars = [v.toIValue() if v.node().kind() == "prim::Constant" else None
+                   for v in list(node.inputs())[3:]]
+        bias = metas[1].sizes if metas[1] is not None else None
+        if scalars != [1, 1] or bias is None or metas[0] is None or len(bias) > 2 or any(
+                b not in (1, o) for b, o in zip(reversed(bias), reversed(metas[0].sizes))):
+            return False
+        metas = [metas[0], *metas[2:4]]
+    out, x, w = metas[:3]
+    if out is None or x is None or w is None or len(x.sizes) != 2 or len(w.sizes) != 2:
+        return False
+    return _onednn_sgemm(out, tuple(w.sizes), transposed=False)
 
 
 def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> list[_Plan]:
@@ -284,6 +331,13 @@ def _gemm_plans(node: Any, operands: list[Any], constant: frozenset[Buf]) -> lis
         return []  # reduced precision: the routine adds the bias before rounding
     linear = kind == "aten::linear"
     plans = []
+    # oneDNN's GEMM first where MKL's is slow, packed or not (Zen 5, 128 x 256 -> 1024 and
+    # 128 x 768 -> 3072 of a packed weight: MKL 838 and 8851 us, oneDNN 395 and 3871)
+    if isinstance(x, Buf) and (x.ndim >= 2 if linear else x.ndim == 2 == len(meta.sizes)) \
+            and onednn_dtype_ok(meta.dtype) and _onednn_sgemm(meta, w, transposed=linear):
+        fn, args = (("nnc_mkldnn_linear_pointwise", (x, w, None, "none", (), None)) if linear
+                    else ("nnc_mkldnn_mm", (x, w)))
+        plans.append(_Plan(fn, args, value, (), bias))
     if w in constant and _packable(x, w, meta):
         fn, args = (("nnc_mkl_linear_packed", (x, w, None)) if linear
                     else ("nnc_mkl_mm_packed", (x, w)))
