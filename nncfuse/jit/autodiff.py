@@ -9,7 +9,7 @@ gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPlan` (`autograd.py`):
    `prim::DifferentiableGraph`s; views, attention and size arithmetic stay outside;
 3. each is differentiated (`_jit_differentiate`) into `f` (inputs -> outputs and the
    values the backward captures) and `df` (output gradients and captures -> input
-   gradients); sizes the signature fixes are folded into constants;
+   gradients); `df` is specialized to the values of its captured sizes;
 4. the node is replaced by a custom op whose Python kernel (above autograd) applies
    `_Differentiable`, an autograd.Function: forward runs `f`, backward runs `df`, each a
    program under its own `Policy` (profiled, fused and guarded as every nncfuse call);
@@ -37,6 +37,7 @@ from ..config import Options
 from ..tensorexpr.meta import blocks_of, inputs_of, outputs_of
 from . import collector
 from .autograd import AutogradPlan, _frozen
+from .backward_ops import decompose
 from .plans import run_as_built
 from .policy import Policy, Program, program, signature
 from .profiling import Profiler
@@ -46,6 +47,10 @@ _lib = torch.library.Library("nncfuse", "FRAGMENT")
 _serial = itertools.count()
 _THRESHOLD = 2  # nodes in a differentiable graph, as the profiling executor's default
 _MAX_VARIANTS = 8
+#: ops whose result's shape depends on values: no sizes are folded from a profile with them
+_DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
+                   "aten::unique_consecutive", "aten::unique_dim", "aten::index",
+                   "aten::repeat_interleave", "aten::Int", "aten::item", "aten::tolist")
 
 
 class AutodiffPlan:
@@ -121,6 +126,11 @@ class _Outer:
 
     def __init__(self, graph: torch._C.Graph, options: Options):
         graph = graph.copy()
+        if not any(graph.findAllNodes(kind) for kind in _DATA_DEPENDENT):
+            # Sizes from the profiled types (the variant's key fixes the inputs' shapes),
+            # as constants: the normalized shape of a layer norm, a view's sizes.
+            torch._C._jit_pass_peephole(graph, False)
+            torch._C._jit_pass_constant_propagation(graph)
         torch._C._jit_pass_create_autodiff_subgraphs(graph, _THRESHOLD)
         nodes = graph.findAllNodes("prim::DifferentiableGraph")
         if not nodes:
@@ -155,16 +165,11 @@ class _Entry:
         self.captured_outputs = list(grad.df_input_captured_outputs)
         self.output_vjps = list(grad.df_output_vjps)
         self.n_inputs = len(inputs_of(f))
-        # Sizes the signature fixes (`_size_if_not_equal` of typed tensors), as constants.
+        # Sizes the signature fixes (`_size_if_not_equal` of typed tensors) folded.
         torch._C._jit_pass_peephole(f, False)
         torch._C._jit_pass_constant_propagation(f)
-        self.constants = {k: o.node() for k, o in enumerate(outputs_of(f))
-                          if o.node().kind() == "prim::Constant"}
+        self.left = decompose(f)  # the kinds left undecomposed, for the log and tools
         self.f = _compiled(f, options, "f")
-        first = len(self.captured_inputs)
-        #: the captures (positions among them) that df has as constants
-        self.folded = frozenset(first + j for j, k in enumerate(self.captured_outputs)
-                                if k in self.constants)
         self.df_graph = df
         self._dfs: dict[tuple[bool, ...], Any] = {}
         self._lock = threading.Lock()
@@ -172,26 +177,45 @@ class _Entry:
         self.differentiable = frozenset(k for k in self.vjps if k < self.real)
         self.kind = _register(self, inputs_of(subgraph), outputs_of(subgraph))
 
-    def df(self, given: tuple[bool, ...]) -> Any:
-        """The backward for a pattern of given output gradients (one per `vjps`)."""
-        fn = self._dfs.get(given)
+    def df(self, given: tuple[bool, ...], captured: list[Any], vjps: list[Any]) -> Any:
+        """The backward for a pattern of given output gradients (one per `vjps`) and of the
+        values of the captures that are not tensors (sizes, shapes), which it has as
+        constants (up to `_MAX_VARIANTS` patterns, then as inputs)."""
+        first = len(self.vjps)
+        constants = {first + k: v for k, v in enumerate(captured)
+                     if not isinstance(v, torch.Tensor)}
+        try:
+            key: Any = (given, _frozen(tuple(constants.values())))
+        except TypeError:
+            key = None
+        if key is None or (key not in self._dfs and len(self._dfs) >= _MAX_VARIANTS):
+            key, constants = (given, None), {}
+        fn = self._dfs.get(key)
         if fn is None:
             with self._lock:
-                fn = self._dfs.get(given)
+                fn = self._dfs.get(key)
                 if fn is None:
-                    graph = _specialized(self.df_graph, given, self._captured_constants())
-                    fn = self._dfs[given] = _compiled(graph, self.options, "df")
+                    graph = _specialized(self.df_graph, given, constants)
+                    decompose(graph)  # then what needs the types of the decomposed ops
+                    _typed(graph, [*vjps, *(v for k, v in enumerate(captured)
+                                            if first + k not in constants)])
+                    self.left += decompose(graph)
+                    fn = self._dfs[key] = _compiled(graph, self.options, "df")
+                    fn.constants = frozenset(constants)  # type: ignore[attr-defined]
         return fn
-
-    def _captured_constants(self) -> dict[int, Any]:
-        """df's inputs (positions) that are f's constant outputs, and their nodes."""
-        first = len(self.vjps) + len(self.captured_inputs)
-        return {first + j: self.constants[k] for j, k in enumerate(self.captured_outputs)
-                if k in self.constants}
 
     def __call__(self, *inputs: Any) -> Any:
         outs = _Differentiable.apply(self, *inputs)
         return outs[0] if len(outs) == 1 else outs
+
+
+def _typed(graph: torch._C.Graph, inputs: list[Any]) -> None:
+    """Give `graph`'s values the types of a run on `inputs` where TorchScript's (legacy)
+    shape analysis can tell them, for `decompose` (the policy profiles the graph again)."""
+    try:
+        torch._C._jit_pass_complete_shape_analysis(graph, tuple(inputs), False)
+    except Exception as e:  # noqa: BLE001 - then fewer ops decompose
+        _log.update("No shapes for df: ", e)
 
 
 def _compiled(graph: torch._C.Graph, options: Options, what: str) -> Any:
@@ -272,9 +296,10 @@ class _Differentiable(torch.autograd.Function):
         captured = list(ctx.others)
         for k, t in zip(ctx.tensors, saved):
             captured[k] = t
-        df = entry.df(given)
+        df = entry.df(given, captured, [g for g in vjps if g is not None])
+        first = len(vjps)
         results = df(*(g for g in vjps if g is not None),
-                     *(v for k, v in enumerate(captured) if k not in entry.folded))
+                     *(v for k, v in enumerate(captured) if first + k not in df.constants))
         results = results if isinstance(results, tuple) else (results,)
         out = list(none)
         for k, g in zip(entry.output_vjps, results):
@@ -293,7 +318,7 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
     input): undefined ones are `AutogradZero`s, folded away with the `GradOf` blocks they
     alone feed; `GradOf` blocks that run are inlined, `AutogradAdd`s of two defined
     gradients are `add`s (as the profiling executor's `specializeAutogradZero` and
-    `LowerGradOf`); inputs that are constants of `f` (`constants`) become constants.
+    `LowerGradOf`); inputs with values in `constants` (by position) become constants.
 
         %a = prim::GradOf[name="aten::mul"](%g)       (%g given, %h not)
           block0(): %m = aten::mul(%g, %x) -> (%m)   ==>   %m = aten::mul(%g, %x)
@@ -305,11 +330,9 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
     status: dict[int, str] = {}
     for k, value in enumerate(values):
         if k in constants:
-            const = graph.create("prim::Constant")
-            const.copyAttributes(constants[k])
-            const.output().setType(constants[k].output().type())
-            const.insertBefore(first)
-            value.replaceAllUsesWith(const.output())
+            const = graph.insertConstant(constants[k])
+            const.node().moveBefore(first)
+            value.replaceAllUsesWith(const)
         elif k < len(given) and not given[k]:
             zero = graph.create("prim::AutogradZero")
             zero.output().setType(value.type())
