@@ -102,6 +102,7 @@ class AutodiffPlan:
 
 
 _MISSING: Any = object()
+_FAILED: Any = object()  # a df that could not be specialized
 
 
 def _profiled(graph: torch._C.Graph, inputs: tuple[Any, ...],
@@ -195,13 +196,19 @@ class _Entry:
             with self._lock:
                 fn = self._dfs.get(key)
                 if fn is None:
-                    graph = _specialized(self.df_graph, given, constants)
-                    decompose(graph)  # then what needs the types of the decomposed ops
-                    _typed(graph, [*vjps, *(v for k, v in enumerate(captured)
-                                            if first + k not in constants)])
-                    self.left += decompose(graph)
-                    fn = self._dfs[key] = _compiled(graph, self.options, "df")
-                    fn.constants = frozenset(constants)  # type: ignore[attr-defined]
+                    try:
+                        graph = _specialized(self.df_graph, given, constants)
+                        _typed(graph, [*vjps, *(v for k, v in enumerate(captured)
+                                                if first + k not in constants)])
+                        self.left += decompose(graph)
+                        fn = _compiled(graph, self.options, "df")
+                        fn.constants = frozenset(constants)  # type: ignore[attr-defined]
+                    except Exception as e:  # noqa: BLE001 - the caller gives zeros instead
+                        _log.dump("df not specialized: ", e)
+                        fn = _FAILED
+                    self._dfs[key] = fn
+        if fn is _FAILED:
+            raise ValueError("df not specialized to these gradients")
         return fn
 
     def __call__(self, *inputs: Any) -> Any:
@@ -210,12 +217,15 @@ class _Entry:
 
 
 def _typed(graph: torch._C.Graph, inputs: list[Any]) -> None:
-    """Give `graph`'s values the types of a run on `inputs` where TorchScript's (legacy)
-    shape analysis can tell them, for `decompose` (the policy profiles the graph again)."""
+    """Give `graph`'s values the types of a run on `inputs` (a profiling run, whose result
+    is dropped), for `decompose`: the policy profiles the decomposed graph again."""
+    profiler = Profiler(graph)
+    fn = torch._C._create_function_from_graph("nncfuse_autodiff_types", graph)
     try:
-        torch._C._jit_pass_complete_shape_analysis(graph, tuple(inputs), False)
-    except Exception as e:  # noqa: BLE001 - then fewer ops decompose
-        _log.update("No shapes for df: ", e)
+        run_as_built(profiler.run, fn, *inputs)
+    except Exception as e:  # noqa: BLE001 - then fewer ops decompose; the policy's run raises
+        _log.update("df not typed: ", e)
+    profiler.finish()
 
 
 def _compiled(graph: torch._C.Graph, options: Options, what: str) -> Any:
@@ -275,6 +285,7 @@ class _Differentiable(torch.autograd.Function):
         ctx.tensors = tensors
         ctx.others = [None if k in tensors else v for k, v in enumerate(captured)]
         ctx.entry = entry
+        ctx.shapes = [(outs[k].shape, outs[k].dtype) for k in entry.vjps]
         ctx.set_materialize_grads(False)
         real = outs[:entry.real]
         ctx.mark_non_differentiable(*(o for k, o in enumerate(real) if isinstance(
@@ -296,7 +307,15 @@ class _Differentiable(torch.autograd.Function):
         captured = list(ctx.others)
         for k, t in zip(ctx.tensors, saved):
             captured[k] = t
-        df = entry.df(given, captured, [g for g in vjps if g is not None])
+        try:
+            df = entry.df(given, captured, [g for g in vjps if g is not None])
+        except ValueError:
+            if all(given):
+                raise
+            # Zeros for the gradients not given, as autodiff's own executor would give.
+            vjps = [g if g is not None else torch.zeros(shape, dtype=dtype)
+                    for g, (shape, dtype) in zip(vjps, ctx.shapes)]
+            df = entry.df(tuple(True for _ in vjps), captured, vjps)
         first = len(vjps)
         results = df(*(g for g in vjps if g is not None),
                      *(v for k, v in enumerate(captured) if first + k not in df.constants))
@@ -325,6 +344,7 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
         %s = prim::AutogradAdd(%h, %a)                     (uses of %s use %m)
     """
     graph = df.copy()
+    torch._C._jit_pass_inline(graph)  # (matmul's backward calls helpers)
     values = inputs_of(graph)
     first = next(iter(graph.nodes()), graph.return_node())
     status: dict[int, str] = {}

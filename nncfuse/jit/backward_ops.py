@@ -109,6 +109,11 @@ def _constant(value: Any) -> Any:
     return value.toIValue()
 
 
+def _inserted(graph: torch._C.Graph, node: Any, value: Any) -> Any:
+    with graph.insert_point_guard(node):
+        return graph.insertConstant(value)
+
+
 def _rank(value: Any) -> int:
     t = value.type()
     if not isinstance(t, torch._C.TensorType) or t.dim() is None:
@@ -168,7 +173,8 @@ def _grad_sum_to_size(node: Any) -> tuple[Any, list[Any]]:
     # (a dim of size 1 summed with keepdim is itself, whatever x's size there)
     ones = [lead + k for k, s in enumerate(size) if s == 1]
     if not ones:
-        return sum_leading, [x, list(range(lead))]
+        # (no dims: x itself; `sum(x, [])` would sum every dim)
+        return (sum_leading, [x, list(range(lead))]) if lead else (None, [x])
     return sum_to, [x, list(range(lead)) + ones, size]
 
 
@@ -186,7 +192,9 @@ _RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
 
 def decompose(graph: torch._C.Graph) -> list[str]:
     """Replace, in place, the nodes of `graph` (top level) that `_RULES` decompose by the
-    graphs of their scripted functions; the kinds left as they were."""
+    graphs of their scripted functions; the kinds left as they were. Sizes and ranks of
+    typed values are folded first (a `dim()` test of matmul's backward, its permutations)."""
+    _folded(graph)
     left = []
     for node in list(graph.nodes()):
         rule = _RULES.get(node.kind())
@@ -194,8 +202,12 @@ def decompose(graph: torch._C.Graph) -> list[str]:
             continue
         try:
             fn, args = rule(node)
-        except KeyError:
+        except Exception:  # noqa: BLE001 - a constant not known (KeyError), or else: kept
             left.append(node.kind())
+            continue
+        if fn is None:  # the op is its input
+            node.output().replaceAllUsesWith(args[0])
+            node.destroy()
             continue
         values = [a if isinstance(a, torch._C.Value) else _inserted(graph, node, a)
                   for a in args]
@@ -210,12 +222,12 @@ def decompose(graph: torch._C.Graph) -> list[str]:
         for old, new in zip(outs, results):
             old.replaceAllUsesWith(new)
         node.destroy()
-    torch._C._jit_pass_constant_propagation(graph)
-    torch._C._jit_pass_peephole(graph, False)
-    torch._C._jit_pass_dce(graph)
+    _folded(graph)
     return left
 
 
-def _inserted(graph: torch._C.Graph, node: Any, value: Any) -> Any:
-    with graph.insert_point_guard(node):
-        return graph.insertConstant(value)
+def _folded(graph: torch._C.Graph) -> None:
+    torch._C._jit_pass_peephole(graph, False)
+    torch._C._jit_pass_remove_mutation(graph)
+    torch._C._jit_pass_constant_propagation(graph)
+    torch._C._jit_pass_dce(graph)

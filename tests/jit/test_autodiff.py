@@ -41,18 +41,24 @@ def softmax(x, w, b):
     return torch.softmax(x * w + b, -1) * 3.0
 
 
+def attention(x, w, b):
+    return torch.matmul(torch.softmax(torch.matmul(x, w.transpose(-1, -2)) * 0.5, -1), w) + b
+
+
 def _args(fn, dtype=torch.float32):
     torch.manual_seed(0)
     if fn is mlp:
         shapes = [(4, 6), (5, 6), (5,)]
     elif fn is layer_norm:
         shapes = [(4, 6), (6,), (6,)]
+    elif fn is attention:
+        shapes = [(2, 3, 4, 6), (2, 3, 5, 6), (6,)]
     else:
         shapes = [(4, 6), (4, 6), (6,)]
     return [torch.randn(*s, dtype=dtype, requires_grad=True) for s in shapes]
 
 
-PROGRAMS = [chain, mlp, layer_norm, softmax]
+PROGRAMS = [chain, mlp, layer_norm, softmax, attention]
 
 
 def _steps(fused, args, n=3):
