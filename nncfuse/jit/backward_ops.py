@@ -220,6 +220,8 @@ def decompose(graph: torch._C.Graph) -> list[str]:
                 graph.insertNode(unpack)
             results = list(unpack.outputs())
         for old, new in zip(outs, results):
+            if isinstance(old.type(), torch._C.TensorType):
+                new.setType(old.type())  # (as profiled: a later rule reads its rank)
             old.replaceAllUsesWith(new)
         node.destroy()
     _folded(graph)
