@@ -9,11 +9,13 @@ gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPlan` (`autograd.py`):
    `prim::DifferentiableGraph`s; views, attention and size arithmetic stay outside;
 3. each is differentiated (`_jit_differentiate`) into `f` (inputs -> outputs and the
    values the backward captures) and `df` (output gradients and captures -> input
-   gradients); `df` is specialized to the values of its captured sizes;
+   gradients); `backward_ops.py` decomposes their ops that have no lowering;
 4. the node is replaced by a custom op whose Python kernel (above autograd) applies
    `_Differentiable`, an autograd.Function: forward runs `f`, backward runs `df`, each a
    program under its own `Policy` (profiled, fused and guarded as every nncfuse call);
-   `df` is specialized per pattern of defined output gradients (`_specialized`);
+   `df` is specialized per pattern of defined output gradients (`_specialized`) and
+   to the values of its captured sizes, and typed by a profiling run before it is
+   decomposed;
 5. the rest of the program runs in the interpreter under eager autograd.
 
     graph(%x, %w):                                 graph(%x, %w):
