@@ -5,13 +5,17 @@ model, split by pipeline stage (process CPU time, each stage's own, nested stage
     python benchmarks/compile_time.py mlp nncfuse-backend
     python benchmarks/compile_time.py mobilenet nncfuse-backend --quick    # models.py's
     python benchmarks/compile_time.py bert inference             # nncfuse.jit(traced), no grad
+    python benchmarks/compile_time.py bert nncfuse-jit-autodiff --steps 3   # to steady state
 
 Stages (wrapped functions): AOTAutograd's joint trace (`nncfuse.jit` under autograd) and the
 partitioner; the FX -> TorchScript conversion; profiling runs (their instrumented graph run
 included); the fuser and guards; lowering; the schedule's passes; the LLVM IR built in
 Python; LLVM's parse and verify, optimization pipeline and machine code; the MCJIT engine;
-the generated entry. "rest" is everything else: for the backend Dynamo and AOTAutograd's
-trace, for every contender the unfused ops a profiling run executes outside nncfuse's code.
+the generated entry; for `nncfuse-jit-autodiff` (jit/autodiff.py, whose first step profiles
+and whose second compiles: `--steps 3`) also the differentiable subgraphs, autodiff itself,
+the decompositions and the rest of building its program. "rest" is everything else: for
+the backend Dynamo and AOTAutograd's trace, for every contender the unfused ops a
+profiling run executes outside nncfuse's code.
 Kernels are built by one thread (`guard.COMPILE_THREADS = 1`) so that CPU time divides by
 stage. Python's garbage collections count in the stage they interrupt; a last line says how
 long they took (a full one, over every object of the process, takes ~150 ms here: the objects
@@ -66,6 +70,7 @@ def instrument(totals: Totals) -> None:
 
     import nncfuse.backend as backend
     from nncfuse.jit import fxgraph, guard, policy
+    autodiff = importlib.import_module("nncfuse.jit.autodiff")
     from nncfuse.tensorexpr import kernel
     from nncfuse.tensorexpr.codegen import llvm_codegen, llvm_jit
 
@@ -86,6 +91,10 @@ def instrument(totals: Totals) -> None:
         (llvm_jit, "_object_code", "LLVM machine code"),
         (llvm_codegen, "compile_ir", "MCJIT engine"),
         (kernel, "make_entry", "entry"),
+        (autodiff, "_profiled", "autodiff: profile and build"),
+        (torch._C, "_jit_pass_create_autodiff_subgraphs", "autodiff: subgraphs"),
+        (torch._C, "_jit_differentiate", "autodiff: differentiate"),
+        (autodiff, "decompose", "autodiff: decompositions"),
     ]:
         _wrap(owner, name, label, totals, stack)
 
@@ -104,8 +113,8 @@ def collections_timed(totals: Totals) -> None:
     gc.callbacks.append(callback)
 
 
-def training_step(name: str, contender: str, quick: bool) -> Callable[[], None]:
-    """The first step of training.py's `contender` on workload `name`, to be timed."""
+def training_step(name: str, contender: str, quick: bool, steps: int = 1) -> Callable[[], None]:
+    """The first `steps` steps of training.py's `contender` on workload `name`, to be timed."""
     import training
 
     training._warm_up()
@@ -116,7 +125,8 @@ def training_step(name: str, contender: str, quick: bool) -> Callable[[], None]:
 
     def step() -> None:
         fn = training.build(contender, model, inputs)
-        training.loss(fn(*inputs)).backward()
+        for _ in range(steps):
+            training.loss(fn(*inputs)).backward()
 
     return step
 
@@ -144,8 +154,10 @@ def inference_calls(name: str, quick: bool) -> Callable[[], None]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("workload", help="mlp, block, or a models.py model (bert, mobilenet, ...)")
-    p.add_argument("contender", help="nncfuse-jit, nncfuse-backend, or inference")
+    p.add_argument("contender", help="nncfuse-jit, nncfuse-jit-autodiff, nncfuse-backend, or "
+                                     "inference")
     p.add_argument("--quick", action="store_true", help="the small shapes")
+    p.add_argument("--steps", type=int, default=1, help="training steps timed (from the first)")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     warnings.simplefilter("ignore")
@@ -153,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     totals: Totals = collections.Counter()
     instrument(totals)
     run = (inference_calls(args.workload, args.quick) if args.contender == "inference"
-           else training_step(args.workload, args.contender, args.quick))
+           else training_step(args.workload, args.contender, args.quick, args.steps))
     collected: Totals = collections.Counter()
     collections_timed(collected)
     totals.clear()

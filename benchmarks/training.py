@@ -21,7 +21,11 @@ compare). Contenders, each on its own copy of the same initial weights:
                    backend="aot_eager")`: Dynamo's and AOTAutograd's traces and partition and
                    no compiler, so its first step is the floor under the first step of any
                    compiler behind AOTAutograd (Inductor's, the nncfuse backend's, and
-                   `nncfuse.jit`'s under autograd, which traces with AOTAutograd too).
+                   `nncfuse.jit`'s under autograd, which traces with AOTAutograd too);
+- nncfuse-jit-autodiff: (only when named) `nncfuse.jit(module, autograd="autodiff")`: the
+                   prototype of TorchScript's autodiff (jit/autodiff.py), whose first call
+                   profiles and whose graphs' first calls profile again: compare it with
+                   `--first-steps 3`, the time to its steady state.
 
 Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
 the compilers, profiling runs; Inductor's cache is a fresh directory unless
@@ -79,7 +83,7 @@ import nncfuse
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
 #: Also accepted by --contenders: Dynamo and AOTAutograd's trace and partition with no
 #: compiler behind them, the first-step floor of every compiler under AOTAutograd.
-REFERENCES = ("aot-eager",)
+REFERENCES = ("aot-eager", "nncfuse-jit-autodiff")
 RTOL, ATOL = 1e-3, 1e-4
 MULTIPLIER = 3.0  # against float64 eager: at most this many times float32 eager's error
 
@@ -158,6 +162,7 @@ def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def build(contender: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Callable[..., Any]:
+    options = {"autograd": "autodiff"} if contender == "nncfuse-jit-autodiff" else {}
     if contender == "eager":
         return model
     if contender == "compile":
@@ -170,9 +175,10 @@ def build(contender: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Ca
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return nncfuse.jit(torch.jit.script(model))
+            return nncfuse.jit(torch.jit.script(model), **options)
         except Exception:  # noqa: BLE001 - transformers' models: traced, as models.py does
-            return nncfuse.jit(torch.jit.trace(model, inputs, strict=False, check_trace=False))
+            traced = torch.jit.trace(model, inputs, strict=False, check_trace=False)
+            return nncfuse.jit(traced, **options)
 
 
 def _first(out: Any) -> torch.Tensor:
@@ -287,16 +293,20 @@ def replayed_graphs() -> Iterator[None]:
 
 
 def gradients_after_one_step(contender: str, base: torch.nn.Module,
-                             inputs: tuple[Any, ...]) -> tuple[list[Any], Step, float]:
+                             inputs: tuple[Any, ...], first_steps: int = 1,
+                             ) -> tuple[list[Any], Step, float]:
     """A fresh copy of `base` for `contender`: its gradients after one step (taken before the
-    optimizer moved the weights), the step function, and the first step's wall time."""
+    optimizer moved the weights), the step function, and the first step's wall time; with
+    `first_steps` n > 1, the wall time of the first n steps (the optimizer moves the weights
+    after the last one only) and the gradients of the last."""
     model = copy.deepcopy(base)
     fn = build(contender, model, inputs)
     grads: list[Any] = []
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     start = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
-    loss(fn(*inputs)).backward()
+    for _ in range(first_steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss(fn(*inputs)).backward()
     first = time.perf_counter() - start
     grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     optimizer.step()
@@ -380,7 +390,8 @@ def run(name: str, base: torch.nn.Module, inputs: tuple[Any, ...], args: argpars
     for contender in contenders:
         _reset()
         try:
-            grads, step, first = gradients_after_one_step(contender, base, inputs)
+            grads, step, first = gradients_after_one_step(contender, base, inputs,
+                                                          args.first_steps)
         except Exception as e:  # noqa: BLE001 - reported, not timed
             result["errors"][contender] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
             if args.verbose:
@@ -478,6 +489,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", action="store_true",
                    help="also each step's phases: forward, loss, backward, optimizer (CPU time, "
                         "page faults)")
+    p.add_argument("--first-steps", type=int, default=1, metavar="N",
+                   help="'first step': the time of the first N steps (N > 1: to the steady "
+                        "state of a contender that profiles, nncfuse-jit-autodiff)")
     p.add_argument("--quick", action="store_true", help="smoke run: small shapes, few rounds")
     p.add_argument("--verbose", action="store_true", help="tracebacks of failures")
     args = p.parse_args(argv)

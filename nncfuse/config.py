@@ -52,6 +52,9 @@ class Options:
                          strategy, e.g. `[("STATIC", 2), ("DYNAMIC", 10)]`, is accepted
                          too: that many static signatures, then that many dynamic kernels.
                          Either way at most `max_specializations` kernels per function.
+    autograd:            how `nncfuse.jit` trains: "aot" (default) traces with AOTAutograd
+                         (`jit/autograd.py`); "autodiff", a prototype, runs TorchScript's
+                         autodiff as NNC did (`jit/autodiff.py`; NNCFUSE_AUTOGRAD=autodiff).
     """
 
     min_group_size: int = 2
@@ -63,6 +66,7 @@ class Options:
     strict: bool = False
     freeze: bool | str = False
     dynamic: bool | None | tuple[tuple[str, int], ...] = None
+    autograd: str = "aot"
 
     def __post_init__(self) -> None:
         if isinstance(self.dynamic, list | tuple):  # a fusion strategy
@@ -80,6 +84,8 @@ class Options:
             raise ValueError("max_specializations must be non-negative")
         if self.freeze not in (False, True, "checked"):
             raise ValueError("freeze must be False, True or 'checked'")
+        if self.autograd not in ("aot", "autodiff"):
+            raise ValueError("autograd must be 'aot' or 'autodiff'")
 
     @staticmethod
     def from_env(**overrides: object) -> Options:
@@ -93,5 +99,6 @@ class Options:
             "disable": _env_flag("NNCFUSE_DISABLE"),
             "verify": _env_flag("NNCFUSE_VERIFY"),
             "strict": _env_flag("NNCFUSE_STRICT"),
+            "autograd": os.environ.get("NNCFUSE_AUTOGRAD", "").strip().lower() or "aot",
         }
         return Options(**{**env, **overrides})  # type: ignore[arg-type]

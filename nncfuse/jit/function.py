@@ -182,8 +182,11 @@ class FusedFunction:
         if autograd.requires_grad(values, self.target):
             # Fused forward and backward, through AOTAutograd (autograd.py).
             prog = variant.program
+            make = autograd.AutogradPlan
+            if self.options.autograd == "autodiff":  # the prototype: TorchScript's autodiff
+                from .autodiff import AutodiffPlan as make
             return self.policy.call_with(
-                key, lambda: autograd.AutogradPlan(prog, self.options), values, prog.unfused)
+                key, lambda: make(prog, self.options), values, prog.unfused)
         return self.policy.call(variant.program, key, values)
 
     def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:

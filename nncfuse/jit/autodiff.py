@@ -1,0 +1,423 @@
+"""autodiff: training through TorchScript's autodiff, as NNC ran it (a prototype, opt-in).
+
+With `autograd="autodiff"` (or NNCFUSE_AUTOGRAD=autodiff) a signature that needs autograd
+gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPlan` (`autograd.py`):
+
+1. the first call of each pattern of input types profiles the program (its result is
+   eager's, recorded by eager autograd), typing every value, requires_grad included;
+2. `_jit_pass_create_autodiff_subgraphs` gathers the differentiable nodes into
+   `prim::DifferentiableGraph`s; views, attention and size arithmetic stay outside;
+3. each is differentiated (`_jit_differentiate`) into `f` (inputs -> outputs and the
+   values the backward captures) and `df` (output gradients and captures -> input
+   gradients); `backward_ops.py` decomposes their ops that have no lowering;
+4. the node is replaced by a custom op whose Python kernel (above autograd) applies
+   `_Differentiable`, an autograd.Function: forward runs `f`, backward runs `df`, each a
+   program under its own `Policy` (profiled, fused and guarded as every nncfuse call);
+   `df` is specialized per pattern of defined output gradients (`_specialized`) and
+   to the values of its captured sizes, and typed by a profiling run before it is
+   decomposed;
+5. the rest of the program runs in the interpreter under eager autograd.
+
+    graph(%x, %w):                                 graph(%x, %w):
+      %y = prim::DifferentiableGraph_0(%x, %w)  ==>  %y = nncfuse::autodiff_0(%x, %w)
+      %s = aten::size(%y, 0)                         %s = aten::size(%y, 0)
+
+Anything this cannot build runs through the AOTAutograd plan. A second derivative
+(create_graph=True) raises: `df` runs on detached captures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import torch
+
+from .. import log
+from ..config import Options
+from ..tensorexpr.meta import blocks_of, inputs_of, outputs_of
+from . import collector
+from .autograd import AutogradPlan, _frozen
+from .backward_ops import decompose
+from .plans import run_as_built
+from .policy import Policy, Program, program, signature
+from .profiling import Profiler
+
+_log = log.get_logger(__file__)
+_lib = torch.library.Library("nncfuse", "FRAGMENT")
+_serial = itertools.count()
+_THRESHOLD = 2  # nodes in a differentiable graph, as the profiling executor's default
+_MAX_VARIANTS = 8
+#: ops whose result's shape depends on values: no sizes are folded from a profile with them
+_DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
+                   "aten::unique_consecutive", "aten::unique_dim", "aten::index",
+                   "aten::repeat_interleave", "aten::Int", "aten::item", "aten::tolist")
+
+
+class AutodiffPlan:
+    """The plan of one signature that needs autograd, through TorchScript's autodiff: one
+    `_Outer` program per pattern of input types (attributes included); AOTAutograd's plan
+    where one cannot be built."""
+
+    def __init__(self, prog: Program, options: Options):
+        self.prog = prog
+        self.options = options
+        self.aot = AutogradPlan(prog, options)  # its lifted function, and the fallback
+        self._variants: dict[Any, _Outer | None] = {}
+        self._lock = threading.Lock()
+        self.graph: torch._C.Graph | None = None  # the outer graph of the first variant
+
+    def outers(self) -> list[_Outer]:
+        """The variants built so far, for tests and tools."""
+        return [v for v in list(self._variants.values()) if v is not None]
+
+    def run(self, args: tuple[Any, ...]) -> Any:
+        fn = self.aot._fn
+        if fn is None:
+            return self.aot.run(args)
+        graph = self.prog.graph if fn is self.prog.unfused else fn.graph
+        inputs = (*args, *(obj.getattr(name) for obj, name in self.aot._attributes))
+        try:
+            key = signature(inputs) + tuple(
+                None if isinstance(v, torch.Tensor) else _frozen(v) for v in inputs)
+        except TypeError:
+            return self.aot.run(args)
+        outer = self._variants.get(key, _MISSING)
+        if outer is _MISSING:
+            with self._lock:
+                outer = self._variants.get(key, _MISSING)
+                if outer is _MISSING:
+                    if len(self._variants) >= _MAX_VARIANTS:
+                        self._variants[key] = None
+                        return self.aot.run(args)
+                    # A profiling run: eager's result and autograd; then the build.
+                    with collector.paused():
+                        result, built = _profiled(graph, inputs, self.options)
+                    self._variants[key] = built
+                    if built is not None and self.graph is None:
+                        self.graph = built.graph
+                    return result
+        if outer is None:
+            return self.aot.run(args)
+        return outer.run(inputs)
+
+
+_MISSING: Any = object()
+_FAILED: Any = object()  # a df that could not be specialized
+
+
+def _profiled(graph: torch._C.Graph, inputs: tuple[Any, ...],
+              options: Options) -> tuple[Any, _Outer | None]:
+    """`graph` run on `inputs` with profile nodes, and the `_Outer` program built from the
+    types seen (None, logged, where it cannot be built)."""
+    graph = graph.copy()
+    profiler = Profiler(graph)
+    profiled = torch._C._create_function_from_graph("nncfuse_autodiff_profile", graph)
+    result = run_as_built(profiler.run, profiled, *inputs)
+    profiler.finish()
+    try:
+        return result, _Outer(graph, options)
+    except Exception as e:  # noqa: BLE001 - whatever fails, AOTAutograd's plan runs
+        _log.dump("Not built through autodiff, running the AOTAutograd plan: ", e)
+        return result, None
+
+
+class _Outer:
+    """A typed program whose differentiable graphs are `_Entry` ops; the rest runs under
+    eager autograd in the interpreter."""
+
+    def __init__(self, graph: torch._C.Graph, options: Options):
+        graph = graph.copy()
+        if not any(graph.findAllNodes(kind) for kind in _DATA_DEPENDENT):
+            # Sizes from the profiled types (the variant's key fixes the inputs' shapes),
+            # as constants: the normalized shape of a layer norm, a view's sizes.
+            torch._C._jit_pass_peephole(graph, False)
+            torch._C._jit_pass_constant_propagation(graph)
+        torch._C._jit_pass_create_autodiff_subgraphs(graph, _THRESHOLD)
+        nodes = graph.findAllNodes("prim::DifferentiableGraph")
+        if not nodes:
+            raise ValueError("no differentiable graph")
+        self.entries = [_Entry(node.g("Subgraph"), options) for node in nodes]
+        for node, entry in zip(nodes, self.entries):
+            call = graph.create(entry.kind, list(node.inputs()), len(list(node.outputs())))
+            call.insertBefore(node)
+            for old, new in zip(node.outputs(), call.outputs()):
+                new.setType(old.type())
+                old.replaceAllUsesWith(new)
+            node.destroy()
+        _log.debug("Autodiff outer graph:\n", graph)
+        self.graph = graph
+        self.fn = torch._C._create_function_from_graph("nncfuse_autodiff", graph)
+
+    def run(self, inputs: tuple[Any, ...]) -> Any:
+        return run_as_built(self.fn, *inputs)
+
+
+class _Entry:
+    """One differentiable graph: its `f` and `df` (per pattern of given gradients) as
+    programs under policies, and the custom op (`kind`) that runs them."""
+
+    def __init__(self, subgraph: torch._C.Graph, options: Options):
+        self.options = options
+        grad = torch._C._jit_differentiate(subgraph.copy())
+        f, df = grad.f, grad.df
+        self.real = grad.f_real_outputs
+        self.vjps = list(grad.df_input_vjps)
+        self.captured_inputs = list(grad.df_input_captured_inputs)
+        self.captured_outputs = list(grad.df_input_captured_outputs)
+        self.output_vjps = list(grad.df_output_vjps)
+        self.n_inputs = len(inputs_of(f))
+        # Sizes the signature fixes (`_size_if_not_equal` of typed tensors) folded.
+        torch._C._jit_pass_peephole(f, False)
+        torch._C._jit_pass_constant_propagation(f)
+        self.left = decompose(f)  # the kinds left undecomposed, for the log and tools
+        self.f = _compiled(f, options, "f")
+        self.df_graph = df
+        self._dfs: dict[tuple[bool, ...], Any] = {}
+        self._lock = threading.Lock()
+        #: the real outputs whose gradient df takes: the others are not differentiable
+        self.differentiable = frozenset(k for k in self.vjps if k < self.real)
+        self.kind = _register(self, inputs_of(subgraph), outputs_of(subgraph))
+
+    def df(self, given: tuple[bool, ...], captured: list[Any], vjps: list[Any]) -> Any:
+        """The backward for a pattern of given output gradients (one per `vjps`) and of the
+        values of the captures that are not tensors (sizes, shapes), which it has as
+        constants (up to `_MAX_VARIANTS` patterns, then as inputs)."""
+        first = len(self.vjps)
+        constants = {first + k: v for k, v in enumerate(captured)
+                     if not isinstance(v, torch.Tensor)}
+        try:
+            key: Any = (given, _frozen(tuple(constants.values())))
+        except TypeError:
+            key = None
+        if key is None or (key not in self._dfs and len(self._dfs) >= _MAX_VARIANTS):
+            key, constants = (given, None), {}
+        fn = self._dfs.get(key)
+        if fn is None:
+            with self._lock:
+                fn = self._dfs.get(key)
+                if fn is None:
+                    try:
+                        graph = _specialized(self.df_graph, given, constants)
+                        _typed(graph, [*vjps, *(v for k, v in enumerate(captured)
+                                                if first + k not in constants)])
+                        self.left += decompose(graph)
+                        fn = _compiled(graph, self.options, "df")
+                        fn.constants = frozenset(constants)  # type: ignore[attr-defined]
+                    except Exception as e:  # noqa: BLE001 - the caller gives zeros instead
+                        _log.dump("df not specialized: ", e)
+                        fn = _FAILED
+                    self._dfs[key] = fn
+        if fn is _FAILED:
+            raise ValueError("df not specialized to these gradients")
+        return fn
+
+    def __call__(self, *inputs: Any) -> Any:
+        outs = _Differentiable.apply(self, *inputs)
+        return outs[0] if len(outs) == 1 else outs
+
+
+def _typed(graph: torch._C.Graph, inputs: list[Any]) -> None:
+    """Give `graph`'s values the types of a run on `inputs` (a profiling run, whose result
+    is dropped), for `decompose`: the policy profiles the decomposed graph again."""
+    profiler = Profiler(graph)
+    fn = torch._C._create_function_from_graph("nncfuse_autodiff_types", graph)
+    try:
+        run_as_built(profiler.run, fn, *inputs)
+    except Exception as e:  # noqa: BLE001 - then fewer ops decompose; the policy's run raises
+        _log.update("df not typed: ", e)
+    profiler.finish()
+
+
+def _compiled(graph: torch._C.Graph, options: Options, what: str) -> Any:
+    """A callable that runs `graph` under a policy of its own (profiled, fused, guarded);
+    several outputs come back as a tuple."""
+    results = outputs_of(graph)
+    if len(results) != 1:
+        pack = graph.create("prim::TupleConstruct", results)
+        pack.output().setType(torch._C.TupleType([v.type() for v in results]))
+        pack.insertBefore(graph.return_node())
+        for k in reversed(range(len(results))):
+            graph.eraseOutput(k)
+        graph.registerOutput(pack.output())
+    fn = torch._C._create_function_from_graph(f"nncfuse_autodiff_{what}", graph)
+    prog = program(graph, fn)
+    policy = Policy(options)
+    plans = policy.plans
+
+    def call(*args: Any) -> Any:
+        key = signature(args)
+        plan = plans.get(key)
+        if plan is not None:
+            return plan.run(args)
+        return policy.call(prog, key, args)
+
+    call.policy = policy  # type: ignore[attr-defined]
+    return call
+
+
+def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
+    """A custom op that runs `entry`, for a node with these inputs and outputs; its kind."""
+    name = f"autodiff_{next(_serial)}"
+    args = ", ".join(("Tensor" if _tensor(v) else "Any") + f" i{k}"
+                     for k, v in enumerate(inputs))
+    rets = ", ".join("Tensor" if _tensor(v) else "Any" for v in outputs)
+    _lib.define(f"{name}({args}) -> ({rets})")
+    _lib.impl(name, entry, "CompositeImplicitAutograd")
+    return f"nncfuse::{name}"
+
+
+def _tensor(value: Any) -> bool:
+    return isinstance(value.type(), torch._C.TensorType)
+
+
+class _Differentiable(torch.autograd.Function):
+    """One differentiable graph as an autograd node: forward `f`, backward `df`."""
+
+    @staticmethod
+    def forward(ctx: Any, entry: _Entry, *inputs: Any) -> tuple[Any, ...]:
+        plain = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in inputs)
+        outs = entry.f(*plain)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        captured = [plain[k] for k in entry.captured_inputs]
+        captured += [outs[k] for k in entry.captured_outputs]
+        tensors = [k for k, v in enumerate(captured) if isinstance(v, torch.Tensor)]
+        ctx.save_for_backward(*(captured[k] for k in tensors))
+        ctx.tensors = tensors
+        ctx.others = [None if k in tensors else v for k, v in enumerate(captured)]
+        ctx.entry = entry
+        ctx.shapes = [(outs[k].shape, outs[k].dtype) for k in entry.vjps]
+        ctx.set_materialize_grads(False)
+        real = outs[:entry.real]
+        ctx.mark_non_differentiable(*(o for k, o in enumerate(real) if isinstance(
+            o, torch.Tensor) and k not in entry.differentiable))
+        return real
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        entry: _Entry = ctx.entry
+        saved = ctx.saved_tensors  # raises after a backward without retain_graph
+        if torch.is_grad_enabled():
+            raise RuntimeError("nncfuse's autodiff path has no second derivative "
+                               "(create_graph=True); use the default autograd path")
+        vjps = [grads[k] if k < entry.real else None for k in entry.vjps]
+        none = (None,) * (1 + entry.n_inputs)
+        given = tuple(g is not None for g in vjps)
+        if not any(given):
+            return none
+        captured = list(ctx.others)
+        for k, t in zip(ctx.tensors, saved):
+            captured[k] = t
+        try:
+            df = entry.df(given, captured, [g for g in vjps if g is not None])
+        except ValueError:
+            if all(given):
+                raise
+            # Zeros for the gradients not given, as autodiff's own executor would give.
+            vjps = [g if g is not None else torch.zeros(shape, dtype=dtype)
+                    for g, (shape, dtype) in zip(vjps, ctx.shapes)]
+            df = entry.df(tuple(True for _ in vjps), captured, vjps)
+        first = len(vjps)
+        results = df(*(g for g in vjps if g is not None),
+                     *(v for k, v in enumerate(captured) if first + k not in df.constants))
+        results = results if isinstance(results, tuple) else (results,)
+        out = list(none)
+        for k, g in zip(entry.output_vjps, results):
+            out[1 + k] = g
+        return tuple(out)
+
+
+_ZERO, _NONZERO, _UNKNOWN = "zero", "nonzero", "unknown"
+#: producers of a gradient that may be None (linear's bias gradient when there is no bias)
+_MAYBE_NONE = ("prim::If", "prim::unchecked_unwrap_optional", "prim::AutogradAdd")
+
+
+def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
+                 constants: dict[int, Any]) -> torch._C.Graph:
+    """A copy of `df` for one pattern of defined output gradients (`given`, per leading
+    input): undefined ones are `AutogradZero`s, folded away with the `GradOf` blocks they
+    alone feed; `GradOf` blocks that run are inlined, `AutogradAdd`s of two defined
+    gradients are `add`s (as the profiling executor's `specializeAutogradZero` and
+    `LowerGradOf`); inputs with values in `constants` (by position) become constants.
+
+        %a = prim::GradOf[name="aten::mul"](%g)       (%g given, %h not)
+          block0(): %m = aten::mul(%g, %x) -> (%m)   ==>   %m = aten::mul(%g, %x)
+        %s = prim::AutogradAdd(%h, %a)                     (uses of %s use %m)
+    """
+    graph = df.copy()
+    torch._C._jit_pass_inline(graph)  # (matmul's backward calls helpers)
+    values = inputs_of(graph)
+    first = next(iter(graph.nodes()), graph.return_node())
+    status: dict[int, str] = {}
+    for k, value in enumerate(values):
+        if k in constants:
+            const = graph.insertConstant(constants[k])
+            const.node().moveBefore(first)
+            value.replaceAllUsesWith(const)
+        elif k < len(given) and not given[k]:
+            zero = graph.create("prim::AutogradZero")
+            zero.output().setType(value.type())
+            zero.insertBefore(first)
+            value.replaceAllUsesWith(zero.output())
+            status[zero.output().unique()] = _ZERO
+    for k in reversed(range(len(values))):
+        if k in constants or (k < len(given) and not given[k]):
+            graph.eraseInput(k)
+    _fold_zeros(graph, list(graph.nodes()), status)
+    torch._C._jit_pass_dce(graph)
+    torch._C._jit_pass_peephole(graph, False)
+    torch._C._jit_pass_constant_propagation(graph)
+    torch._C._jit_pass_dce(graph)
+    return graph
+
+
+def _fold_zeros(graph: torch._C.Graph, nodes: list[Any], status: dict[int, str]) -> None:
+    """`_specialized`'s walk over `nodes` in order; `status` of values known zero (others
+    defined, or unknown where they come from a block that may return None)."""
+    for node in nodes:
+        kind = node.kind()
+        states = [status.get(v.unique(), _NONZERO) for v in node.inputs()]
+        if kind == "prim::GradOf":
+            if all(s == _ZERO for s in states):
+                for out in node.outputs():
+                    zero = graph.create("prim::AutogradZero")
+                    zero.output().setType(out.type())
+                    zero.insertBefore(node)
+                    out.replaceAllUsesWith(zero.output())
+                    status[zero.output().unique()] = _ZERO
+                node.destroy()
+                continue
+            if _NONZERO not in states:
+                raise ValueError("a GradOf of gradients not known to be defined")
+            block = next(node.blocks())
+            moved = list(block.nodes())
+            for inner in moved:
+                inner.moveBefore(node)
+            _fold_zeros(graph, moved, status)
+            for out, result in zip(node.outputs(), block.returnNode().inputs()):
+                out.replaceAllUsesWith(result)
+                if result.node().kind() in _MAYBE_NONE:
+                    status[result.unique()] = _UNKNOWN
+            node.destroy()
+        elif kind == "prim::AutogradAdd":
+            a, b = node.inputs()
+            if states[0] == _ZERO or states[1] == _ZERO:
+                keep = b if states[0] == _ZERO else a
+                node.output().replaceAllUsesWith(keep)
+                node.destroy()
+            elif states == [_NONZERO, _NONZERO]:
+                one = graph.insertConstant(1)
+                one.node().moveBefore(node)
+                add = graph.create("aten::add", [a, b, one])
+                add.output().setType(node.output().type())
+                add.insertBefore(node)
+                node.output().replaceAllUsesWith(add.output())
+                node.destroy()
+            else:
+                status[node.output().unique()] = _UNKNOWN
+        elif _ZERO in states and kind not in ("prim::TupleConstruct", "prim::AutogradZero"):
+            raise ValueError(f"an undefined gradient reaches {kind}")
+        else:
+            for inner in blocks_of(node):
+                _fold_zeros(graph, list(inner.nodes()), status)

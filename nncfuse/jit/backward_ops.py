@@ -1,0 +1,235 @@
+"""backward_ops: TorchScript decompositions of the ops autodiff's f and df graphs hold.
+
+TorchScript's autodiff (`autodiff.py`) writes gradients with ATen's `*_backward` ops
+and layer norm as `native_layer_norm` (three outputs), which nncfuse has no lowering for;
+AOTAutograd's path decomposes them while tracing (`decompose.py`). Here each becomes the
+graph of a scripted function, inserted in its place (`decompose`), with ATen's formulas
+(`torch._decomp`), so that it fuses with its neighbours:
+
+    %d = aten::gelu_backward(%g, %x, "none")      %c = aten::erf(aten::mul(%x, 0.7071..))
+                                             ==>  ...
+                                                  %d = aten::mul(%g, aten::add(%cdf, ...))
+
+Only where the decomposition's constants are known in the graph (the dims of a layer
+norm: the rank of its typed input and a constant normalized shape; a `_grad_sum_to_size`
+of a tensor of known rank to a constant size); elsewhere the op stays, unfused.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..tensorexpr.meta import outputs_of
+
+
+def gelu_backward(grad: Tensor, x: Tensor) -> Tensor:
+    cdf = 0.5 * (1.0 + torch.erf(x * 0.7071067811865476))
+    pdf = 0.3989422804014327 * torch.exp(x * x * -0.5)
+    return grad * (cdf + x * pdf)
+
+
+def gelu_tanh_backward(grad: Tensor, x: Tensor) -> Tensor:
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    t = torch.tanh(inner)
+    right = x * 0.5 * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)
+    return grad * (0.5 * (1.0 + t) + right)
+
+
+def tanh_backward(grad: Tensor, y: Tensor) -> Tensor:
+    return grad * (1.0 - y * y)
+
+
+def sigmoid_backward(grad: Tensor, y: Tensor) -> Tensor:
+    return grad * (y * (1.0 - y))
+
+
+def threshold_backward(grad: Tensor, x: Tensor, threshold: float) -> Tensor:
+    return torch.where(x <= threshold, 0.0, grad)
+
+
+def softmax_backward(grad: Tensor, y: Tensor, dim: int) -> Tensor:
+    return y * (grad - (grad * y).sum(dim, keepdim=True))
+
+
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+               inner: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    mean = x.mean(inner, keepdim=True)
+    rstd = torch.rsqrt(torch.var(x, inner, unbiased=False, keepdim=True) + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mean, rstd
+
+
+def layer_norm_backward(grad: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
+                        weight: Tensor | None, inner: list[int], outer: list[int],
+                        n: float, mask: list[bool]
+                        ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    x_hat = (x - mean) * rstd
+    gw = grad
+    if weight is not None:
+        gw = grad * weight
+    d_input: Tensor | None = None
+    if mask[0]:
+        d_input = (rstd / n) * (gw * n - gw.sum(inner, keepdim=True)
+                                - x_hat * (gw * x_hat).sum(inner, keepdim=True))
+    d_weight: Tensor | None = None
+    if mask[1]:
+        d_weight = (grad * x_hat).sum(outer)
+    d_bias: Tensor | None = None
+    if mask[2]:
+        d_bias = grad.sum(outer)
+    return d_input, d_weight, d_bias
+
+
+def sum_to(x: Tensor, dims: list[int], size: list[int]) -> Tensor:
+    return x.sum(dims, keepdim=True).view(size)
+
+
+def sum_leading(x: Tensor, dims: list[int]) -> Tensor:
+    return x.sum(dims)
+
+
+@functools.cache
+def _scripted(fn: Callable[..., Any]) -> torch._C.Graph:
+    return torch.jit.script(fn).graph
+
+
+def _constant(value: Any) -> Any:
+    """The Python value of `value` if a constant makes it, else raises KeyError."""
+    if value.node().kind() != "prim::Constant":
+        raise KeyError(value)
+    return value.toIValue()
+
+
+def _inserted(graph: torch._C.Graph, node: Any, value: Any) -> Any:
+    with graph.insert_point_guard(node):
+        return graph.insertConstant(value)
+
+
+def _rank(value: Any) -> int:
+    t = value.type()
+    if not isinstance(t, torch._C.TensorType) or t.dim() is None:
+        raise KeyError(value)
+    return t.dim()
+
+
+def _none(value: Any) -> bool:
+    return isinstance(value.type(), torch._C.NoneType)
+
+
+def _gelu_backward(node: Any) -> tuple[Any, list[Any]]:
+    grad, x, approximate = node.inputs()
+    kind = _constant(approximate)
+    return gelu_backward if kind == "none" else gelu_tanh_backward, [grad, x]
+
+
+def _threshold_backward(node: Any) -> tuple[Any, list[Any]]:
+    grad, x, threshold = node.inputs()
+    return threshold_backward, [grad, x, threshold]
+
+
+def _softmax_backward(node: Any) -> tuple[Any, list[Any]]:
+    grad, y, dim, _dtype = node.inputs()
+    if grad.type().scalarType() != y.type().scalarType() or grad.type().scalarType() is None:
+        raise KeyError(node)  # a softmax with a cast
+    return softmax_backward, [grad, y, dim]
+
+
+def _layer_norm(node: Any) -> tuple[Any, list[Any]]:
+    x, shape, weight, bias, eps = node.inputs()
+    rank, shape = _rank(x), _constant(shape)
+    return layer_norm, [x, weight, bias, eps, list(range(rank - len(shape), rank))]
+
+
+def _layer_norm_backward(node: Any) -> tuple[Any, list[Any]]:
+    grad, x, shape, mean, rstd, weight, _bias, mask = node.inputs()
+    rank, shape, mask = _rank(x), _constant(shape), _constant(mask)
+    n = 1
+    for d in shape:
+        n *= d
+    axis = rank - len(shape)
+    if mask[1] and _none(weight) or mask[2] and _none(_bias):
+        raise KeyError(node)
+    return layer_norm_backward, [grad, x, mean, rstd, weight, list(range(axis, rank)),
+                                 list(range(axis)), float(n), mask]
+
+
+def _grad_sum_to_size(node: Any) -> tuple[Any, list[Any]]:
+    x, size = node.inputs()
+    if _none(size):
+        raise KeyError(node)  # peephole drops it
+    rank, size = _rank(x), _constant(size)
+    lead = rank - len(size)
+    if lead < 0:
+        raise KeyError(node)
+    # (a dim of size 1 summed with keepdim is itself, whatever x's size there)
+    ones = [lead + k for k, s in enumerate(size) if s == 1]
+    if not ones:
+        # (no dims: x itself; `sum(x, [])` would sum every dim)
+        return (sum_leading, [x, list(range(lead))]) if lead else (None, [x])
+    return sum_to, [x, list(range(lead)) + ones, size]
+
+
+_RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
+    "aten::gelu_backward": _gelu_backward,
+    "aten::tanh_backward": lambda n: (tanh_backward, list(n.inputs())),
+    "aten::sigmoid_backward": lambda n: (sigmoid_backward, list(n.inputs())),
+    "aten::threshold_backward": _threshold_backward,
+    "aten::_softmax_backward_data": _softmax_backward,
+    "aten::native_layer_norm": _layer_norm,
+    "aten::native_layer_norm_backward": _layer_norm_backward,
+    "aten::_grad_sum_to_size": _grad_sum_to_size,
+}
+
+
+def decompose(graph: torch._C.Graph) -> list[str]:
+    """Replace, in place, the nodes of `graph` (top level) that `_RULES` decompose by the
+    graphs of their scripted functions; the kinds left as they were. Sizes and ranks of
+    typed values are folded first (a `dim()` test of matmul's backward, its permutations)."""
+    _folded(graph)
+    left = []
+    for node in list(graph.nodes()):
+        rule = _RULES.get(node.kind())
+        if rule is None:
+            continue
+        try:
+            fn, args = rule(node)
+        except Exception:  # noqa: BLE001 - a constant not known (KeyError), or else: kept
+            left.append(node.kind())
+            continue
+        if fn is None:  # the op is its input
+            node.output().replaceAllUsesWith(args[0])
+            node.destroy()
+            continue
+        values = [a if isinstance(a, torch._C.Value) else _inserted(graph, node, a)
+                  for a in args]
+        with graph.insert_point_guard(node):
+            results = graph.insertGraph(_scripted(fn), values)
+        outs = outputs_of(node)
+        if len(outs) > 1:  # the function returns a tuple: unpacked
+            with graph.insert_point_guard(node):
+                unpack = graph.create("prim::TupleUnpack", results, len(outs))
+                graph.insertNode(unpack)
+            results = list(unpack.outputs())
+        for old, new in zip(outs, results):
+            if isinstance(old.type(), torch._C.TensorType):
+                new.setType(old.type())  # (as profiled: a later rule reads its rank)
+            old.replaceAllUsesWith(new)
+        node.destroy()
+    _folded(graph)
+    return left
+
+
+def _folded(graph: torch._C.Graph) -> None:
+    torch._C._jit_pass_peephole(graph, False)
+    torch._C._jit_pass_remove_mutation(graph)
+    torch._C._jit_pass_constant_propagation(graph)
+    torch._C._jit_pass_dce(graph)

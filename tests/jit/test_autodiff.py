@@ -1,0 +1,165 @@
+"""nncfuse.jit under autograd through TorchScript's autodiff (autograd="autodiff",
+jit/autodiff.py): eager's gradients, with the differentiable graphs' f and df fused."""
+
+import pytest
+import torch
+
+import nncfuse
+from nncfuse.config import Options
+from nncfuse.jit.autodiff import AutodiffPlan
+
+
+def _plan(fused):
+    plans = [p for p in fused.policy.plans.values() if isinstance(p, AutodiffPlan)]
+    assert len(plans) == 1
+    return plans[0]
+
+
+def _groups(fused):
+    """(fusion groups in the f graphs, in the df graphs) of the autodiff plan."""
+    entries = [e for outer in _plan(fused).outers() for e in outer.entries]
+    assert entries, "no differentiable graph was built"
+    count = lambda plans: sum(len(nncfuse.fusion_groups(p.graph)) for p in plans  # noqa: E731
+                              if p.graph is not None)
+    return (sum(count(e.f.policy.plans.values()) for e in entries),
+            sum(count(d.policy.plans.values()) for e in entries for d in e._dfs.values()))
+
+
+def chain(x, w, b):
+    return ((x * w).sin() + b).exp() * 0.5 - w
+
+
+def mlp(x, w, b):
+    return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)) * 2.0 + 1.0
+
+
+def layer_norm(x, w, b):
+    return torch.nn.functional.layer_norm(x * 2.0 + 1.0, (x.shape[-1],), w, b).tanh()
+
+
+def softmax(x, w, b):
+    return torch.softmax(x * w + b, -1) * 3.0
+
+
+def attention(x, w, b):
+    return torch.matmul(torch.softmax(torch.matmul(x, w.transpose(-1, -2)) * 0.5, -1), w) + b
+
+
+def _args(fn, dtype=torch.float32):
+    torch.manual_seed(0)
+    if fn is mlp:
+        shapes = [(4, 6), (5, 6), (5,)]
+    elif fn is layer_norm:
+        shapes = [(4, 6), (6,), (6,)]
+    elif fn is attention:
+        shapes = [(2, 3, 4, 6), (2, 3, 5, 6), (6,)]
+    else:
+        shapes = [(4, 6), (4, 6), (6,)]
+    return [torch.randn(*s, dtype=dtype, requires_grad=True) for s in shapes]
+
+
+PROGRAMS = [chain, mlp, layer_norm, softmax, attention]
+
+
+def _steps(fused, args, n=3):
+    """`n` forward and backward calls: the profiling runs of the program, f and df."""
+    for _ in range(n):
+        out = fused(*args)
+        torch.autograd.grad(out.sum(), args)
+
+
+@pytest.mark.parametrize("fn", PROGRAMS, ids=lambda f: f.__name__)
+def test_gradcheck_float64(fn):
+    fused = nncfuse.jit(fn, autograd="autodiff")
+    args = _args(fn, torch.float64)
+    _steps(fused, args)
+    assert torch.autograd.gradcheck(fused, args)
+    forward, backward = _groups(fused)
+    assert forward >= 1 and backward >= 1
+
+
+@pytest.mark.parametrize("fn", PROGRAMS, ids=lambda f: f.__name__)
+def test_float32_grads_match_eager(fn):
+    fused = nncfuse.jit(fn, autograd="autodiff")
+    args = _args(fn)
+    for _ in range(4):  # profiling and compiled calls alike
+        out, ref = fused(*args), fn(*args)
+        torch.testing.assert_close(out, ref)
+        assert out.grad_fn is not None
+        seed = torch.randn_like(ref)
+        torch.testing.assert_close(torch.autograd.grad(out, args, seed),
+                                   torch.autograd.grad(ref, args, seed))
+
+
+def test_retain_graph_and_second_derivative_raise():
+    fused = nncfuse.jit(chain, autograd="autodiff")
+    args = _args(chain)
+    _steps(fused, args)
+    out = fused(*args).sum()
+    out.backward(retain_graph=True)
+    first = [a.grad.clone() for a in args]
+    out.backward()
+    torch.testing.assert_close([a.grad for a in args], [2 * g for g in first])
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.backward()
+    with pytest.raises(RuntimeError, match="second derivative"):
+        torch.autograd.grad(fused(*args).sum(), args, create_graph=True)
+
+
+def two(x, y):
+    return x.sin() * 2.0 + 1.0, (y * y).exp() + x
+
+
+def test_unused_output_gives_none_as_eager():
+    fused = nncfuse.jit(two, autograd="autodiff")
+    x, y = (torch.randn(3, 4, requires_grad=True) for _ in range(2))
+    for _ in range(3):
+        a, _b = fused(x, y)
+        ref, _ = two(x, y)
+        got = torch.autograd.grad(a.sum(), (x, y), allow_unused=True)
+        want = torch.autograd.grad(ref.sum(), (x, y), allow_unused=True)
+        assert got[1] is None and want[1] is None
+        torch.testing.assert_close(got[0], want[0])
+        both = fused(x, y)
+        seeds = [torch.randn(3, 4) for _ in range(2)]
+        torch.testing.assert_close(torch.autograd.grad(both, (x, y), seeds),
+                                   torch.autograd.grad(two(x, y), (x, y), seeds))
+
+
+def test_module_parameters_accumulate():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
+    ref.load_state_dict(model.state_dict())
+    fused = nncfuse.jit(model, autograd="autodiff")
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        model.zero_grad()
+        ref.zero_grad()
+        fused(x).pow(2).sum().backward()
+        ref(x).pow(2).sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert _plan(fused).outers()
+
+
+def shapes_only(x):
+    return x.t().reshape(-1)[1:]
+
+
+def test_nothing_differentiable_runs_the_aot_plan():
+    fused = nncfuse.jit(shapes_only, autograd="autodiff")
+    x = torch.randn(3, 4, requires_grad=True)
+    for _ in range(2):
+        (g,) = torch.autograd.grad(fused(x).sum(), x)
+        torch.testing.assert_close(g, torch.autograd.grad(shapes_only(x).sum(), x)[0])
+    assert not _plan(fused).outers()
+
+
+def test_option(monkeypatch):
+    with pytest.raises(ValueError, match="autograd"):
+        Options(autograd="nnc")
+    monkeypatch.setenv("NNCFUSE_AUTOGRAD", "autodiff")
+    assert Options.from_env().autograd == "autodiff"
+    monkeypatch.delenv("NNCFUSE_AUTOGRAD")
+    assert Options.from_env().autograd == "aot"
