@@ -89,7 +89,7 @@ def _absorb(group: Any, node: Any, copies: Copies = _no_copies, drop: bool = Tru
             return place(subgraph.createClone(v.node(), lambda x: x)).output()
         if copies(node, v):
             copied.append(v)
-            return sizes.copy_into(subgraph, v, lookup, place)
+            return sizes.copy_into(subgraph, v, lookup, place)  # noqa: F821 - `del` below
         if v.unique() not in index:
             group.addInput(v)
             inner = subgraph.addInput()
