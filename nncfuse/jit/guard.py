@@ -41,6 +41,7 @@ import torch
 
 from .. import log
 from ..config import Options
+from ..tensorexpr.codegen import llvm_jit
 from ..tensorexpr.kernel import TensorExprKernel
 from ..tensorexpr.lowerings import LoweringError, trials
 from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
@@ -88,12 +89,13 @@ os.register_at_fork(after_in_child=_pool.clear)
 
 
 def clear_kernel_cache() -> None:
-    """Forget compiled kernels (functions already optimized keep theirs) and the outcomes of
-    GEMM trials (`lowerings/trials.py`)."""
+    """Forget compiled kernels (functions already optimized keep theirs), their object code
+    (`llvm_jit`) and the outcomes of GEMM trials (`lowerings/trials.py`)."""
     with _table_lock:
         _compiled.clear()
         _compiling.clear()
     trials.clear()
+    llvm_jit.clear_compiled()
 
 
 #: The sizes and strides in a printed tensor type: `Float(8, 1000, strides=[1000, 1], ...`.

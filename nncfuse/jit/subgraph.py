@@ -89,7 +89,7 @@ def _absorb(group: Any, node: Any, copies: Copies = _no_copies, drop: bool = Tru
             return place(subgraph.createClone(v.node(), lambda x: x)).output()
         if copies(node, v):
             copied.append(v)
-            return sizes.copy_into(subgraph, v, lookup, place)
+            return sizes.copy_into(subgraph, v, lookup, place)  # noqa: F821 - `del` below
         if v.unique() not in index:
             group.addInput(v)
             inner = subgraph.addInput()
@@ -99,6 +99,9 @@ def _absorb(group: Any, node: Any, copies: Copies = _no_copies, drop: bool = Tru
         return inner_inputs[index[v.unique()]]
 
     clone = place(subgraph.createClone(node, lookup))
+    # `lookup` calls itself through its closure: a cycle that would keep this frame's values
+    # (the fuser makes thousands) for the garbage collector. Deleting it breaks the cycle.
+    del lookup
     pairs = list(zip(outputs_of(node), outputs_of(clone)))
     consumed = []
     for out, inner in pairs:

@@ -81,3 +81,28 @@ def test_kernels_compile_without_collections(monkeypatch):
         torch.testing.assert_close(fused(x, y), f(x, y))
     assert seen and not any(seen)
     assert gc.isenabled()
+
+
+def test_growing_groups_leaves_no_cycles_to_collect():
+    """What group surgery drops is freed by reference counting: after a fuser pass, a
+    collection finds none of `subgraph._absorb`'s closures (its `lookup` calls itself)."""
+
+    def f(x, y):
+        return ((x * y).sin() + y.exp()).relu() * x
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        fused = nncfuse.jit(f)
+        x, y = torch.randn(8, 16), torch.randn(8, 16)
+        for _ in range(3):
+            torch.testing.assert_close(fused(x, y), f(x, y))
+        gc.collect()
+        left = [o.__qualname__ for o in gc.garbage if type(o).__name__ == "function"]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert nncfuse.fusion_groups(fused.graph_for(x, y))
+    assert not [name for name in left if name.startswith("_absorb.")], left

@@ -564,6 +564,23 @@ EMITTERS: dict[str, Callable[[LLVMCodeGen, ops.Op, Sequence[Any], Dtype], Any]] 
 }
 
 
+def _unlink(module: ir.Module) -> None:
+    """Take `module` apart once its text is made, so that reference counting frees it: its
+    values point up (an instruction to its block, a block or argument to its function, a
+    function to the module) and down, cycles that only a garbage collection frees; the
+    compile's collection, paused (`jit/collector.py`), walks them all when it ends
+    (MobileNetV2's training step: ~90k llvmlite objects, the most of what it finds)."""
+    for value in module.globals.values():
+        if isinstance(value, ir.Function):
+            for block in value.blocks:
+                for instruction in block.instructions:
+                    if isinstance(instruction, ir.PhiInstr):  # a loop's variable and its next
+                        instruction.incomings = []
+                block.instructions, block.terminator = [], None
+            value.blocks, value.args, value.return_value = [], (), None
+    module.globals.clear()
+
+
 def compile_stmt(
     stmt: S.Stmt,
     params: Sequence[Buf | E.Var],
@@ -590,6 +607,7 @@ def compile_stmt(
     streaming = frozenset(b for b in streaming if b.root not in read and not reduces)
     cg = LLVMCodeGen(stmt, params, name, streaming)
     text = cg.ir_text()
+    _unlink(cg.module)
     _log.debug("LLVM module before optimizations\n", text)
     fn = compile_ir(text, name, None, [param_ctype(p) for p in params], release_gil)
     if _log.enabled(log.DEBUG):

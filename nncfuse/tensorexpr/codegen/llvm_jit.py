@@ -168,15 +168,33 @@ def _cache_path(ir_text: str) -> str | None:
     return os.path.join(directory, hashlib.sha256(key.encode()).hexdigest() + ".o")
 
 
+#: Object code by the digest of the IR text it was compiled from, for this process: groups
+#: whose graphs differ (so the guard's kernel cache tells them apart) can lower to the very
+#: same IR (GPT-2's training step: 2 of its 20 kernels, BERT's 1 of 16), which LLVM would
+#: optimize and compile again. The text and the host decide the code, so it is reused.
+_compiled: dict[bytes, bytes] = {}
+
+
+def clear_compiled() -> None:
+    """Forget the object code compiled in this process (`_compiled`)."""
+    _compiled.clear()
+
+
 def _object_code(ir_text: str) -> tuple[bytes, Any]:
-    """Object code for `ir_text`: from the on-disk cache, or compiled (and cached)."""
+    """Object code for `ir_text`: compiled earlier in this process, from the on-disk cache,
+    or compiled (and cached)."""
     path = _cache_path(ir_text)
     if path is not None and os.path.exists(path):
         with open(path, "rb") as f:
             _log.update("Object code from the cache: ", path)
             return f.read(), None
+    digest = hashlib.sha256(ir_text.encode()).digest()
+    code = _compiled.get(digest)
+    if code is not None:
+        _log.update("Object code of an identical module compiled before")
+        return code, None  # the optimized module: made again if shown
     module = _optimized(ir_text)
-    code = shared_target_machine().emit_object(module)
+    code = _compiled[digest] = shared_target_machine().emit_object(module)
     if path is not None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")

@@ -111,3 +111,26 @@ def test_dynamic_kernels_are_keyed_by_their_size_class_not_sizes(tmp_path):
     second = run(cache, tmp_path, DYNAMIC, ["5", "300"])  # other sizes, the same class
     assert "Object code from the cache" in second and "cached:" not in second
     assert len(list(cache.glob("*.o"))) == 1
+
+
+def test_identical_ir_is_optimized_once_per_process(monkeypatch):
+    """A module whose IR text this process compiled before reuses its object code: LLVM
+    optimizes it once; each kernel still gets its own engine, and runs."""
+    from nncfuse.tensorexpr.codegen import llvm_jit
+
+    def f(x):
+        return torch.tanh(x) * 2 + x
+
+    x = torch.randn(2 * GRAIN)
+    g = nncfuse.jit(f)
+    g(x)
+    (group,) = nncfuse.fusion_groups(g.graph_for(x))
+    optimized = []
+    real = llvm_jit._optimized
+    monkeypatch.setattr(llvm_jit, "_optimized", lambda text: optimized.append(text) or real(text))
+    kernels = [nncfuse.TensorExprKernel(group.g("Subgraph")) for _ in range(2)]
+    assert optimized == []  # the object code of g's kernel, not LLVM's pipeline again
+    assert kernels[0].jit.engine is not kernels[1].jit.engine
+    for k in kernels:
+        torch.testing.assert_close(k.run([x]), f(x))
+    assert "tanh" in kernels[1].get_code_text("ir")  # the optimized module, made again

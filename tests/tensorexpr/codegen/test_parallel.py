@@ -69,3 +69,34 @@ def test_large_outputs_ask_for_huge_pages():
     small(x, x)
     (group,) = nncfuse.fusion_groups(small.graph_for(x, x))
     assert "huge_pages(" not in kernel_of(group).call.source
+
+
+
+def test_compiled_modules_leave_no_cycles_to_collect():
+    """A kernel's llvmlite module (with a parallel loop's outlined function, and loops'
+    phis) is taken apart once its text is made: reference counting frees its instructions
+    and blocks, not a garbage collection."""
+    import gc
+
+    from llvmlite import ir
+
+    f = nncfuse.jit(chain)
+    a, b = torch.randn(777, 1031), torch.randn(777, 1031)
+    f(a, b)
+    (group,) = nncfuse.fusion_groups(f.graph_for(a, b))
+    assert "GOMP_parallel" in kernel_of(group).get_code_text("ir")
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        kernel = nncfuse.TensorExprKernel(group.g("Subgraph"))
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, (ir.Instruction, ir.Block))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+    torch.testing.assert_close(kernel.run([a, b]), kernel.fallback([a, b]))
+    assert not left, left[:5]
