@@ -164,12 +164,12 @@ _MISSING: Any = object()
 def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
                  options: Options) -> _Joint:
     """`fn` traced at `inputs` (tensors at positions `tensors`) into a `_Joint`; where
-    AOTAutograd refuses outputs that alias an input or inputs written in place, traced again
-    with copied views or written buffers (see `_Joint`). Raises if it cannot be traced."""
+    AOTAutograd refuses inputs written in place, traced again with written buffers (see
+    `_Joint`). Raises if it cannot be traced (outputs that alias an input, say)."""
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
-    copy_views, written = False, ()
-    for _ in range(3):
+    written: tuple[int, ...] = ()
+    for _ in range(2):
         try:
             # A trace: no collections (see collector.py). Lazy graph modules, as Dynamo
             # makes them (the backend's traces already run under them): AOTAutograd and the
@@ -179,20 +179,13 @@ def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[
             # reordered into a plain GraphModule, is made lazy in `_Joint`; the conversion
             # generates the code of its own copy of each graph, `fxgraph._scriptable`'s.)
             with collector.paused(), _use_lazy_graph_module(True):
-                return _Joint(fn, inputs, tensors, options, copy_views, written)
+                return _Joint(fn, inputs, tensors, options, written)
         except RuntimeError as e:
-            if "outputs that alias inputs" in str(e) and not copy_views:
-                # A view of an intermediate (a traced model's last `view`): returned as a
-                # copy of its own, which no one can tell apart; views of inputs still fail.
-                copy_views = True
-            elif "input mutations" in str(e) and not written:
+            if "input mutations" in str(e) and not written:
                 written = _written(str(e), [inputs[k] for k in tensors])
-                # The message's metadata tells the outputs' aliasing too: a view of an
-                # intermediate would fail the next trace (each a full one).
-                copy_views = copy_views or _aliased_outputs(str(e))
             else:
                 raise
-    raise ValueError("not traced with copied views and written buffers")
+    raise ValueError("not traced with written buffers")
 
 
 def _written(message: str, tensors: list[torch.Tensor]) -> tuple[int, ...]:
@@ -211,15 +204,6 @@ def _written(message: str, tensors: list[torch.Tensor]) -> tuple[int, ...]:
                           for k in written):
         raise ValueError("an input written in place requires grad or changes shape")
     return written
-
-
-def _aliased_outputs(message: str) -> bool:
-    """Whether AOTAutograd's `message` (an error with the trace's ViewAndMutationMeta, each
-    output's OutputAliasInfo) says that some output aliases another tensor."""
-    import re
-
-    types = re.findall(r"output_type=<OutputType\.(\w+)", message)
-    return any(t != "non_alias" for t in types)
 
 
 def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], list[Any]]:
@@ -415,13 +399,12 @@ class _Joint:
     positions `tensors`, the other values compiled in), each a CompiledGraph."""
 
     def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
-                 options: Options, copy_views: bool = False, written: tuple[int, ...] = ()):
+                 options: Options, written: tuple[int, ...] = ()):
         from torch._functorch.aot_autograd import aot_export_joint_simple
         from torch._functorch.partitioners import min_cut_rematerialization_partition
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
         self.fn, self.inputs, self.tensors = fn, inputs, tensors
-        self.copy_views = copy_views  # outputs that share no input's storage copied
         #: the tensors (positions among them) the program writes in place, buffers: traced
         #: on copies, whose final values are outputs after the others, written back
         self.written = written
@@ -469,8 +452,9 @@ class _Joint:
         out = self.fn(*full)
         self.returns_tuple = isinstance(out, tuple)
         outs = (*(out if isinstance(out, tuple) else (out,)), *copies)
-        if not self.copy_views:
-            return outs
+        # A view of an intermediate (a traced model's last `view`), which AOTAutograd refuses
+        # (and says so only after a full trace: GPT-2's first step traced twice), is returned
+        # as a copy of its own, which no one can tell apart; views of inputs still fail.
         from torch.multiprocessing.reductions import StorageWeakRef
 
         storages = {StorageWeakRef(t.untyped_storage()) for t in tensors}
