@@ -89,6 +89,10 @@ def layer_norm_backward(grad: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
     return d_input, d_weight, d_bias
 
 
+def mm(a: Tensor, b: Tensor) -> Tensor:
+    return torch.mm(a, b)
+
+
 def sum_to(x: Tensor, dims: list[int], size: list[int]) -> Tensor:
     return x.sum(dims, keepdim=True).view(size)
 
@@ -162,6 +166,13 @@ def _layer_norm_backward(node: Any) -> tuple[Any, list[Any]]:
                                  list(range(axis)), float(n), mask]
 
 
+def _matmul(node: Any) -> tuple[Any, list[Any]]:
+    a, b = node.inputs()
+    if _rank(a) != 2 or _rank(b) != 2:
+        raise KeyError(node)  # (a batched one: kept, it fuses with its epilogue as it is)
+    return mm, [a, b]
+
+
 def _grad_sum_to_size(node: Any) -> tuple[Any, list[Any]]:
     x, size = node.inputs()
     if _none(size):
@@ -187,6 +198,7 @@ _RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
     "aten::native_layer_norm": _layer_norm,
     "aten::native_layer_norm_backward": _layer_norm_backward,
     "aten::_grad_sum_to_size": _grad_sum_to_size,
+    "aten::matmul": _matmul,
 }
 
 

@@ -163,3 +163,32 @@ def test_option(monkeypatch):
     assert Options.from_env().autograd == "autodiff"
     monkeypatch.delenv("NNCFUSE_AUTOGRAD")
     assert Options.from_env().autograd == "aot"
+
+
+def _df_kinds(fused):
+    """The kinds of the nodes of the df plans' graphs, fusion groups' subgraphs included."""
+    entries = [e for outer in _plan(fused).outers() for e in outer.entries]
+    kinds = set()
+    graphs = [p.graph for e in entries for d in e._dfs.values() for p in d.policy.plans.values()
+              if p.graph is not None]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.findAllNodes("prim::FusionGroup") + list(graph.nodes()):
+            kinds.add(node.kind())
+            if node.hasAttribute("Subgraph"):
+                graphs.append(node.g("Subgraph"))
+    return kinds
+
+
+def test_linear_weight_gradient_is_an_mm():
+    """linear's backward formula writes the weight gradient as a 2-d `matmul` of a
+    transposed view: decomposed to `mm` (a GEMM that fuses, or takes oneDNN's routine alone),
+    with eager's gradients."""
+    fused = nncfuse.jit(mlp, autograd="autodiff")
+    args = _args(mlp)
+    _steps(fused, args)
+    seed = torch.randn(4, 5)
+    torch.testing.assert_close(torch.autograd.grad(fused(*args), args, seed),
+                               torch.autograd.grad(mlp(*args), args, seed))
+    kinds = _df_kinds(fused)
+    assert "aten::mm" in kinds and "aten::matmul" not in kinds
