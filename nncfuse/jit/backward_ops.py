@@ -93,6 +93,13 @@ def mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a, b)
 
 
+def linear(x: Tensor, w: Tensor, b: Tensor | None, rows: list[int], out: list[int]) -> Tensor:
+    flat = x.reshape(rows)
+    if b is None:
+        return torch.mm(flat, w.t()).reshape(out)
+    return torch.addmm(b, flat, w.t()).reshape(out)
+
+
 def sum_to(x: Tensor, dims: list[int], size: list[int]) -> Tensor:
     return x.sum(dims, keepdim=True).view(size)
 
@@ -173,6 +180,18 @@ def _matmul(node: Any) -> tuple[Any, list[Any]]:
     return mm, [a, b]
 
 
+def _linear(node: Any) -> tuple[Any, list[Any]]:
+    x, w, b = node.inputs()
+    if any(u.user.kind() != "prim::Return" for u in node.output().uses()):
+        raise KeyError(node)  # (read in the graph: it may fuse with what reads it)
+    if _rank(w) != 2 or not _none(b) and _rank(b) != 1:
+        raise KeyError(node)
+    out, sizes = node.output().type().sizes(), w.type().sizes()
+    if out is None or sizes is None:
+        raise KeyError(node)
+    return linear, [x, w, b, [-1, sizes[1]], out]
+
+
 def _grad_sum_to_size(node: Any) -> tuple[Any, list[Any]]:
     x, size = node.inputs()
     if _none(size):
@@ -199,6 +218,7 @@ _RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
     "aten::native_layer_norm_backward": _layer_norm_backward,
     "aten::_grad_sum_to_size": _grad_sum_to_size,
     "aten::matmul": _matmul,
+    "aten::linear": _linear,
 }
 
 
