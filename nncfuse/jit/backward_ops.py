@@ -93,6 +93,10 @@ def mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a, b)
 
 
+def flat_mm(a: Tensor, b: Tensor, rows: list[int], out: list[int]) -> Tensor:
+    return torch.mm(a.reshape(rows), b).reshape(out)
+
+
 def linear(x: Tensor, w: Tensor, b: Tensor | None, rows: list[int], out: list[int]) -> Tensor:
     flat = x.reshape(rows)
     if b is None:
@@ -175,9 +179,16 @@ def _layer_norm_backward(node: Any) -> tuple[Any, list[Any]]:
 
 def _matmul(node: Any) -> tuple[Any, list[Any]]:
     a, b = node.inputs()
-    if _rank(a) != 2 or _rank(b) != 2:
-        raise KeyError(node)  # (a batched one: kept, it fuses with its epilogue as it is)
-    return mm, [a, b]
+    if _rank(a) < 2 or _rank(b) != 2:
+        raise KeyError(node)  # (a batched one: kept)
+    if _rank(a) == 2:
+        return mm, [a, b]
+    # (a stack of rows times a matrix, as linear's input gradient: one 2-d GEMM, which
+    # oneDNN's routine takes where a 3-d matmul stays ATen's)
+    out, sizes = node.output().type().sizes(), b.type().sizes()
+    if out is None or sizes is None:
+        raise KeyError(node)
+    return flat_mm, [a, b, [-1, sizes[0]], out]
 
 
 def _linear(node: Any) -> tuple[Any, list[Any]]:

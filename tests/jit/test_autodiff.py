@@ -208,7 +208,8 @@ def projection_no_bias(x, w, b):
 def test_linear_read_outside_is_a_gemm(fn):
     """A linear whose result f returns (read by views outside, as attention's projections)
     is decomposed to addmm (mm) on the flattened input, a GEMM that runs alone (oneDNN's
-    routine where it is the faster), where `linear` stayed outside the kernels; eager's
+    routine where it is the faster), where `linear` stayed outside the kernels; df's 3-d
+    `matmul` (the input's gradient) to an `mm` of the flattened gradient; eager's
     gradients, float64's too."""
     torch.manual_seed(0)
     shapes = [(2, 3, 6), (5, 6), (5,)]
@@ -223,6 +224,7 @@ def test_linear_read_outside_is_a_gemm(fn):
     kinds = _kinds(fused, df=False)
     assert "aten::linear" not in kinds
     assert ("aten::mm" if fn is projection_no_bias else "aten::addmm") in kinds
+    assert "aten::matmul" not in _kinds(fused)  # (the input's gradient: 3-d times 2-d)
     fused = nncfuse.jit(fn, autograd="autodiff")
     args = [a.detach().double().requires_grad_() for a in args]
     _steps(fused, args)
