@@ -112,10 +112,6 @@ def sum_leading(x: Tensor, dims: list[int]) -> Tensor:
     return x.sum(dims)
 
 
-def sum_rows(x: Tensor, rows: list[int]) -> Tensor:
-    return x.reshape(rows).sum(0)
-
-
 @functools.cache
 def _scripted(fn: Callable[..., Any]) -> torch._C.Graph:
     return torch.jit.script(fn).graph
@@ -219,10 +215,6 @@ def _grad_sum_to_size(node: Any) -> tuple[Any, list[Any]]:
     ones = [lead + k for k, s in enumerate(size) if s == 1]
     if not ones:
         # (no dims: x itself; `sum(x, [])` would sum every dim)
-        if lead > 1 and len(size) == 1:
-            # (a bias gradient: the rows of the view linear's weight gradient reads, which
-            # `_folded`'s CSE makes the same value, so that the sum fuses with that GEMM)
-            return sum_rows, [x, [-1, size[0]]]
         return (sum_leading, [x, list(range(lead))]) if lead else (None, [x])
     return sum_to, [x, list(range(lead)) + ones, size]
 
@@ -283,5 +275,4 @@ def _folded(graph: torch._C.Graph) -> None:
     torch._C._jit_pass_peephole(graph, False)
     torch._C._jit_pass_remove_mutation(graph)
     torch._C._jit_pass_constant_propagation(graph)
-    torch._C._jit_pass_cse(graph)
     torch._C._jit_pass_dce(graph)

@@ -229,21 +229,3 @@ def test_linear_read_outside_is_a_gemm(fn):
     args = [a.detach().double().requires_grad_() for a in args]
     _steps(fused, args)
     assert torch.autograd.gradcheck(fused, args)
-
-
-def test_bias_gradient_fuses_with_the_weight_gradient():
-    """The bias gradient of a linear on a 3-d input (`_grad_sum_to_size`) sums the rows of
-    the view its weight gradient's GEMM reads: it fuses with that GEMM instead of standing
-    alone in df; eager's gradients."""
-    torch.manual_seed(0)
-    args = [torch.randn(*s, requires_grad=True) for s in [(4, 64, 128), (128, 128), (128,)]]
-    fused = nncfuse.jit(projection, autograd="autodiff")
-    for _ in range(4):
-        out, ref = fused(*args), projection(*args)
-        seed = torch.randn_like(ref)
-        torch.testing.assert_close(torch.autograd.grad(out, args, seed),
-                                   torch.autograd.grad(ref, args, seed), rtol=1e-4, atol=1e-4)
-    entries = [e for outer in _plan(fused).outers() for e in outer.entries]
-    alone = [n.kind() for e in entries for d in e._dfs.values() for p in d.policy.plans.values()
-             if p.graph is not None for n in p.graph.nodes()]
-    assert alone and "aten::sum" not in alone
