@@ -89,6 +89,21 @@ def layer_norm_backward(grad: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
     return d_input, d_weight, d_bias
 
 
+def mm(a: Tensor, b: Tensor) -> Tensor:
+    return torch.mm(a, b)
+
+
+def flat_mm(a: Tensor, b: Tensor, rows: list[int], out: list[int]) -> Tensor:
+    return torch.mm(a.reshape(rows), b).reshape(out)
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None, rows: list[int], out: list[int]) -> Tensor:
+    flat = x.reshape(rows)
+    if b is None:
+        return torch.mm(flat, w.t()).reshape(out)
+    return torch.addmm(b, flat, w.t()).reshape(out)
+
+
 def sum_to(x: Tensor, dims: list[int], size: list[int]) -> Tensor:
     return x.sum(dims, keepdim=True).view(size)
 
@@ -162,6 +177,32 @@ def _layer_norm_backward(node: Any) -> tuple[Any, list[Any]]:
                                  list(range(axis)), float(n), mask]
 
 
+def _matmul(node: Any) -> tuple[Any, list[Any]]:
+    a, b = node.inputs()
+    if _rank(a) < 2 or _rank(b) != 2:
+        raise KeyError(node)  # (a batched one: kept)
+    if _rank(a) == 2:
+        return mm, [a, b]
+    # (a stack of rows times a matrix, as linear's input gradient: one 2-d GEMM, which
+    # oneDNN's routine takes where a 3-d matmul stays ATen's)
+    out, sizes = node.output().type().sizes(), b.type().sizes()
+    if out is None or sizes is None:
+        raise KeyError(node)
+    return flat_mm, [a, b, [-1, sizes[0]], out]
+
+
+def _linear(node: Any) -> tuple[Any, list[Any]]:
+    x, w, b = node.inputs()
+    if any(u.user.kind() != "prim::Return" for u in node.output().uses()):
+        raise KeyError(node)  # (read in the graph: it may fuse with what reads it)
+    if _rank(w) != 2 or not _none(b) and _rank(b) != 1:
+        raise KeyError(node)
+    out, sizes = node.output().type().sizes(), w.type().sizes()
+    if out is None or sizes is None:
+        raise KeyError(node)
+    return linear, [x, w, b, [-1, sizes[1]], out]
+
+
 def _grad_sum_to_size(node: Any) -> tuple[Any, list[Any]]:
     x, size = node.inputs()
     if _none(size):
@@ -187,6 +228,8 @@ _RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
     "aten::native_layer_norm": _layer_norm,
     "aten::native_layer_norm_backward": _layer_norm_backward,
     "aten::_grad_sum_to_size": _grad_sum_to_size,
+    "aten::matmul": _matmul,
+    "aten::linear": _linear,
 }
 
 

@@ -163,3 +163,69 @@ def test_option(monkeypatch):
     assert Options.from_env().autograd == "autodiff"
     monkeypatch.delenv("NNCFUSE_AUTOGRAD")
     assert Options.from_env().autograd == "aot"
+
+
+def _kinds(fused, df=True):
+    """The kinds of the nodes of the df (or f) plans' graphs, fusion groups' subgraphs
+    included."""
+    entries = [e for outer in _plan(fused).outers() for e in outer.entries]
+    kinds = set()
+    fns = [d for e in entries for d in e._dfs.values()] if df else [e.f for e in entries]
+    blocks = [p.graph.block() for d in fns for p in d.policy.plans.values()
+              if p.graph is not None]
+    while blocks:
+        for node in blocks.pop().nodes():
+            kinds.add(node.kind())
+            blocks += node.blocks()
+            if node.hasAttribute("Subgraph"):
+                blocks.append(node.g("Subgraph").block())
+    return kinds
+
+
+def test_linear_weight_gradient_is_an_mm():
+    """linear's backward formula writes the weight gradient as a 2-d `matmul` of a
+    transposed view: decomposed to `mm` (a GEMM that fuses, or takes oneDNN's routine alone),
+    with eager's gradients."""
+    fused = nncfuse.jit(mlp, autograd="autodiff")
+    args = _args(mlp)
+    _steps(fused, args)
+    seed = torch.randn(4, 5)
+    torch.testing.assert_close(torch.autograd.grad(fused(*args), args, seed),
+                               torch.autograd.grad(mlp(*args), args, seed))
+    kinds = _kinds(fused)
+    assert "aten::mm" in kinds and "aten::matmul" not in kinds
+
+
+def projection(x, w, b):
+    return torch.nn.functional.linear((x * 2.0).sin(), w, b).transpose(0, 1)
+
+
+def projection_no_bias(x, w, b):
+    return torch.nn.functional.linear((x * 2.0).sin(), w).transpose(0, 1) + b
+
+
+@pytest.mark.parametrize("fn", [projection, projection_no_bias], ids=lambda f: f.__name__)
+def test_linear_read_outside_is_a_gemm(fn):
+    """A linear whose result f returns (read by views outside, as attention's projections)
+    is decomposed to addmm (mm) on the flattened input, a GEMM that runs alone (oneDNN's
+    routine where it is the faster), where `linear` stayed outside the kernels; df's 3-d
+    `matmul` (the input's gradient) to an `mm` of the flattened gradient; eager's
+    gradients, float64's too."""
+    torch.manual_seed(0)
+    shapes = [(2, 3, 6), (5, 6), (5,)]
+    args = [torch.randn(*s, requires_grad=True) for s in shapes]
+    fused = nncfuse.jit(fn, autograd="autodiff")
+    for _ in range(4):
+        out, ref = fused(*args), fn(*args)
+        torch.testing.assert_close(out, ref)
+        seed = torch.randn_like(ref)
+        torch.testing.assert_close(torch.autograd.grad(out, args, seed),
+                                   torch.autograd.grad(ref, args, seed))
+    kinds = _kinds(fused, df=False)
+    assert "aten::linear" not in kinds
+    assert ("aten::mm" if fn is projection_no_bias else "aten::addmm") in kinds
+    assert "aten::matmul" not in _kinds(fused)  # (the input's gradient: 3-d times 2-d)
+    fused = nncfuse.jit(fn, autograd="autodiff")
+    args = [a.detach().double().requires_grad_() for a in args]
+    _steps(fused, args)
+    assert torch.autograd.gradcheck(fused, args)
