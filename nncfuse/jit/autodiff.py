@@ -309,18 +309,22 @@ class _Differentiable(torch.autograd.Function):
         captured = list(ctx.others)
         for k, t in zip(ctx.tensors, saved):
             captured[k] = t
-        try:
+        def run(given: tuple[bool, ...], vjps: list[Any]) -> Any:
             df = entry.df(given, captured, [g for g in vjps if g is not None])
-        except ValueError:
+            first = len(vjps)
+            return df(*(g for g in vjps if g is not None),
+                      *(v for k, v in enumerate(captured) if first + k not in df.constants))
+
+        try:
+            results = run(given, vjps)
+        except (ValueError, RuntimeError):
             if all(given):
                 raise
-            # Zeros for the gradients not given, as autodiff's own executor would give.
+            # Zeros for the gradients not given, as autodiff's own executor would give (a
+            # df specialized to undefined ones may not build, or may not run: ConvNeXt's).
             vjps = [g if g is not None else torch.zeros(shape, dtype=dtype)
                     for g, (shape, dtype) in zip(vjps, ctx.shapes)]
-            df = entry.df(tuple(True for _ in vjps), captured, vjps)
-        first = len(vjps)
-        results = df(*(g for g in vjps if g is not None),
-                     *(v for k, v in enumerate(captured) if first + k not in df.constants))
+            results = run(tuple(True for _ in vjps), vjps)
         results = results if isinstance(results, tuple) else (results,)
         out = list(none)
         for k, g in zip(entry.output_vjps, results):
