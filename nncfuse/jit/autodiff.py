@@ -138,6 +138,11 @@ class _Outer:
         nodes = graph.findAllNodes("prim::DifferentiableGraph")
         if not nodes:
             raise ValueError("no differentiable graph")
+        if any(_tensor_list(v) for node in nodes for v in inputs_of(node)):
+            # A list of tensors built outside (ViT's cls token `cat`, Llama's rotary halves):
+            # the autograd.Function sees the list, not its tensors, so no gradient would
+            # reach them.
+            raise ValueError("a differentiable graph takes a list of tensors")
         self.entries = [_Entry(node.g("Subgraph"), options) for node in nodes]
         for node, entry in zip(nodes, self.entries):
             call = graph.create(entry.kind, list(node.inputs()), len(list(node.outputs())))
@@ -270,6 +275,12 @@ def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
 
 def _tensor(value: Any) -> bool:
     return isinstance(value.type(), torch._C.TensorType)
+
+
+def _tensor_list(value: Any) -> bool:
+    kind = value.type()
+    return isinstance(kind, torch._C.ListType) and isinstance(kind.getElementType(),
+                                                               torch._C.TensorType)
 
 
 class _Differentiable(torch.autograd.Function):

@@ -156,6 +156,24 @@ def test_nothing_differentiable_runs_the_aot_plan():
     assert not _plan(fused).outers()
 
 
+def with_cls_token(x, c):
+    return torch.tanh(torch.cat([c.expand(x.shape[0], 1, 4), x], 1)).sin() * 2
+
+
+def test_a_list_of_tensors_into_a_differentiable_graph_runs_the_aot_plan():
+    """A list built outside a differentiable graph (ViT's cls token `cat`): the
+    autograd.Function would see the list, not its tensors, and pass them no gradient
+    (before: outputs without a grad_fn here, Llama's and ViT's backward raised)."""
+    fused = nncfuse.jit(with_cls_token, autograd="autodiff")
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(1, 1, 4, dtype=torch.float64, requires_grad=True)
+    for _ in range(3):
+        got = torch.autograd.grad(fused(x, c).sum(), (x, c))
+        torch.testing.assert_close(got, torch.autograd.grad(with_cls_token(x, c).sum(), (x, c)))
+    assert not _plan(fused).outers()
+    assert torch.autograd.gradcheck(fused, (x, c))
+
+
 def test_option(monkeypatch):
     with pytest.raises(ValueError, match="autograd"):
         Options(autograd="nnc")
