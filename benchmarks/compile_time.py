@@ -69,8 +69,7 @@ def instrument(totals: Totals) -> None:
     import torch._functorch.partitioners as partitioners
 
     import nncfuse.backend as backend
-    from nncfuse.jit import fxgraph, guard, policy
-    autodiff = importlib.import_module("nncfuse.jit.autodiff")
+    from nncfuse.jit import autodiff, fxgraph, guard, policy
     from nncfuse.tensorexpr import kernel
     from nncfuse.tensorexpr.codegen import llvm_codegen, llvm_jit
 

@@ -36,7 +36,7 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..tensorexpr.meta import blocks_of, inputs_of, outputs_of
+from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import collector
 from .autograd import AutogradPlan, _frozen
 from .backward_ops import decompose
@@ -76,7 +76,6 @@ class AutodiffPlan:
         fn = self.aot._fn
         if fn is None:
             return self.aot.run(args)
-        graph = self.prog.graph if fn is self.prog.unfused else fn.graph
         inputs = (*args, *(obj.getattr(name) for obj, name in self.aot._attributes))
         try:
             key = signature(inputs) + tuple(
@@ -92,6 +91,7 @@ class AutodiffPlan:
                         self._variants[key] = None
                         return self.aot.run(args)
                     # A profiling run: eager's result and autograd; then the build.
+                    graph = self.prog.graph if fn is self.prog.unfused else fn.graph
                     with collector.paused():
                         result, built = _profiled(graph, inputs, self.options)
                     self._variants[key] = built
@@ -249,14 +249,9 @@ def _compiled(graph: torch._C.Graph, options: Options, what: str) -> Any:
     fn = torch._C._create_function_from_graph(f"nncfuse_autodiff_{what}", graph)
     prog = program(graph, fn)
     policy = Policy(options)
-    plans = policy.plans
 
     def call(*args: Any) -> Any:
-        key = signature(args)
-        plan = plans.get(key)
-        if plan is not None:
-            return plan.run(args)
-        return policy.call(prog, key, args)
+        return policy.call(prog, signature(args), args)
 
     call.policy = policy  # type: ignore[attr-defined]
     return call
@@ -265,16 +260,12 @@ def _compiled(graph: torch._C.Graph, options: Options, what: str) -> Any:
 def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
     """A custom op that runs `entry`, for a node with these inputs and outputs; its kind."""
     name = f"autodiff_{next(_serial)}"
-    args = ", ".join(("Tensor" if _tensor(v) else "Any") + f" i{k}"
+    args = ", ".join(("Tensor" if is_tensor(v) else "Any") + f" i{k}"
                      for k, v in enumerate(inputs))
-    rets = ", ".join("Tensor" if _tensor(v) else "Any" for v in outputs)
+    rets = ", ".join("Tensor" if is_tensor(v) else "Any" for v in outputs)
     _lib.define(f"{name}({args}) -> ({rets})")
     _lib.impl(name, entry, "CompositeImplicitAutograd")
     return f"nncfuse::{name}"
-
-
-def _tensor(value: Any) -> bool:
-    return isinstance(value.type(), torch._C.TensorType)
 
 
 def _tensor_list(value: Any) -> bool:
@@ -320,6 +311,7 @@ class _Differentiable(torch.autograd.Function):
         captured = list(ctx.others)
         for k, t in zip(ctx.tensors, saved):
             captured[k] = t
+
         def run(given: tuple[bool, ...], vjps: list[Any]) -> Any:
             df = entry.df(given, captured, [g for g in vjps if g is not None])
             first = len(vjps)
@@ -371,11 +363,7 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
             const.node().moveBefore(first)
             value.replaceAllUsesWith(const)
         elif k < len(given) and not given[k]:
-            zero = graph.create("prim::AutogradZero")
-            zero.output().setType(value.type())
-            zero.insertBefore(first)
-            value.replaceAllUsesWith(zero.output())
-            status[zero.output().unique()] = _ZERO
+            _zero_for(graph, value, first, status)
     for k in reversed(range(len(values))):
         if k in constants or (k < len(given) and not given[k]):
             graph.eraseInput(k)
@@ -387,6 +375,16 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
     return graph
 
 
+def _zero_for(graph: torch._C.Graph, value: Any, before: Any, status: dict[int, str]) -> None:
+    """Replace every use of `value` by a new `prim::AutogradZero` placed before `before`,
+    known zero in `status`."""
+    zero = graph.create("prim::AutogradZero")
+    zero.output().setType(value.type())
+    zero.insertBefore(before)
+    value.replaceAllUsesWith(zero.output())
+    status[zero.output().unique()] = _ZERO
+
+
 def _fold_zeros(graph: torch._C.Graph, nodes: list[Any], status: dict[int, str]) -> None:
     """`_specialized`'s walk over `nodes` in order; `status` of values known zero (others
     defined, or unknown where they come from a block that may return None)."""
@@ -396,11 +394,7 @@ def _fold_zeros(graph: torch._C.Graph, nodes: list[Any], status: dict[int, str])
         if kind == "prim::GradOf":
             if all(s == _ZERO for s in states):
                 for out in node.outputs():
-                    zero = graph.create("prim::AutogradZero")
-                    zero.output().setType(out.type())
-                    zero.insertBefore(node)
-                    out.replaceAllUsesWith(zero.output())
-                    status[zero.output().unique()] = _ZERO
+                    _zero_for(graph, out, node, status)
                 node.destroy()
                 continue
             if _NONZERO not in states:

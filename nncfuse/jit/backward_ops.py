@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..tensorexpr.meta import outputs_of
+from ..tensorexpr.meta import is_tensor, outputs_of
 
 
 def gelu_backward(grad: Tensor, x: Tensor) -> Tensor:
@@ -263,7 +263,7 @@ def decompose(graph: torch._C.Graph) -> list[str]:
                 graph.insertNode(unpack)
             results = list(unpack.outputs())
         for old, new in zip(outs, results):
-            if isinstance(old.type(), torch._C.TensorType):
+            if is_tensor(old):
                 new.setType(old.type())  # (as profiled: a later rule reads its rank)
             old.replaceAllUsesWith(new)
         node.destroy()
