@@ -340,6 +340,16 @@ _ZERO, _NONZERO, _UNKNOWN = "zero", "nonzero", "unknown"
 _MAYBE_NONE = ("prim::If", "prim::unchecked_unwrap_optional", "prim::AutogradAdd")
 
 
+def _maybe_none(value: Any) -> bool:
+    """Whether a gradient a `GradOf` block returns may be None at run time: an `If` of an
+    optional type, an unchecked unwrap of one, an `AutogradAdd` (of two that may be). An
+    `If` typed Tensor has a tensor on both branches (pow's backward: zeros or the formula)."""
+    kind = value.node().kind()
+    if kind == "prim::If":
+        return isinstance(value.type(), torch._C.OptionalType)
+    return kind in _MAYBE_NONE
+
+
 def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
                  constants: dict[int, Any]) -> torch._C.Graph:
     """A copy of `df` for one pattern of defined output gradients (`given`, per leading
@@ -406,7 +416,7 @@ def _fold_zeros(graph: torch._C.Graph, nodes: list[Any], status: dict[int, str])
             _fold_zeros(graph, moved, status)
             for out, result in zip(node.outputs(), block.returnNode().inputs()):
                 out.replaceAllUsesWith(result)
-                if result.node().kind() in _MAYBE_NONE:
+                if _maybe_none(result):
                     status[result.unique()] = _UNKNOWN
             node.destroy()
         elif kind == "prim::AutogradAdd":
