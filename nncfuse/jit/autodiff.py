@@ -72,6 +72,15 @@ class AutodiffPlan:
         """The variants built so far, for tests and tools."""
         return [v for v in list(self._variants.values()) if v is not None]
 
+    def fused_graphs(self) -> tuple[list[torch._C.Graph], list[torch._C.Graph]]:
+        """The optimized graphs built so far: (the f graphs', the df graphs'), and the AOT
+        plan's where it ran."""
+        entries = [e for outer in self.outers() for e in outer.entries]
+        forward, backward = self.aot.fused_graphs()
+        return ([*forward, *(g for e in entries for g in e.f.policy.graphs())],
+                [*backward, *(g for e in entries for d in list(e._dfs.values())
+                              if d is not _FAILED for g in d.policy.graphs())])
+
     def run(self, args: tuple[Any, ...]) -> Any:
         fn = self.aot._fn
         if fn is None:
