@@ -4,9 +4,9 @@ graphs' own overhead.
 
     python benchmarks/training_kernels.py                     # the MLP and the block, both ways
     python benchmarks/training_kernels.py --workloads block --contenders nncfuse-jit-aot
-    python benchmarks/training_kernels.py --gemms --contenders eager,compile,nncfuse-jit,nncfuse-jit-aot
+    python benchmarks/training_kernels.py --gemms --contenders eager,compile,nncfuse-jit-aot
     python benchmarks/training_kernels.py --models bert --contenders nncfuse-backend
-    python benchmarks/training_kernels.py --ops --models llama --contenders compile,nncfuse-jit,nncfuse-jit-aot
+    python benchmarks/training_kernels.py --ops --models llama --contenders compile,nncfuse-jit-aot
 
 Per workload and contender (`nncfuse-backend`, `nncfuse-jit-aot`: the graphs of AOTAutograd's
 path), after a few training steps of
