@@ -66,7 +66,31 @@ class AutodiffPlan:
         self.aot = AutogradPlan(prog, options)  # its lifted function, and the fallback
         self._variants: dict[Any, _Outer | None] = {}
         self._lock = threading.Lock()
-        self.graph: torch._C.Graph | None = None  # the outer graph of the first variant
+        self._first: _Outer | None = None  # the first variant built, for `graph`
+
+    @property
+    def graph(self) -> torch._C.Graph | None:
+        """The first variant's graph as `graph_for` shows it, once each of its differentiable
+        graphs has an optimized f: a copy of the outer graph in which each `autodiff_N` node
+        holds that f as its Subgraph (`fusion_groups` finds f's groups there); None before
+        (or the AOT plan's forward graph, where no variant was built).
+
+            %y = nncfuse::autodiff_0(%x, %w)
+              with nncfuse::autodiff_0 = graph(%x, %w):
+                %y, %t = nncfuse::fused_mul_sin(%x, %w)
+                return (%y, %t)
+        """
+        first = self._first
+        if first is None:
+            return self.aot.graph
+        shown = first.graph.copy()
+        nodes = [n for n in shown.nodes() if n.kind().startswith("nncfuse::autodiff_")]
+        for node, entry in zip(nodes, first.entries, strict=True):
+            graphs = entry.f.policy.graphs()
+            if not graphs:
+                return None
+            node.g_("Subgraph", graphs[0])
+        return shown
 
     def outers(self) -> list[_Outer]:
         """The variants built so far, for tests and tools."""
@@ -104,8 +128,8 @@ class AutodiffPlan:
                     with collector.paused():
                         result, built = _profiled(graph, inputs, self.options)
                     self._variants[key] = built
-                    if built is not None and self.graph is None:
-                        self.graph = built.graph
+                    if built is not None and self._first is None:
+                        self._first = built
                     return result
         if outer is None:
             return self.aot.run(args)
