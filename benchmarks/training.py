@@ -16,16 +16,16 @@ compare). Contenders, each on its own copy of the same initial weights:
 - nncfuse-backend: `torch.compile(module, backend="nncfuse")` (AOTAutograd's forward and
                    backward graphs through nncfuse);
 - nncfuse-jit:     `nncfuse.jit(module)` (scripted; models.py's models traced), whose
-                   parameters require grad: TorchScript's autodiff graphs, fused
-                   (jit/autodiff.py), whose first call profiles and whose graphs' first
-                   calls profile again: `--first-steps 3` times it to its steady state;
+                   parameters require grad: jit/autograd.py's fused forward and backward;
 - aot-eager:       (only when named in `--contenders`) `torch.compile(module,
                    backend="aot_eager")`: Dynamo's and AOTAutograd's traces and partition and
                    no compiler, so its first step is the floor under the first step of any
                    compiler behind AOTAutograd (Inductor's, the nncfuse backend's, and
-                   nncfuse-jit-aot's);
-- nncfuse-jit-aot: (only when named) `nncfuse.jit(module, autograd="aot")`: AOTAutograd's
-                   joint graph and partition of the scripted program (jit/autograd.py).
+                   `nncfuse.jit`'s under autograd, which traces with AOTAutograd too);
+- nncfuse-jit-autodiff: (only when named) `nncfuse.jit(module, autograd="autodiff")`: the
+                   prototype of TorchScript's autodiff (jit/autodiff.py), whose first call
+                   profiles and whose graphs' first calls profile again: compare it with
+                   `--first-steps 3`, the time to its steady state.
 
 Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
 the compilers, profiling runs; Inductor's cache is a fresh directory unless
@@ -83,7 +83,7 @@ import nncfuse
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
 #: Also accepted by --contenders: Dynamo and AOTAutograd's trace and partition with no
 #: compiler behind them, the first-step floor of every compiler under AOTAutograd.
-REFERENCES = ("aot-eager", "nncfuse-jit-aot")
+REFERENCES = ("aot-eager", "nncfuse-jit-autodiff")
 RTOL, ATOL = 1e-3, 1e-4
 MULTIPLIER = 3.0  # against float64 eager: at most this many times float32 eager's error
 
@@ -162,7 +162,7 @@ def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def build(contender: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Callable[..., Any]:
-    options = {"autograd": "aot"} if contender == "nncfuse-jit-aot" else {}
+    options = {"autograd": "autodiff"} if contender == "nncfuse-jit-autodiff" else {}
     if contender == "eager":
         return model
     if contender == "compile":
@@ -491,7 +491,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "page faults)")
     p.add_argument("--first-steps", type=int, default=1, metavar="N",
                    help="'first step': the time of the first N steps (N > 1: to the steady "
-                        "state of a contender that profiles, nncfuse-jit)")
+                        "state of a contender that profiles, nncfuse-jit-autodiff)")
     p.add_argument("--quick", action="store_true", help="smoke run: small shapes, few rounds")
     p.add_argument("--verbose", action="store_true", help="tracebacks of failures")
     args = p.parse_args(argv)

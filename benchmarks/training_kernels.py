@@ -3,13 +3,12 @@ graphs against the ATen ops it replaces, the GEMMs and copies left outside kerne
 graphs' own overhead.
 
     python benchmarks/training_kernels.py                     # the MLP and the block, both ways
-    python benchmarks/training_kernels.py --workloads block --contenders nncfuse-jit-aot
-    python benchmarks/training_kernels.py --gemms --contenders eager,compile,nncfuse-jit-aot
+    python benchmarks/training_kernels.py --workloads block --contenders nncfuse-jit
+    python benchmarks/training_kernels.py --gemms --contenders eager,compile,nncfuse-jit
     python benchmarks/training_kernels.py --models bert --contenders nncfuse-backend
-    python benchmarks/training_kernels.py --ops --models llama --contenders compile,nncfuse-jit-aot
+    python benchmarks/training_kernels.py --ops --models llama --contenders compile,nncfuse-jit
 
-Per workload and contender (`nncfuse-backend`, `nncfuse-jit-aot`: the graphs of AOTAutograd's
-path), after a few training steps of
+Per workload and contender (`nncfuse-backend`, `nncfuse-jit`), after a few training steps of
 `training.py`'s workload, every optimized graph (forward, backward) is taken apart: each
 fusion group runs alone, on random inputs of the types its guard checks, first as the
 kernel and then as its fallback graph (the same ATen ops, unfused, in the TorchScript
@@ -304,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workloads", default="mlp,block")
     p.add_argument("--models", default="",
                    help="also these models of models.py (as training.py's --models)")
-    p.add_argument("--contenders", default="nncfuse-backend,nncfuse-jit-aot")
+    p.add_argument("--contenders", default="nncfuse-backend,nncfuse-jit")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--gemms", action="store_true",
                    help="split each contender's step into its GEMMs and the rest")

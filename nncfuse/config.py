@@ -66,7 +66,7 @@ class Options:
     strict: bool = False
     freeze: bool | str = False
     dynamic: bool | None | tuple[tuple[str, int], ...] = None
-    autograd: str = "autodiff"
+    autograd: str = "aot"
 
     def __post_init__(self) -> None:
         if isinstance(self.dynamic, list | tuple):  # a fusion strategy
@@ -99,6 +99,6 @@ class Options:
             "disable": _env_flag("NNCFUSE_DISABLE"),
             "verify": _env_flag("NNCFUSE_VERIFY"),
             "strict": _env_flag("NNCFUSE_STRICT"),
-            "autograd": os.environ.get("NNCFUSE_AUTOGRAD", "").strip().lower() or "autodiff",
+            "autograd": os.environ.get("NNCFUSE_AUTOGRAD", "").strip().lower() or "aot",
         }
         return Options(**{**env, **overrides})  # type: ignore[arg-type]

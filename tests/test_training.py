@@ -30,7 +30,7 @@ def _fresh():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("contender", ["nncfuse-backend", "nncfuse-jit", "nncfuse-jit-aot"])
+@pytest.mark.parametrize("contender", ["nncfuse-backend", "nncfuse-jit"])
 @pytest.mark.parametrize("workload", ["mlp", "block"])
 def test_gradients_after_one_step_match_eager(training, workload, contender):
     torch.manual_seed(0)
@@ -76,7 +76,7 @@ def test_training_kernels_times_each_fused_kernel_against_its_aten_ops(training)
     torch.manual_seed(0)
     model, inputs = training.MLP(16, 32).train(), (torch.randn(4, 16),)
     fxgraph.clear_compiled_graphs()
-    _, step, _ = training.gradients_after_one_step("nncfuse-jit-aot", model, inputs)
+    _, step, _ = training.gradients_after_one_step("nncfuse-jit", model, inputs)
     step()
     kinds = {cg.kind: cg for cg in fxgraph.compiled_graphs()}
     backward = [row for g in kinds["backward"].graphs() for row in training_kernels.kernels_of(g)]
@@ -137,7 +137,7 @@ def test_phases_split_a_step_into_its_parts(training):
     assert all(not torch.equal(b, p) for b, p in zip(before, weights))
 
 
-@pytest.mark.parametrize("contender", ["eager", "nncfuse-jit", "nncfuse-jit-aot"])
+@pytest.mark.parametrize("contender", ["eager", "nncfuse-jit"])
 def test_gemm_calls_of_a_step_count_those_inside_nncfuse_kernels(training, contender):
     """training_kernels.py --gemms: the MLP's step makes five GEMMs (two linears forward, three
     products backward: no input gradient), in eager as ATen calls and in nncfuse partly as

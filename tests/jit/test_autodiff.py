@@ -183,10 +183,10 @@ def test_a_list_of_tensors_into_a_differentiable_graph_runs_the_aot_plan():
 def test_option(monkeypatch):
     with pytest.raises(ValueError, match="autograd"):
         Options(autograd="nnc")
-    monkeypatch.setenv("NNCFUSE_AUTOGRAD", "aot")
-    assert Options.from_env().autograd == "aot"
-    monkeypatch.delenv("NNCFUSE_AUTOGRAD")
+    monkeypatch.setenv("NNCFUSE_AUTOGRAD", "autodiff")
     assert Options.from_env().autograd == "autodiff"
+    monkeypatch.delenv("NNCFUSE_AUTOGRAD")
+    assert Options.from_env().autograd == "aot"
 
 
 def _kinds(fused, df=True):
