@@ -125,6 +125,7 @@ def test_backward_accumulates_and_retain_graph(autograd):
         out.backward()
 
 
+@pytest.mark.parametrize("autograd", ["aot"])  # autodiff raises: test_autodiff.py
 def test_higher_order_grad_is_eagers(autograd):
     fused = nncfuse.jit(activation, autograd=autograd)
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
@@ -591,6 +592,7 @@ def test_a_dropout_fuses_and_its_second_derivative_raises(autograd):
         torch.autograd.grad(y.sum(), w, create_graph=True)
 
 
+@pytest.mark.parametrize("autograd", ["aot"])  # autodiff raises: test_autodiff.py
 def test_a_second_derivative_through_buffers_written_in_place(autograd):
     # Batch norm's running statistics, which the program writes and no output reads: the
     # second derivative runs the program again (on copies of them), as eager's; an input that
