@@ -66,11 +66,44 @@ class AutodiffPlan:
         self.aot = AutogradPlan(prog, options)  # its lifted function, and the fallback
         self._variants: dict[Any, _Outer | None] = {}
         self._lock = threading.Lock()
-        self.graph: torch._C.Graph | None = None  # the outer graph of the first variant
+        self._first: _Outer | None = None  # the first variant built, for `graph`
+
+    @property
+    def graph(self) -> torch._C.Graph | None:
+        """The first variant's graph as `graph_for` shows it, once each of its differentiable
+        graphs has an optimized f: a copy of the outer graph in which each `autodiff_N` node
+        holds that f as its Subgraph (`fusion_groups` finds f's groups there); None before
+        (or the AOT plan's forward graph, where no variant was built).
+
+            %y = nncfuse::autodiff_0(%x, %w)
+              with nncfuse::autodiff_0 = graph(%x, %w):
+                %y, %t = nncfuse::fused_mul_sin(%x, %w)
+                return (%y, %t)
+        """
+        first = self._first
+        if first is None:
+            return self.aot.graph
+        shown = first.graph.copy()
+        nodes = [n for n in shown.nodes() if n.kind().startswith("nncfuse::autodiff_")]
+        for node, entry in zip(nodes, first.entries, strict=True):
+            graphs = entry.f.policy.graphs()
+            if not graphs:
+                return None
+            node.g_("Subgraph", graphs[0])
+        return shown
 
     def outers(self) -> list[_Outer]:
         """The variants built so far, for tests and tools."""
         return [v for v in list(self._variants.values()) if v is not None]
+
+    def fused_graphs(self) -> tuple[list[torch._C.Graph], list[torch._C.Graph]]:
+        """The optimized graphs built so far: (the f graphs', the df graphs'), and the AOT
+        plan's where it ran."""
+        entries = [e for outer in self.outers() for e in outer.entries]
+        forward, backward = self.aot.fused_graphs()
+        return ([*forward, *(g for e in entries for g in e.f.policy.graphs())],
+                [*backward, *(g for e in entries for d in list(e._dfs.values())
+                              if d is not _FAILED for g in d.policy.graphs())])
 
     def run(self, args: tuple[Any, ...]) -> Any:
         fn = self.aot._fn
@@ -95,8 +128,8 @@ class AutodiffPlan:
                     with collector.paused():
                         result, built = _profiled(graph, inputs, self.options)
                     self._variants[key] = built
-                    if built is not None and self.graph is None:
-                        self.graph = built.graph
+                    if built is not None and self._first is None:
+                        self._first = built
                     return result
         if outer is None:
             return self.aot.run(args)
@@ -138,19 +171,25 @@ class _Outer:
         nodes = graph.findAllNodes("prim::DifferentiableGraph")
         if not nodes:
             raise ValueError("no differentiable graph")
-        if any(_tensor_list(v) for node in nodes for v in inputs_of(node)):
-            # A list of tensors built outside (ViT's cls token `cat`, Llama's rotary halves):
-            # the autograd.Function sees the list, not its tensors, so no gradient would
-            # reach them.
-            raise ValueError("a differentiable graph takes a list of tensors")
-        self.entries = [_Entry(node.g("Subgraph"), options) for node in nodes]
-        for node, entry in zip(nodes, self.entries):
-            call = graph.create(entry.kind, list(node.inputs()), len(list(node.outputs())))
+        if any(_tensor_list(v) for node in nodes for v in outputs_of(node)):
+            # The autograd.Function would return the list, not its tensors: no grad_fn.
+            raise ValueError("a differentiable graph returns a list of tensors")
+        self.entries = []
+        for node in nodes:  # (in order: a list's elements may be an earlier one's outputs)
+            built = _built_lists(node)
+            entry = _Entry(node.g("Subgraph"), options, built)
+            self.entries.append(entry)
+            inputs = inputs_of(node)
+            call = graph.create(entry.kind, [e for k, v in enumerate(inputs)
+                                             for e in built.get(k, [v])], len(outputs_of(node)))
             call.insertBefore(node)
             for old, new in zip(node.outputs(), call.outputs()):
                 new.setType(old.type())
                 old.replaceAllUsesWith(new)
             node.destroy()
+            for k in built:
+                if not inputs[k].uses():  # (a list that other nodes read stays for them)
+                    inputs[k].node().destroy()
         _log.debug("Autodiff outer graph:\n", graph)
         self.graph = graph
         self.fn = torch._C._create_function_from_graph("nncfuse_autodiff", graph)
@@ -163,7 +202,10 @@ class _Entry:
     """One differentiable graph: its `f` and `df` (per pattern of given gradients) as
     programs under policies, and the custom op (`kind`) that runs them."""
 
-    def __init__(self, subgraph: torch._C.Graph, options: Options):
+    def __init__(self, subgraph: torch._C.Graph, options: Options,
+                 lists: dict[int, list[Any]]):
+        """`lists`: the subgraph's inputs (by position) that are lists built outside, with
+        the values of their elements: the op takes the elements instead (`_spread`)."""
         self.options = options
         grad = torch._C._jit_differentiate(subgraph.copy())
         f, df = grad.f, grad.df
@@ -172,6 +214,8 @@ class _Entry:
         self.captured_inputs = list(grad.df_input_captured_inputs)
         self.captured_outputs = list(grad.df_input_captured_outputs)
         self.output_vjps = list(grad.df_output_vjps)
+        for k in sorted(lists, reverse=True):  # (later positions first: earlier ones stay)
+            self._spread(f, df, k, lists[k])
         self.n_inputs = len(inputs_of(f))
         # Sizes the signature fixes (`_size_if_not_equal` of typed tensors) folded.
         torch._C._jit_pass_peephole(f, False)
@@ -183,7 +227,69 @@ class _Entry:
         self._lock = threading.Lock()
         #: the real outputs whose gradient df takes: the others are not differentiable
         self.differentiable = frozenset(k for k in self.vjps if k < self.real)
-        self.kind = _register(self, inputs_of(subgraph), outputs_of(subgraph))
+        inputs = [e for k, v in enumerate(inputs_of(subgraph)) for e in lists.get(k, [v])]
+        self.kind = _register(self, inputs, outputs_of(subgraph))
+
+    def _spread(self, f: torch._C.Graph, df: torch._C.Graph, k: int,
+                elements: list[Any]) -> None:
+        """f's input `k`, a list of tensors, as inputs for its elements that f packs; df's
+        gradient of it (a list: `cat`'s `split_with_sizes`) unpacked into theirs; the
+        positions of later inputs shifted. So the autograd.Function takes (and gives a
+        gradient to) each tensor; one list for each reader in f, so that the cat's fuses
+        (cat's formula reads the list for its sizes). A df that reads the list raises.
+
+            f: graph(%l : Tensor[], %w)           graph(%a, %b, %w)
+                 %y = aten::cat(%l, %1)    ==>      %l = prim::ListConstruct(%a, %b)
+                 %n = aten::len(%l)                 %m = prim::ListConstruct(%a, %b)
+                                                    %y = aten::cat(%l, %1)
+                                                    %n = aten::len(%m)
+            df: ... return (%gl, %gw)             %ga, %gb = prim::ListUnpack(%gl)
+                                                  return (%ga, %gb, %gw)
+        """
+        n = len(elements)
+        shift = [j if j < k else j + n - 1 for j in range(len(inputs_of(f)))]
+        if k in self.captured_inputs:
+            at = len(self.vjps) + self.captured_inputs.index(k)
+            if inputs_of(df)[at].uses():
+                raise ValueError("df reads a list of tensors")
+            df.eraseInput(at)
+            self.captured_inputs.remove(k)
+        self.captured_inputs = [shift[j] for j in self.captured_inputs]
+        # f: the elements' inputs at k, the list packed from them.
+        count = len(inputs_of(f))
+        news = [f.addInput() for _ in elements]
+        for new, element in zip(news, elements):
+            new.setType(element.type())
+        f.permuteInputs([*range(k), *range(count, count + n), *range(k, count)])
+        old = inputs_of(f)[k + n]
+        first = next(iter(f.nodes()), f.return_node())
+        for use in old.uses():  # one list each, so that the cat's fuses with it
+            pack = f.create("prim::ListConstruct", news)
+            pack.output().setType(old.type())
+            pack.insertBefore(first)
+            use.user.replaceInput(use.offset, pack.output())
+        f.eraseInput(k + n)
+        # df: the list's gradient unpacked where it was returned.
+        results = outputs_of(df)
+        producer = results[0].node() if len(results) == 1 else None
+        if producer is not None and producer.kind() == "prim::TupleConstruct":
+            results = inputs_of(producer)
+        spread: list[Any] = []
+        for value, of in zip(results, self.output_vjps):
+            if of != k:
+                spread.append(value)
+                continue
+            unpack = df.create("prim::ListUnpack", [value], n)
+            for out, element in zip(unpack.outputs(), elements):
+                out.setType(element.type())
+            unpack.insertBefore(df.return_node())
+            spread += outputs_of(unpack)
+        for j in reversed(range(len(outputs_of(df)))):
+            df.eraseOutput(j)
+        for value in spread:
+            df.registerOutput(value)
+        self.output_vjps = [e for j in self.output_vjps
+                            for e in (range(k, k + n) if j == k else [shift[j]])]
 
     def df(self, given: tuple[bool, ...], captured: list[Any], vjps: list[Any]) -> Any:
         """The backward for a pattern of given output gradients (one per `vjps`) and of the
@@ -268,6 +374,35 @@ def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
     return f"nncfuse::{name}"
 
 
+def _built_lists(node: Any) -> dict[int, list[Any]]:
+    """The inputs of a differentiable graph node (by position) that are lists of tensors
+    built by a `prim::ListConstruct` that nothing may change (ViT's cls token `cat`,
+    Llama's rotary halves), with their elements; another list of tensors raises (the
+    autograd.Function would see the list, not its tensors: no gradient would reach them)."""
+    lists = {}
+    for k, value in enumerate(inputs_of(node)):
+        if not _tensor_list(value):
+            continue
+        if value.node().kind() != "prim::ListConstruct" or not all(
+                _reads(use.user, use.offset) for use in value.uses()):
+            raise ValueError("a differentiable graph takes a list of tensors not built "
+                             "by a ListConstruct")
+        lists[k] = inputs_of(value.node())
+    return lists
+
+
+def _reads(node: Any, k: int) -> bool:
+    """Whether `node` only reads its input `k` (a list): no alias, no write."""
+    if node.kind() in ("prim::DifferentiableGraph", "prim::ListUnpack"):
+        return True
+    try:
+        schema = torch._C.parse_schema(node.schema())
+    except RuntimeError:  # no schema ("(no schema)"): prim::If, prim::Loop, ...
+        return False
+    arguments = schema.arguments
+    return k < len(arguments) and arguments[k].alias_info is None
+
+
 def _tensor_list(value: Any) -> bool:
     kind = value.type()
     return isinstance(kind, torch._C.ListType) and isinstance(kind.getElementType(),
@@ -289,7 +424,7 @@ class _Differentiable(torch.autograd.Function):
         ctx.tensors = tensors
         ctx.others = [None if k in tensors else v for k, v in enumerate(captured)]
         ctx.entry = entry
-        ctx.shapes = [(outs[k].shape, outs[k].dtype) for k in entry.vjps]
+        ctx.shapes = [_shapes(outs[k]) for k in entry.vjps]
         ctx.set_materialize_grads(False)
         real = outs[:entry.real]
         ctx.mark_non_differentiable(*(o for k, o in enumerate(real) if isinstance(
@@ -325,8 +460,8 @@ class _Differentiable(torch.autograd.Function):
                 raise
             # Zeros for the gradients not given, as autodiff's own executor would give (a
             # df specialized to undefined ones may not build, or may not run: ConvNeXt's).
-            vjps = [g if g is not None else torch.zeros(shape, dtype=dtype)
-                    for g, (shape, dtype) in zip(vjps, ctx.shapes)]
+            vjps = [g if g is not None else _zeros(shapes)
+                    for g, shapes in zip(vjps, ctx.shapes)]
             results = run(tuple(True for _ in vjps), vjps)
         results = results if isinstance(results, tuple) else (results,)
         out = list(none)
@@ -335,9 +470,33 @@ class _Differentiable(torch.autograd.Function):
         return tuple(out)
 
 
+def _shapes(value: Any) -> Any:
+    """The shape and dtype of a tensor (a list of them for a list: unbind's, captured)."""
+    if isinstance(value, torch.Tensor):
+        return value.shape, value.dtype
+    return [_shapes(v) for v in value]
+
+
+def _zeros(shapes: Any) -> Any:
+    """Zeros (a list of zeros) of `_shapes`'s."""
+    if isinstance(shapes, list):
+        return [_zeros(s) for s in shapes]
+    return torch.zeros(shapes[0], dtype=shapes[1])
+
+
 _ZERO, _NONZERO, _UNKNOWN = "zero", "nonzero", "unknown"
 #: producers of a gradient that may be None (linear's bias gradient when there is no bias)
 _MAYBE_NONE = ("prim::If", "prim::unchecked_unwrap_optional", "prim::AutogradAdd")
+
+
+def _maybe_none(value: Any) -> bool:
+    """Whether a gradient a `GradOf` block returns may be None at run time: an `If` of an
+    optional type, an unchecked unwrap of one, an `AutogradAdd` (of two that may be). An
+    `If` typed Tensor has a tensor on both branches (pow's backward: zeros or the formula)."""
+    kind = value.node().kind()
+    if kind == "prim::If":
+        return isinstance(value.type(), torch._C.OptionalType)
+    return kind in _MAYBE_NONE
 
 
 def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
@@ -406,7 +565,7 @@ def _fold_zeros(graph: torch._C.Graph, nodes: list[Any], status: dict[int, str])
             _fold_zeros(graph, moved, status)
             for out, result in zip(node.outputs(), block.returnNode().inputs()):
                 out.replaceAllUsesWith(result)
-                if result.node().kind() in _MAYBE_NONE:
+                if _maybe_none(result):
                     status[result.unique()] = _UNKNOWN
             node.destroy()
         elif kind == "prim::AutogradAdd":
@@ -425,6 +584,10 @@ def _fold_zeros(graph: torch._C.Graph, nodes: list[Any], status: dict[int, str])
                 node.destroy()
             else:
                 status[node.output().unique()] = _UNKNOWN
+        elif kind == "prim::ListUnpack" and states == [_ZERO]:  # (a spread list's gradient)
+            for out in node.outputs():
+                _zero_for(graph, out, node, status)
+            node.destroy()
         elif _ZERO in states and kind not in ("prim::TupleConstruct", "prim::AutogradZero"):
             raise ValueError(f"an undefined gradient reaches {kind}")
         else:

@@ -112,6 +112,12 @@ class AutogradPlan:
         """The traced variants so far, for tests and tools."""
         return [j for j in list(self._variants.values()) if j is not None]
 
+    def fused_graphs(self) -> tuple[list[torch._C.Graph], list[torch._C.Graph]]:
+        """The optimized graphs built so far: (the forward's, the backward's)."""
+        joints = self.joints()
+        return ([g for j in joints for g in j.forward.graphs()],
+                [g for j in joints for g in j.backward.graphs()])
+
     def run(self, args: tuple[Any, ...]) -> Any:
         joint = self._only
         if joint is not None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..config import Options
-from . import autograd, scripting
+from . import autodiff, autograd, scripting
 from .guard import CompileFailure
 from .policy import Policy, Program, program, signature
 
@@ -180,11 +180,11 @@ class FusedFunction:
             # Eager Python (or TorchScript, for a script) runs these arguments.
             return self.policy.call_unfused(self.target, key, values)
         if autograd.requires_grad(values, self.target):
-            # Fused forward and backward, through AOTAutograd (autograd.py).
+            # Fused forward and backward: TorchScript's autodiff graphs (autodiff.py), or
+            # AOTAutograd's joint graph (autograd.py).
             prog = variant.program
-            make = autograd.AutogradPlan
-            if self.options.autograd == "autodiff":  # the prototype: TorchScript's autodiff
-                from .autodiff import AutodiffPlan as make
+            make = (autodiff.AutodiffPlan if self.options.autograd == "autodiff"
+                    else autograd.AutogradPlan)
             return self.policy.call_with(
                 key, lambda: make(prog, self.options), values, prog.unfused)
         return self.policy.call(variant.program, key, values)
@@ -201,8 +201,8 @@ class FusedFunction:
         # (an autograd plan shows its forward graph, optimized after its own profiling runs)
         for _ in range(2 * self.options.profiling_runs + 1):
             plan = self._plans.get(key)
-            if plan is not None and (plan.graph is not None
-                                     or not isinstance(plan, autograd.AutogradPlan)):
+            if plan is not None and (plan.graph is not None or not isinstance(
+                    plan, (autograd.AutogradPlan, autodiff.AutodiffPlan))):
                 break
             self(*args, **kwargs)
         return self.policy.graph_of(self._plans[key])  # a dynamic plan's symbols as `*`

@@ -102,7 +102,7 @@ class CompiledGraph:
 
     def graphs(self) -> list[torch._C.Graph]:
         """The optimized graphs of the signatures seen so far (for `nncfuse.fusion_groups`)."""
-        return [p.graph for p in list(self.policy.plans.values()) if p.graph is not None]
+        return self.policy.graphs()
 
     def __call__(self, *args: Any) -> Any:
         if self.program is None or self.options.disable:

@@ -199,6 +199,10 @@ class Policy:
                     self.plans[key] = plan
         return plan.run(args)
 
+    def graphs(self) -> list[torch._C.Graph]:
+        """The optimized graphs of the signatures seen so far (for `nncfuse.fusion_groups`)."""
+        return [p.graph for p in list(self.plans.values()) if p.graph is not None]
+
     def graph_of(self, plan: Plan) -> torch._C.Graph | None:
         """`plan`'s graph as users see it (`symbolic_graph`); kept while the policy lives, as
         the plan's own graph is (the nodes of a graph that is freed become invalid)."""

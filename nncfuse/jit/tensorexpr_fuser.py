@@ -312,13 +312,16 @@ def _move_together(producer: Any, consumer: Any) -> bool:
 
 
 def fusion_groups(graph: Any) -> list[Any]:
-    """Every fusion-group node of `graph`, nested blocks included, in order."""
+    """Every fusion-group node of `graph`, nested blocks and other nodes' subgraphs (the
+    autodiff path's f, `AutodiffPlan.graph`) included, in order."""
     found: list[Any] = []
 
     def visit(block: Any) -> None:
         for node in block.nodes():
             if is_group(node) or guard.is_fused_op(node):
                 found.append(node)
+            elif node.hasAttribute("Subgraph"):  # an autodiff node as `graph_for` shows it
+                visit(node.g("Subgraph").block())
             for sub in blocks_of(node):
                 visit(sub)
 

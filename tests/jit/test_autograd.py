@@ -1,28 +1,61 @@
 """nncfuse.jit under autograd: fused forward and backward graphs with eager's gradients and
-grad_fn semantics (jit/autograd.py)."""
+grad_fn semantics, through both mechanisms: TorchScript's autodiff (jit/autodiff.py, the
+default) and AOTAutograd (jit/autograd.py). Tests of one mechanism's internals name it."""
 
+import functools
 import warnings
 
 import pytest
 import torch
 
 import nncfuse
+from nncfuse.jit.autodiff import AutodiffPlan
 from nncfuse.jit.autograd import AutogradPlan
+
+#: the autograd nodes of fused programs (the AOT path's, the autodiff path's)
+FUSED_NODES = ("_FusedBackward", "_DifferentiableBackward")
+
+
+@pytest.fixture(params=["autodiff", "aot"])
+def autograd(request):
+    """Each mechanism in turn (`nncfuse.jit(fn, autograd=...)`)."""
+    return request.param
+
+
+def _plans(fused):
+    return [p for p in fused.policy.plans.values() if isinstance(p, (AutogradPlan, AutodiffPlan))]
 
 
 def _plan(fused):
-    plans = [p for p in fused.policy.plans.values() if isinstance(p, AutogradPlan)]
+    plans = _plans(fused)
     assert len(plans) == 1
     return plans[0]
 
 
+def _built(plan):
+    """The variants traced (AOT) or built (autodiff, and its AOT fallback's) so far."""
+    if isinstance(plan, AutodiffPlan):
+        return [*plan.outers(), *plan.aot.joints()]
+    return plan.joints()
+
+
+def _warmed(fused, *args):
+    """`fused` after two forward and backward calls on `args`: the autodiff path's first call
+    of a signature profiles (eager's result and graph), so a gradcheck, which takes one
+    output's backward, then checks the fused forward and backward."""
+    for _ in range(2):
+        out = fused(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        torch.autograd.grad(sum(o.sum() for o in outs), [a for a in args if a.requires_grad])
+    return fused
+
+
 def _groups(fused):
     """(fusion groups in the forward graphs, in the backward graphs) of the autograd plan."""
-    joints = _plan(fused).joints()
-    assert joints, "nothing was traced"
+    forward, backward = _plan(fused).fused_graphs()
+    assert forward or backward, "nothing was built"
     count = lambda graphs: sum(len(nncfuse.fusion_groups(g)) for g in graphs)  # noqa: E731
-    return (sum(count(j.forward.graphs()) for j in joints),
-            sum(count(j.backward.graphs()) for j in joints))
+    return count(forward), count(backward)
 
 
 def elementwise(x, y):
@@ -50,18 +83,18 @@ FAMILIES = [elementwise, activation, reduction, views, cat]
 
 
 @pytest.mark.parametrize("fn", FAMILIES, ids=lambda f: f.__name__)
-def test_gradcheck_float64(fn):
-    fused = nncfuse.jit(fn)
+def test_gradcheck_float64(fn, autograd):
+    fused = nncfuse.jit(fn, autograd=autograd)
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     y = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(fused, (x, y))
+    assert torch.autograd.gradcheck(_warmed(fused, x, y), (x, y))
     forward, backward = _groups(fused)
     assert forward >= 1 and backward >= 1
 
 
 @pytest.mark.parametrize("fn", FAMILIES, ids=lambda f: f.__name__)
-def test_float32_grads_match_eager(fn):
-    fused = nncfuse.jit(fn)
+def test_float32_grads_match_eager(fn, autograd):
+    fused = nncfuse.jit(fn, autograd=autograd)
     for _ in range(3):  # profiling and compiled calls alike
         x = torch.randn(4, 6, requires_grad=True)
         y = torch.randn(4, 6, requires_grad=True)
@@ -75,8 +108,8 @@ def test_float32_grads_match_eager(fn):
         torch.testing.assert_close(got, want)
 
 
-def test_backward_accumulates_and_retain_graph():
-    fused = nncfuse.jit(activation)
+def test_backward_accumulates_and_retain_graph(autograd):
+    fused = nncfuse.jit(activation, autograd=autograd)
     x = torch.randn(5, 3, requires_grad=True)
     y = torch.randn(5, 3, requires_grad=True)
     fused(x, y)
@@ -92,15 +125,16 @@ def test_backward_accumulates_and_retain_graph():
         out.backward()
 
 
-def test_higher_order_grad_is_eagers():
-    fused = nncfuse.jit(activation)
+@pytest.mark.parametrize("autograd", ["aot"])  # autodiff raises: test_autodiff.py
+def test_higher_order_grad_is_eagers(autograd):
+    fused = nncfuse.jit(activation, autograd=autograd)
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     y = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradgradcheck(fused, (x, y))
+    assert torch.autograd.gradgradcheck(_warmed(fused, x, y), (x, y))
 
 
-def test_inputs_that_do_not_require_grad_and_no_grad_mode():
-    fused = nncfuse.jit(elementwise)
+def test_inputs_that_do_not_require_grad_and_no_grad_mode(autograd):
+    fused = nncfuse.jit(elementwise, autograd=autograd)
     x = torch.randn(4, 4, requires_grad=True)
     y = torch.randn(4, 4)
     for _ in range(2):
@@ -112,8 +146,8 @@ def test_inputs_that_do_not_require_grad_and_no_grad_mode():
     torch.testing.assert_close(out, elementwise(x, y).detach())
 
 
-def test_number_arguments_are_traced_per_value():
-    @nncfuse.jit
+def test_number_arguments_are_traced_per_value(autograd):
+    @functools.partial(nncfuse.jit, autograd=autograd)
     def scaled(x, alpha: float):
         return torch.sigmoid(x * alpha)
 
@@ -122,15 +156,15 @@ def test_number_arguments_are_traced_per_value():
         (got,) = torch.autograd.grad(scaled(x, alpha).sum(), x)
         (want,) = torch.autograd.grad(torch.sigmoid(x * alpha).sum(), x)
         torch.testing.assert_close(got, want)
-    assert len(_plan(scaled).joints()) == 2
+    assert len(_built(_plan(scaled))) == 2
 
 
-def test_module_parameters_get_gradients():
+def test_module_parameters_get_gradients(autograd):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4),
                                 torch.nn.Tanh())
     reference = [p.detach().clone().requires_grad_() for p in model.parameters()]
-    fused = nncfuse.jit(model)
+    fused = nncfuse.jit(model, autograd=autograd)
     x = torch.randn(5, 8)
     for _ in range(2):
         model.zero_grad()
@@ -144,12 +178,12 @@ def test_module_parameters_get_gradients():
     assert forward >= 1 and backward >= 1
 
 
-def test_untraceable_programs_run_unfused():
-    @nncfuse.jit
+def test_untraceable_programs_run_unfused(autograd):
+    @functools.partial(nncfuse.jit, autograd=autograd)
     def returns_view(x):
         return x.view(-1)
 
-    @nncfuse.jit
+    @functools.partial(nncfuse.jit, autograd=autograd)
     def branches(x):
         if bool(x.sum() > 0):
             return x.sin()
@@ -165,11 +199,11 @@ def test_untraceable_programs_run_unfused():
             xs = (x.abs() * sign).detach().requires_grad_()
             (g,) = torch.autograd.grad(branches(xs).sum(), xs)
             torch.testing.assert_close(g, xs.cos() if sign > 0 else -xs.sin())
-    assert _plan(returns_view).joints() == [] and _plan(branches).joints() == []
+    assert _built(_plan(returns_view)) == [] and _built(_plan(branches)) == []
 
 
-def test_saved_input_modified_in_place_raises_as_eager():
-    @nncfuse.jit
+def test_saved_input_modified_in_place_raises_as_eager(autograd):
+    @functools.partial(nncfuse.jit, autograd=autograd)
     def fused(x, y):
         return x * y
 
@@ -211,23 +245,23 @@ class Norms(torch.nn.Module):
 
 
 @pytest.mark.parametrize("batch_norm", [False, True])
-def test_a_block_with_norms_trains_as_eager(batch_norm):
+def test_a_block_with_norms_trains_as_eager(batch_norm, autograd):
     """Layer norm and softmax decompose and fuse; batch norm in training writes its running
     statistics (inputs written in place): traced on copies whose new values are written back,
     so the buffers step as eager's."""
     model = Norms(batch_norm).train()
     reference = Norms(batch_norm).train()
     reference.load_state_dict(model.state_dict())
-    fused = nncfuse.jit(model)
+    fused = nncfuse.jit(model, autograd=autograd)
     _steps_as_eager(fused, model, reference, lambda: torch.randn(5, 12))
     forward, backward = _groups(fused)
     assert forward >= 1 and backward >= 1
-    if batch_norm:
+    if batch_norm and autograd == "aot":
         assert all(j.written for j in _plan(fused).joints())
 
 
-def test_an_output_the_loss_does_not_use_gives_no_gradient():
-    @nncfuse.jit
+def test_an_output_the_loss_does_not_use_gives_no_gradient(autograd):
+    @functools.partial(nncfuse.jit, autograd=autograd)
     def two(x, y, z):
         return (x * y).sigmoid(), (y * z).tanh()
 
@@ -261,7 +295,7 @@ class TracedConstants(torch.nn.Module):
         return h.view(-1, 2, 4)
 
 
-def test_traced_constants_and_a_returned_view_fuse_with_eagers_grads():
+def test_traced_constants_and_a_returned_view_fuse_with_eagers_grads(autograd):
     torch.manual_seed(0)
     model = TracedConstants()
     reference = TracedConstants()
@@ -273,7 +307,7 @@ def test_traced_constants_and_a_returned_view_fuse_with_eagers_grads():
     constants = [n for n in traced.graph.findAllNodes("prim::Constant")
                  if isinstance(n.output().type(), torch._C.TensorType)]
     assert len(constants) >= 3  # the test still holds what it is about
-    fused = nncfuse.jit(traced)
+    fused = nncfuse.jit(traced, autograd=autograd)
     for _ in range(2):
         model.zero_grad()
         reference.zero_grad()
@@ -288,31 +322,31 @@ def test_traced_constants_and_a_returned_view_fuse_with_eagers_grads():
     assert forward >= 1 and backward >= 1
 
 
-def test_a_traced_function_with_constants_fuses():
+def test_a_traced_function_with_constants_fuses(autograd):
     def fn(x):
         return (x * 0.25 + torch.tensor(2.0)).sigmoid()
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fused = nncfuse.jit(torch.jit.trace(fn, (torch.randn(5),)))
+        fused = nncfuse.jit(torch.jit.trace(fn, (torch.randn(5),)), autograd=autograd)
     x = torch.randn(5, dtype=torch.float64, requires_grad=True)
     x32 = torch.randn(5, requires_grad=True)
     for _ in range(2):
         (g,) = torch.autograd.grad(fused(x32).sum(), x32)
         (want,) = torch.autograd.grad(fn(x32).sum(), x32)
         torch.testing.assert_close(g, want)
-    assert torch.autograd.gradcheck(fused, (x,))
-    plans = [p for p in fused.policy.plans.values() if isinstance(p, AutogradPlan)]
-    assert len(plans) == 2 and all(p.joints() for p in plans)  # float32 and float64
+    assert torch.autograd.gradcheck(_warmed(fused, x), (x,))
+    plans = _plans(fused)
+    assert len(plans) == 2 and all(_built(p) for p in plans)  # float32 and float64
 
 
-def test_signatures_under_autograd_are_bounded():
+def test_signatures_under_autograd_are_bounded(autograd):
     """Each new size traces and compiles anew under autograd: at most max_specializations
     plans are made; later sizes run unfused, with eager's gradients still."""
     def f(x, w):
         return (torch.tanh(x * w) + x).sum()
 
-    g = nncfuse.jit(f, max_specializations=3)
+    g = nncfuse.jit(f, max_specializations=3, autograd=autograd)
     w = torch.randn(8, requires_grad=True)
     for n in range(1, 7):
         x = torch.randn(n, 8, requires_grad=True)
@@ -320,8 +354,7 @@ def test_signatures_under_autograd_are_bounded():
         want = torch.autograd.grad(f(x, w), (x, w))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
-    plans = [p for p in g.policy.plans.values() if isinstance(p, AutogradPlan)]
-    assert len(plans) == 3
+    assert len(_plans(g)) == 3
 
 
 class ConvBn(torch.nn.Module):
@@ -344,7 +377,7 @@ def test_a_traced_batch_norm_keeps_its_fused_forward():
     x = torch.randn(2, 3, 8, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fused = nncfuse.jit(torch.jit.trace(model, (x,)))
+        fused = nncfuse.jit(torch.jit.trace(model, (x,)), autograd="aot")
     reference.load_state_dict(model.state_dict())  # the trace's call stepped the buffers
     _steps_as_eager(fused, model, reference, lambda: torch.randn(2, 3, 8, 8))
     (joint,) = _plan(fused).joints()
@@ -382,7 +415,7 @@ def test_buffers_written_and_a_view_returned_trace_twice(monkeypatch):
     torch.manual_seed(0)
     model, reference = ConvBnFlat().train(), ConvBnFlat().train()
     reference.load_state_dict(model.state_dict())
-    fused = nncfuse.jit(model)
+    fused = nncfuse.jit(model, autograd="aot")
     _steps_as_eager(fused, model, reference, lambda: torch.randn(2, 3, 8, 8))
     (joint,) = _plan(fused).joints()
     assert joint.written
@@ -395,7 +428,7 @@ def test_a_returned_view_of_an_intermediate_is_traced_once(monkeypatch):
     input is still refused (unfused), as the copy would be told apart."""
     traces = _counted_traces(monkeypatch)
 
-    @nncfuse.jit
+    @functools.partial(nncfuse.jit, autograd="aot")
     def flat(x, w):
         return torch.tanh(x * w).view(-1)
 
@@ -434,7 +467,7 @@ def test_a_relus_backward_mask_fuses():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(inplace=True),
                                 torch.nn.Linear(16, 4))
     reference = [p.detach().clone().requires_grad_() for p in model.parameters()]
-    fused = nncfuse.jit(torch.jit.script(model))
+    fused = nncfuse.jit(torch.jit.script(model), autograd="aot")
     x = torch.randn(5, 8)
     for _ in range(3):
         model.zero_grad()
@@ -509,7 +542,7 @@ def test_dropouts_that_return_their_input_leave_no_mask():
     graph = traced.inlined_graph
     assert len(graph.findAllNodes("aten::dropout")) == 3  # the test's premise
     assert _plain_dropouts(graph) == 3 and not graph.findAllNodes("aten::dropout")
-    fused = nncfuse.jit(traced)
+    fused = nncfuse.jit(traced, autograd="aot")
     for _ in range(3):
         model.zero_grad()
         reference.zero_grad()
@@ -538,14 +571,14 @@ def test_a_dropout_that_may_drop_is_kept():
     assert _plain_dropouts(graph) == 0 and len(graph.findAllNodes("aten::dropout")) == 1
 
 
-def test_a_dropout_fuses_and_its_second_derivative_raises():
+def test_a_dropout_fuses_and_its_second_derivative_raises(autograd):
     # The first-order gradient uses the forward's mask; a second derivative would run the
     # program again (eager autograd), drawing another mask: it raises instead, as
     # torch.compile raises for double backward (a wrong gradient before).
     def fn(x, w):
         return torch.nn.functional.dropout((x * w).sin(), 0.5, training=True)
 
-    fused = nncfuse.jit(fn)
+    fused = nncfuse.jit(fn, autograd=autograd)
     x = torch.randn(256, dtype=torch.float64)
     w = torch.randn(256, dtype=torch.float64, requires_grad=True)
     for _ in range(3):
@@ -554,12 +587,13 @@ def test_a_dropout_fuses_and_its_second_derivative_raises():
         assert 0 < kept.mean() < 1
         (g,) = torch.autograd.grad(y.sum(), w, retain_graph=True)
         torch.testing.assert_close(g, kept * 2.0 * x * torch.cos(x * w))
-    assert type(y.grad_fn).__name__ == "_FusedBackward"
+    assert type(y.grad_fn).__name__ in FUSED_NODES
     with pytest.raises(RuntimeError, match="second derivative"):
         torch.autograd.grad(y.sum(), w, create_graph=True)
 
 
-def test_a_second_derivative_through_buffers_written_in_place():
+@pytest.mark.parametrize("autograd", ["aot"])  # autodiff raises: test_autodiff.py
+def test_a_second_derivative_through_buffers_written_in_place(autograd):
     # Batch norm's running statistics, which the program writes and no output reads: the
     # second derivative runs the program again (on copies of them), as eager's; an input that
     # is written and then read gets its fused forward no more (the program again would read
@@ -568,12 +602,13 @@ def test_a_second_derivative_through_buffers_written_in_place():
     model = Norms(True).double().train()
     reference = Norms(True).double().train()
     reference.load_state_dict(model.state_dict())
-    fused = nncfuse.jit(model)
+    fused = nncfuse.jit(model, autograd=autograd)
     for _ in range(3):
         x = torch.randn(5, 12, dtype=torch.float64, requires_grad=True)
         y = x.detach().clone().requires_grad_()
         got, want = fused(y), reference(x)
-        assert type(got.grad_fn).__name__ == "_FusedBackward"
+        if autograd == "aot":  # (the autodiff path ends in the interpreter's `add`)
+            assert type(got.grad_fn).__name__ == "_FusedBackward"
         (g,) = torch.autograd.grad(got.sin().sum(), y, create_graph=True)
         (w,) = torch.autograd.grad(want.sin().sum(), x, create_graph=True)
         torch.testing.assert_close(g, w)
@@ -586,7 +621,7 @@ def test_a_second_derivative_through_buffers_written_in_place():
         x.add_(1.0)
         return (x * w).sin()
 
-    fused = nncfuse.jit(reads_what_it_writes)
+    fused = nncfuse.jit(reads_what_it_writes, autograd=autograd)
     for _ in range(3):
         x = torch.randn(4, dtype=torch.float64)
         before = x.clone()
@@ -613,7 +648,7 @@ def test_the_trace_generates_python_code_only_for_the_conversion(monkeypatch):
         return python_code(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.fx.Graph, "python_code", counted)
-    fused = nncfuse.jit(activation)
+    fused = nncfuse.jit(activation, autograd="aot")
     x, y = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6, requires_grad=True)
     out = fused(x, y)
     (joint,) = _plan(fused).joints()
