@@ -66,7 +66,6 @@ class AutodiffPlan:
         self.aot = AutogradPlan(prog, options)  # its lifted function, and the fallback
         self._variants: dict[Any, _Outer | None] = {}
         self._lock = threading.Lock()
-        self._first: _Outer | None = None  # the first variant built, for `graph`
 
     @property
     def graph(self) -> torch._C.Graph | None:
@@ -80,9 +79,10 @@ class AutodiffPlan:
                 %y, %t = nncfuse::fused_mul_sin(%x, %w)
                 return (%y, %t)
         """
-        first = self._first
-        if first is None:
+        outers = self.outers()
+        if not outers:
             return self.aot.graph
+        first = outers[0]
         shown = first.graph.copy()
         nodes = [n for n in shown.nodes() if n.kind().startswith("nncfuse::autodiff_")]
         for node, entry in zip(nodes, first.entries, strict=True):
@@ -128,8 +128,6 @@ class AutodiffPlan:
                     with collector.paused():
                         result, built = _profiled(graph, inputs, self.options)
                     self._variants[key] = built
-                    if built is not None and self._first is None:
-                        self._first = built
                     return result
         if outer is None:
             return self.aot.run(args)
@@ -485,8 +483,9 @@ def _zeros(shapes: Any) -> Any:
 
 
 _ZERO, _NONZERO, _UNKNOWN = "zero", "nonzero", "unknown"
-#: producers of a gradient that may be None (linear's bias gradient when there is no bias)
-_MAYBE_NONE = ("prim::If", "prim::unchecked_unwrap_optional", "prim::AutogradAdd")
+#: producers of a gradient that may be None (linear's bias gradient when there is no bias),
+#: besides an `If` of an optional type (`_maybe_none`)
+_MAYBE_NONE = ("prim::unchecked_unwrap_optional", "prim::AutogradAdd")
 
 
 def _maybe_none(value: Any) -> bool:
