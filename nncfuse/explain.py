@@ -334,6 +334,12 @@ def report_for(graph: torch._C.Graph | None, options: Options,
                 visit(guarded[0])  # the fallback holds copies of the group's nodes
             elif is_group(node) or is_fused_op(node):
                 group_of(node)
+            elif node.hasAttribute("Subgraph"):  # a program of its own (autodiff's f)
+                inner = report_for(node.g("Subgraph"), options)
+                report.groups += inner.groups
+                report.unfused += inner.unfused
+                report.external += inner.external
+                report.fused_nodes += inner.fused_nodes
             elif list(node.blocks()):
                 for sub in node.blocks():
                     visit(sub)

@@ -68,12 +68,15 @@ def test_a_lone_op_below_min_group_size():
     assert one.unfused == [] and [g.ops for g in one.groups] == [("aten::relu",)]
 
 
-def test_an_input_that_requires_grad():
+@pytest.mark.parametrize("autograd", ["aot", "autodiff"])
+def test_an_input_that_requires_grad(autograd):
     def f(a, b):
         return torch.sigmoid(a * b) + b
 
-    # under autograd, the report is of the fused forward graph (jit/autograd.py)
-    report = nncfuse.explain(f, torch.randn(4, requires_grad=True), torch.randn(4))
+    # under autograd, the report is of the fused forward graph (AOT's, or autodiff's f inside
+    # its node)
+    report = nncfuse.explain(nncfuse.jit(f, autograd=autograd),
+                             torch.randn(4, requires_grad=True), torch.randn(4))
     assert len(report.groups) == 1 and report.unfused == []
     with torch.no_grad():
         assert nncfuse.explain(f, torch.randn(4, requires_grad=True), torch.randn(4)).unfused == []
