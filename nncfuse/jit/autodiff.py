@@ -23,7 +23,8 @@ gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPlan` (`autograd.py`):
       %s = aten::size(%y, 0)                         %s = aten::size(%y, 0)
 
 Anything this cannot build runs through the AOTAutograd plan. A second derivative
-(create_graph=True) raises: `df` runs on detached captures.
+(create_graph=True) runs the differentiable graph again unfused, under eager autograd
+(`eager_grads`, as the AOT plan does): `df` runs on detached captures.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from .. import log
 from ..config import Options
 from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import collector
-from .autograd import AutogradPlan, _frozen
+from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
 from .plans import run_as_built
 from .policy import Policy, Program, program, signature
@@ -212,8 +213,14 @@ class _Entry:
         self.captured_inputs = list(grad.df_input_captured_inputs)
         self.captured_outputs = list(grad.df_input_captured_outputs)
         self.output_vjps = list(grad.df_output_vjps)
+        unfused = subgraph.copy()
         for k in sorted(lists, reverse=True):  # (later positions first: earlier ones stay)
             self._spread(f, df, k, lists[k])
+            _pack(unfused, k, lists[k])
+        #: the graph unfused, run again under eager autograd for a second derivative
+        self.unfused = torch._C._create_function_from_graph("nncfuse_autodiff_unfused", unfused)
+        #: whether f draws random numbers (dropout's mask): then a second derivative raises
+        self.random = _random(f)
         self.n_inputs = len(inputs_of(f))
         # Sizes the signature fixes (`_size_if_not_equal` of typed tensors) folded.
         torch._C._jit_pass_peephole(f, False)
@@ -230,17 +237,14 @@ class _Entry:
 
     def _spread(self, f: torch._C.Graph, df: torch._C.Graph, k: int,
                 elements: list[Any]) -> None:
-        """f's input `k`, a list of tensors, as inputs for its elements that f packs; df's
-        gradient of it (a list: `cat`'s `split_with_sizes`) unpacked into theirs; the
-        positions of later inputs shifted. So the autograd.Function takes (and gives a
-        gradient to) each tensor; one list for each reader in f, so that the cat's fuses
-        (cat's formula reads the list for its sizes). A df that reads the list raises.
+        """f's input `k`, a list of tensors, as inputs for its elements that f packs
+        (`_pack`); df's gradient of it (a list: `cat`'s `split_with_sizes`) unpacked into
+        theirs; the positions of later inputs shifted. So the autograd.Function takes (and
+        gives a gradient to) each tensor. A df that reads the list raises.
 
             f: graph(%l : Tensor[], %w)           graph(%a, %b, %w)
                  %y = aten::cat(%l, %1)    ==>      %l = prim::ListConstruct(%a, %b)
-                 %n = aten::len(%l)                 %m = prim::ListConstruct(%a, %b)
                                                     %y = aten::cat(%l, %1)
-                                                    %n = aten::len(%m)
             df: ... return (%gl, %gw)             %ga, %gb = prim::ListUnpack(%gl)
                                                   return (%ga, %gb, %gw)
         """
@@ -253,20 +257,7 @@ class _Entry:
             df.eraseInput(at)
             self.captured_inputs.remove(k)
         self.captured_inputs = [shift[j] for j in self.captured_inputs]
-        # f: the elements' inputs at k, the list packed from them.
-        count = len(inputs_of(f))
-        news = [f.addInput() for _ in elements]
-        for new, element in zip(news, elements):
-            new.setType(element.type())
-        f.permuteInputs([*range(k), *range(count, count + n), *range(k, count)])
-        old = inputs_of(f)[k + n]
-        first = next(iter(f.nodes()), f.return_node())
-        for use in old.uses():  # one list each, so that the cat's fuses with it
-            pack = f.create("prim::ListConstruct", news)
-            pack.output().setType(old.type())
-            pack.insertBefore(first)
-            use.user.replaceInput(use.offset, pack.output())
-        f.eraseInput(k + n)
+        _pack(f, k, elements)
         # df: the list's gradient unpacked where it was returned.
         results = outputs_of(df)
         producer = results[0].node() if len(results) == 1 else None
@@ -322,6 +313,14 @@ class _Entry:
             raise ValueError("df not specialized to these gradients")
         return fn
 
+    def rerun(self, *inputs: Any) -> Any:
+        """The graph unfused (under eager autograd, for a second derivative), on copies of
+        the tensors that do not require grad: what it writes (batch norm's running
+        statistics, which no op's schema tells) the forward has written already."""
+        return run_as_built(self.unfused, *(
+            v.clone() if isinstance(v, torch.Tensor) and not v.requires_grad else v
+            for v in inputs))
+
     def __call__(self, *inputs: Any) -> Any:
         outs = _Differentiable.apply(self, *inputs)
         return outs[0] if len(outs) == 1 else outs
@@ -370,6 +369,46 @@ def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
     _lib.define(f"{name}({args}) -> ({rets})")
     _lib.impl(name, entry, "CompositeImplicitAutograd")
     return f"nncfuse::{name}"
+
+
+def _pack(graph: torch._C.Graph, k: int, elements: list[Any]) -> None:
+    """`graph`'s input `k`, a list of tensors, as inputs for its elements (typed as
+    `elements`), packed into one list for each reader, so that a cat's fuses with it
+    (cat's formula reads the list for its sizes).
+
+        graph(%l : Tensor[], %w):           graph(%a, %b, %w):
+          %y = aten::cat(%l, %1)      ==>     %l = prim::ListConstruct(%a, %b)
+          %n = aten::len(%l)                  %m = prim::ListConstruct(%a, %b)
+                                              %y = aten::cat(%l, %1)
+                                              %n = aten::len(%m)
+    """
+    n, count = len(elements), len(inputs_of(graph))
+    news = [graph.addInput() for _ in elements]
+    for new, element in zip(news, elements):
+        new.setType(element.type())
+    graph.permuteInputs([*range(k), *range(count, count + n), *range(k, count)])
+    old = inputs_of(graph)[k + n]
+    first = next(iter(graph.nodes()), graph.return_node())
+    for use in old.uses():
+        pack = graph.create("prim::ListConstruct", news)
+        pack.output().setType(old.type())
+        pack.insertBefore(first)
+        use.user.replaceInput(use.offset, pack.output())
+    graph.eraseInput(k + n)
+
+
+def _random(graph: Any) -> bool:
+    """Whether `graph` (or a block) draws random numbers: an ATen op tagged
+    `nondeterministic_seeded` (dropout's `bernoulli_`, `rand_like`, ...)."""
+    for node in graph.nodes():
+        namespace, _, name = node.kind().partition("::")
+        packet = getattr(torch.ops.aten, name, None) if namespace == "aten" else None
+        if packet is not None and any(torch.Tag.nondeterministic_seeded in
+                                      getattr(packet, o).tags for o in packet.overloads()):
+            return True
+        if any(_random(block) for block in blocks_of(node)):
+            return True
+    return False
 
 
 def _built_lists(node: Any) -> dict[int, list[Any]]:
@@ -422,6 +461,8 @@ class _Differentiable(torch.autograd.Function):
         ctx.tensors = tensors
         ctx.others = [None if k in tensors else v for k, v in enumerate(captured)]
         ctx.entry = entry
+        ctx.inputs = inputs  # for a second derivative (inputs only: no reference cycle)
+        ctx.versions = versions(inputs)
         ctx.shapes = [_shapes(outs[k]) for k in entry.vjps]
         ctx.set_materialize_grads(False)
         real = outs[:entry.real]
@@ -433,9 +474,9 @@ class _Differentiable(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
         entry: _Entry = ctx.entry
         saved = ctx.saved_tensors  # raises after a backward without retain_graph
-        if torch.is_grad_enabled():
-            raise RuntimeError("nncfuse's autodiff path has no second derivative "
-                               "(create_graph=True); use the default autograd path")
+        if torch.is_grad_enabled():  # create_graph=True
+            return (None, *eager_grads(entry.rerun, ctx.inputs, ctx.versions, grads,
+                                       entry.random))
         vjps = [grads[k] if k < entry.real else None for k in entry.vjps]
         none = (None,) * (1 + entry.n_inputs)
         given = tuple(g is not None for g in vjps)

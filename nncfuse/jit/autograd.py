@@ -419,7 +419,7 @@ class _Joint:
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
         #: whether the program draws random numbers (dropout p > 0): its second derivative,
-        #: the program run again (`_higher_order`), would draw others (another mask)
+        #: the program run again (`eager_grads`), would draw others (another mask)
         self.random = _random(joint)
         placeholders = joint.graph.find_nodes(op="placeholder")
         outputs = joint.graph.find_nodes(op="output")[0].args[0]
@@ -428,7 +428,7 @@ class _Joint:
             raise ValueError("an output does not require grad")
         read = _placeholders_read(joint, [placeholders[k] for k in written])
         if any(read[:self.outputs]) or any(read[self.outputs + len(written):]):
-            # A second derivative runs the program again (`_higher_order`), on the values
+            # A second derivative runs the program again (`eager_grads`), on the values
             # those inputs have then: the ones it wrote.
             raise ValueError("an output or a gradient reads an input the program writes")
         forward, backward = (_LazyGraphModule.from_graphmodule(gm) for gm in
@@ -559,7 +559,7 @@ class _Fused(torch.autograd.Function):
         ctx.save_for_backward(*results[joint.outputs + len(joint.written):])
         ctx.joint = joint
         ctx.inputs = tensors  # for higher-order grad (inputs only: no reference cycle)
-        ctx.versions = _versions(tensors)
+        ctx.versions = versions(tensors)
         ctx.set_materialize_grads(False)  # None: an output the loss does not use
         outs = tuple(results[:joint.outputs])
         ctx.shapes = [(o.shape, o.dtype) for o in outs]
@@ -576,17 +576,19 @@ class _Fused(torch.autograd.Function):
         full = [_as_traced(g, shape, dtype, stride)
                 for g, (shape, dtype), stride in zip(grads, ctx.shapes, joint.tangent_strides)]
         if torch.is_grad_enabled():
-            results = _higher_order(ctx, tuple(full))
+            results = eager_grads(joint.call, ctx.inputs, ctx.versions, tuple(full),
+                                  joint.random, joint.written)
         else:
             results = list(joint.backward(*saved, *full))
         return (None, *(r if joint.depends[k] & given else None
                          for k, r in enumerate(results)))
 
 
-def _versions(tensors: tuple[torch.Tensor, ...]) -> list[int | None]:
+def versions(values: tuple[Any, ...]) -> list[int | None]:
     """The tensors' version counters; None for an inference tensor, which has none (and which
-    no one writes outside inference mode)."""
-    return [None if t.is_inference() else t._version for t in tensors]
+    no one writes outside inference mode), and for a value that is not a tensor."""
+    return [t._version if isinstance(t, torch.Tensor) and not t.is_inference() else None
+            for t in values]
 
 
 def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -601,26 +603,37 @@ def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Te
     return outs[:joint.outputs]
 
 
-def _higher_order(ctx: Any, grads: tuple[torch.Tensor, ...]) -> list[Any]:
-    """The gradients of the inputs, with their own graph (create_graph=True): the unfused
-    program again, differentiated by eager autograd."""
-    inputs = ctx.inputs
-    if ctx.joint.random:
+def eager_grads(call: Callable[..., Any], inputs: tuple[Any, ...], seen: list[int | None],
+                grads: tuple[Any, ...], random: bool, written: tuple[int, ...] = ()) -> list[Any]:
+    """The gradients of `inputs` (None for one that does not require grad) with their own
+    graph (create_graph=True): `call(*inputs)`, the unfused program, run again under eager
+    autograd and differentiated, given `grads` of its outputs (None: not used). It raises
+    where that is not the forward's program: a random one (`random`: dropout's mask drawn
+    again), inputs changed since (their `versions` were `seen`) but those `written` by the
+    program itself (`_applied`), which nothing reads."""
+    if random:
         # As torch.compile's AOTAutograd raises for every double backward: a clear error,
         # not a gradient of another dropout mask; first-order gradients stay fused.
         raise RuntimeError("nncfuse does not support a second derivative (create_graph=True) "
                            "of a program that draws random numbers (dropout with p > 0): run "
                            "it unfused (NNCFUSE_DISABLE=1)")
-    written = ctx.joint.written  # written by the program itself (`_applied`), read by nothing
-    if any(now != then for k, (now, then) in enumerate(zip(_versions(inputs), ctx.versions))
+    if any(now != then for k, (now, then) in enumerate(zip(versions(inputs), seen))
            if k not in written):
         raise RuntimeError("one of the variables needed for gradient computation has been "
                            "modified by an inplace operation")
-    wanted = [k for k, t in enumerate(inputs) if t.requires_grad]
+    wanted = [k for k, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
     with torch.enable_grad():
-        outs = ctx.joint.call(*inputs)
-        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
-        got = torch.autograd.grad([o for o, _ in pairs], [inputs[k] for k in wanted],
+        # Each input through a view of its own: the gradient of one input is then the
+        # program's alone, not also through another input computed from it (`f(x, x.sin())`),
+        # and it still reaches the input (the next derivative goes on through it).
+        own = list(inputs)
+        for k in wanted:
+            own[k] = inputs[k].view_as(inputs[k])
+        outs = call(*own)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        pairs = [(o, g) for o, g in zip(outs, grads)
+                 if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+        got = torch.autograd.grad([o for o, _ in pairs], [own[k] for k in wanted],
                                   [g for _, g in pairs], create_graph=True, allow_unused=True)
     result: list[Any] = [None] * len(inputs)
     for k, g in zip(wanted, got):

@@ -125,12 +125,26 @@ def test_backward_accumulates_and_retain_graph(autograd):
         out.backward()
 
 
-@pytest.mark.parametrize("autograd", ["aot"])  # autodiff raises: test_autodiff.py
-def test_higher_order_grad_is_eagers(autograd):
-    fused = nncfuse.jit(activation, autograd=autograd)
-    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
-    y = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+@pytest.mark.parametrize("fn", FAMILIES, ids=lambda f: f.__name__)
+def test_higher_order_grad_is_eagers(fn, autograd):
+    # (create_graph=True: the program again, unfused, under eager autograd)
+    fused = nncfuse.jit(fn, autograd=autograd)
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(_warmed(fused, x, y), (x, y))
+
+
+def test_a_second_derivative_of_inputs_computed_from_one_another(autograd):
+    # The gradient of x is the program's own, not also through y = f(x) (the program again
+    # took x's gradient through both: twice the path through y).
+    fused = nncfuse.jit(activation, autograd=autograd)
+    for _ in range(3):
+        x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad(fused(x, x.sin() * 2.0).sum(), x, create_graph=True)
+        (w,) = torch.autograd.grad(activation(x, x.sin() * 2.0).sum(), x, create_graph=True)
+        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(torch.autograd.grad(g.square().sum(), x),
+                                   torch.autograd.grad(w.square().sum(), x))
 
 
 def test_inputs_that_do_not_require_grad_and_no_grad_mode(autograd):
@@ -592,7 +606,6 @@ def test_a_dropout_fuses_and_its_second_derivative_raises(autograd):
         torch.autograd.grad(y.sum(), w, create_graph=True)
 
 
-@pytest.mark.parametrize("autograd", ["aot"])  # autodiff raises: test_autodiff.py
 def test_a_second_derivative_through_buffers_written_in_place(autograd):
     # Batch norm's running statistics, which the program writes and no output reads: the
     # second derivative runs the program again (on copies of them), as eager's; an input that
