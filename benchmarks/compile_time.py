@@ -1,18 +1,18 @@
 """Where compile time goes: one first training step, or the first three inference calls of a
 model, split by pipeline stage (process CPU time, each stage's own, nested stages apart).
 
-    python benchmarks/compile_time.py block nncfuse-jit          # training.py's workloads
+    python benchmarks/compile_time.py block nncfuse-jit --steps 3   # training.py's workloads
     python benchmarks/compile_time.py mlp nncfuse-backend
     python benchmarks/compile_time.py mobilenet nncfuse-backend --quick    # models.py's
     python benchmarks/compile_time.py bert inference             # nncfuse.jit(traced), no grad
-    python benchmarks/compile_time.py bert nncfuse-jit-autodiff --steps 3   # to steady state
+    python benchmarks/compile_time.py bert nncfuse-jit-aot       # the jit through AOTAutograd
 
-Stages (wrapped functions): AOTAutograd's joint trace (`nncfuse.jit` under autograd) and the
-partitioner; the FX -> TorchScript conversion; profiling runs (their instrumented graph run
-included); the fuser and guards; lowering; the schedule's passes; the LLVM IR built in
+Stages (wrapped functions): AOTAutograd's joint trace (`nncfuse-jit-aot`, the backend) and
+the partitioner; the FX -> TorchScript conversion; profiling runs (their instrumented graph
+run included); the fuser and guards; lowering; the schedule's passes; the LLVM IR built in
 Python; LLVM's parse and verify, optimization pipeline and machine code; the MCJIT engine;
-the generated entry; for `nncfuse-jit-autodiff` (jit/autodiff.py, whose first step profiles
-and whose second compiles: `--steps 3`) also the differentiable subgraphs, autodiff itself,
+the generated entry; for `nncfuse-jit` (jit/autodiff.py, whose first step profiles and
+whose second compiles: `--steps 3`) also the differentiable subgraphs, autodiff itself,
 the decompositions and the rest of building its program. "rest" is everything else: for
 the backend Dynamo and AOTAutograd's trace, for every contender the unfused ops a
 profiling run executes outside nncfuse's code.
@@ -153,7 +153,7 @@ def inference_calls(name: str, quick: bool) -> Callable[[], None]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("workload", help="mlp, block, or a models.py model (bert, mobilenet, ...)")
-    p.add_argument("contender", help="nncfuse-jit, nncfuse-jit-autodiff, nncfuse-backend, or "
+    p.add_argument("contender", help="nncfuse-jit, nncfuse-jit-aot, nncfuse-backend, or "
                                      "inference")
     p.add_argument("--quick", action="store_true", help="the small shapes")
     p.add_argument("--steps", type=int, default=1, help="training steps timed (from the first)")

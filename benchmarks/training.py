@@ -16,16 +16,18 @@ compare). Contenders, each on its own copy of the same initial weights:
 - nncfuse-backend: `torch.compile(module, backend="nncfuse")` (AOTAutograd's forward and
                    backward graphs through nncfuse);
 - nncfuse-jit:     `nncfuse.jit(module)` (scripted; models.py's models traced), whose
-                   parameters require grad: jit/autograd.py's fused forward and backward;
+                   parameters require grad: TorchScript's autodiff graphs with fused
+                   forwards and backwards (jit/autodiff.py); its first call profiles and its
+                   graphs' first calls profile again: compare with `--first-steps 3`, the
+                   time to its steady state;
 - aot-eager:       (only when named in `--contenders`) `torch.compile(module,
                    backend="aot_eager")`: Dynamo's and AOTAutograd's traces and partition and
                    no compiler, so its first step is the floor under the first step of any
-                   compiler behind AOTAutograd (Inductor's, the nncfuse backend's, and
-                   `nncfuse.jit`'s under autograd, which traces with AOTAutograd too);
-- nncfuse-jit-autodiff: (only when named) `nncfuse.jit(module, autograd="autodiff")`: the
-                   prototype of TorchScript's autodiff (jit/autodiff.py), whose first call
-                   profiles and whose graphs' first calls profile again: compare it with
-                   `--first-steps 3`, the time to its steady state.
+                   compiler behind AOTAutograd (Inductor's, the nncfuse backend's);
+- nncfuse-jit-aot: (only when named) `nncfuse.jit(module, autograd="aot")`: AOTAutograd's
+                   joint graph on the scripted program, partitioned (jit/autograd.py);
+- nncfuse-jit-autodiff: (only when named) `nncfuse.jit(module, autograd="autodiff")`, the
+                   default spelled out (for runs under NNCFUSE_AUTOGRAD=aot).
 
 Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
 the compilers, profiling runs; Inductor's cache is a fresh directory unless
@@ -83,7 +85,10 @@ import nncfuse
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
 #: Also accepted by --contenders: Dynamo and AOTAutograd's trace and partition with no
 #: compiler behind them, the first-step floor of every compiler under AOTAutograd.
-REFERENCES = ("aot-eager", "nncfuse-jit-autodiff")
+REFERENCES = ("aot-eager", "nncfuse-jit-aot", "nncfuse-jit-autodiff")
+#: `nncfuse.jit`'s options per contender (nncfuse-jit: the default, autodiff)
+JIT_OPTIONS = {"nncfuse-jit": {}, "nncfuse-jit-aot": {"autograd": "aot"},
+               "nncfuse-jit-autodiff": {"autograd": "autodiff"}}
 RTOL, ATOL = 1e-3, 1e-4
 MULTIPLIER = 3.0  # against float64 eager: at most this many times float32 eager's error
 
@@ -162,7 +167,6 @@ def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def build(contender: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Callable[..., Any]:
-    options = {"autograd": "autodiff"} if contender == "nncfuse-jit-autodiff" else {}
     if contender == "eager":
         return model
     if contender == "compile":
@@ -172,6 +176,7 @@ def build(contender: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Ca
     if contender == "nncfuse-backend":
         importlib.import_module("nncfuse.backend")  # registers "nncfuse" (as the entry point)
         return torch.compile(model, backend="nncfuse")
+    options = JIT_OPTIONS[contender]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -489,9 +494,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", action="store_true",
                    help="also each step's phases: forward, loss, backward, optimizer (CPU time, "
                         "page faults)")
-    p.add_argument("--first-steps", type=int, default=1, metavar="N",
-                   help="'first step': the time of the first N steps (N > 1: to the steady "
-                        "state of a contender that profiles, nncfuse-jit-autodiff)")
+    p.add_argument("--first-steps", type=int, default=3, metavar="N",
+                   help="'first step': the time of the first N steps (default 3: to the "
+                        "steady state of nncfuse-jit, whose first step profiles)")
     p.add_argument("--quick", action="store_true", help="smoke run: small shapes, few rounds")
     p.add_argument("--verbose", action="store_true", help="tracebacks of failures")
     args = p.parse_args(argv)

@@ -132,6 +132,21 @@ def outside(graph: torch._C.Graph) -> Counter[str]:
     return kinds
 
 
+def graphs_of(step: training.Step) -> list[tuple[str, torch._C.Graph]]:
+    """The optimized graphs a contender's steps ran, with their kinds: those of `nncfuse.jit`'s
+    plans under autograd (either mechanism: "forward", "backward"), or the backend's
+    (`compiled_graphs`: "forward", "backward", "inference")."""
+    policy = getattr(step.fn, "policy", None)
+    if policy is None:
+        return [(c.kind, g) for c in fxgraph.compiled_graphs() for g in c.graphs()]
+    found: list[tuple[str, torch._C.Graph]] = []
+    for plan in list(policy.plans.values()):
+        if hasattr(plan, "fused_graphs"):
+            forward, backward = plan.fused_graphs()
+            found += [("forward", g) for g in forward] + [("backward", g) for g in backward]
+    return found
+
+
 def report(name: str, contender: str, workload: tuple[Any, Any]) -> None:
     model, inputs = workload
     training._reset()
@@ -142,16 +157,15 @@ def report(name: str, contender: str, workload: tuple[Any, Any]) -> None:
     print(f"\n{name}, {contender}: step {cpu_time(step, 0.2, 3) * 1e6:.0f} us")
     print(f"  {'kernel':<40}{'nncfuse':>10}{'ATen ops':>10}{'ratio':>8}  ops it replaces")
     total_k = total_a = 0.0
-    for compiled in fxgraph.compiled_graphs():
-        for graph in compiled.graphs():
-            print(f"  -- {compiled.kind} graph; outside kernels: " + ", ".join(
-                f"{k} x{n}" if n > 1 else k for k, n in sorted(outside(graph).items())))
-            for kernel, fused, unfused, ops in groups_of(graph):
-                if fused == fused:  # not NaN
-                    total_k += fused
-                    total_a += unfused
-                print(f"  {kernel[:40]:<40}{fused * 1e6:10.1f}{unfused * 1e6:10.1f}"
-                      f"{unfused / fused:7.2f}x  {' '.join(ops)[:60]}")
+    for kind, graph in graphs_of(step):
+        print(f"  -- {kind} graph; outside kernels: " + ", ".join(
+            f"{k} x{n}" if n > 1 else k for k, n in sorted(outside(graph).items())))
+        for kernel, fused, unfused, ops in groups_of(graph):
+            if fused == fused:  # not NaN
+                total_k += fused
+                total_a += unfused
+            print(f"  {kernel[:40]:<40}{fused * 1e6:10.1f}{unfused * 1e6:10.1f}"
+                  f"{unfused / fused:7.2f}x  {' '.join(ops)[:60]}")
     print(f"  {'all kernels':<40}{total_k * 1e6:10.1f}{total_a * 1e6:10.1f}"
           f"{total_a / max(total_k, 1e-12):7.2f}x")
 
@@ -303,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workloads", default="mlp,block")
     p.add_argument("--models", default="",
                    help="also these models of models.py (as training.py's --models)")
-    p.add_argument("--contenders", default="nncfuse-backend,nncfuse-jit")
+    p.add_argument("--contenders", default="nncfuse-backend,nncfuse-jit")  # (or nncfuse-jit-aot)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--gemms", action="store_true",
                    help="split each contender's step into its GEMMs and the rest")

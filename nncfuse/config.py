@@ -52,9 +52,9 @@ class Options:
                          strategy, e.g. `[("STATIC", 2), ("DYNAMIC", 10)]`, is accepted
                          too: that many static signatures, then that many dynamic kernels.
                          Either way at most `max_specializations` kernels per function.
-    autograd:            how `nncfuse.jit` trains: "aot" (default) traces with AOTAutograd
-                         (`jit/autograd.py`); "autodiff", a prototype, runs TorchScript's
-                         autodiff as NNC did (`jit/autodiff.py`; NNCFUSE_AUTOGRAD=autodiff).
+    autograd:            how `nncfuse.jit` trains: "autodiff" (default) runs TorchScript's
+                         autodiff as NNC did (`jit/autodiff.py`); "aot" traces with
+                         AOTAutograd (`jit/autograd.py`; NNCFUSE_AUTOGRAD=aot).
     """
 
     min_group_size: int = 2
@@ -66,7 +66,7 @@ class Options:
     strict: bool = False
     freeze: bool | str = False
     dynamic: bool | None | tuple[tuple[str, int], ...] = None
-    autograd: str = "aot"
+    autograd: str = "autodiff"
 
     def __post_init__(self) -> None:
         if isinstance(self.dynamic, list | tuple):  # a fusion strategy
@@ -99,6 +99,6 @@ class Options:
             "disable": _env_flag("NNCFUSE_DISABLE"),
             "verify": _env_flag("NNCFUSE_VERIFY"),
             "strict": _env_flag("NNCFUSE_STRICT"),
-            "autograd": os.environ.get("NNCFUSE_AUTOGRAD", "").strip().lower() or "aot",
+            "autograd": os.environ.get("NNCFUSE_AUTOGRAD", "").strip().lower() or "autodiff",
         }
         return Options(**{**env, **overrides})  # type: ignore[arg-type]

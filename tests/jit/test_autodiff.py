@@ -247,10 +247,11 @@ def test_a_list_not_built_by_a_list_construct_runs_the_aot_plan(fn):
 def test_option(monkeypatch):
     with pytest.raises(ValueError, match="autograd"):
         Options(autograd="nnc")
-    monkeypatch.setenv("NNCFUSE_AUTOGRAD", "autodiff")
-    assert Options.from_env().autograd == "autodiff"
-    monkeypatch.delenv("NNCFUSE_AUTOGRAD")
+    monkeypatch.setenv("NNCFUSE_AUTOGRAD", "aot")
     assert Options.from_env().autograd == "aot"
+    monkeypatch.delenv("NNCFUSE_AUTOGRAD")
+    assert Options.from_env().autograd == "autodiff"
+    assert Options().autograd == "autodiff"
 
 
 def _kinds(fused, df=True):

@@ -230,10 +230,11 @@ def test_a_chunks_first_piece_returned_beside_the_rest(use_llvm):
     torch.testing.assert_close(got[1], want[1])
 
 
-@pytest.mark.parametrize("contender", ["nncfuse-jit", "nncfuse-backend"])
+@pytest.mark.parametrize("contender", ["nncfuse-jit", "nncfuse-jit-aot", "nncfuse-backend"])
 def test_the_mlps_gelu_backward_stores_its_value_once(contender):
-    """Through both paths (the backend's copy of `t_3` is a later nest, past the column
-    sum), the MLP's backward kernels need no temporary, and its gradients match eager's."""
+    """Through every path (the backend's copy of `t_3` is a later nest, past the column
+    sum), the MLP's backward kernels need no temporary, and its gradients match eager's
+    (those of the third step: the autodiff path's first profiles)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     try:
         import training
@@ -242,7 +243,7 @@ def test_the_mlps_gelu_backward_stores_its_value_once(contender):
     torch.manual_seed(0)
     model, inputs = training.MLP(32, 64).train(), (torch.randn(8, 32),)
     before = {id(k) for k in _live_kernels()}  # earlier tests' kernels
-    got = training.gradients_after_one_step(contender, model, inputs)[0]
+    got = training.gradients_after_one_step(contender, model, inputs, first_steps=3)[0]
     want = training.gradients_after_one_step("eager", model, inputs)[0]
     assert training.compare_gradients(got, want, lambda: training.exact_gradients(model, inputs)) \
         is None
