@@ -62,7 +62,10 @@ class CompiledGraph:
     could not be converted, the FX graph itself (`reason` says why)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
-                 options: Options):
+                 options: Options, trains: Callable[[Program, Options], Any] | None = None):
+        """`trains`: the plan of a signature that needs autograd (grad mode on, an input that
+        requires grad), `trains(program, options)`, such as `autodiff.AutodiffPlan` (the
+        backend's autograd="autodiff"); None: such calls run unfused, under eager autograd."""
         self.id = next(_ids)
         self.kind = kind  # "dynamo" (nncfuse_ts), "forward", "backward" or "inference"
         self.gm = gm
@@ -70,6 +73,7 @@ class CompiledGraph:
             options = dataclasses.replace(options, dynamic=True)  # Dynamo's dynamic sizes
         self.options = options
         self.policy = Policy(options)
+        self.trains = trains
         self.reason: str | None = None  # why the FX graph runs instead, if it does
         #: whether running the graph twice is harmless (AOTAutograd's graphs are functional)
         self.functional = kind != "dynamo" or _functional(gm)
@@ -119,7 +123,12 @@ class CompiledGraph:
             if plan is not None:
                 self._last = _last_plan(args, plan)
                 return plan.run(args)
-            result = self.policy.call(self.program, key, args)
+            prog, trains = self.program, self.trains
+            if trains is not None and _needs_grad(args):
+                # (no report of this plan: its f and df graphs are its `fused_graphs()`)
+                return self.policy.call_with(key, lambda: trains(prog, self.options), args,
+                                             prog.unfused)
+            result = self.policy.call(prog, key, args)
         except Exception as e:  # noqa: BLE001 - the FX graph decides whether this is an error
             return self._after_failure(e, args)
         made = self.policy.plans.get(key)
@@ -172,6 +181,12 @@ def _holds(check: Any, args: tuple[Any, ...]) -> bool:
         return check.check(*args)
     except TypeError:
         return False
+
+
+def _needs_grad(args: tuple[Any, ...]) -> bool:
+    """Whether a call of `args` needs autograd: grad mode on, a tensor that requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def _symbolic(example_inputs: Sequence[Any]) -> bool:
