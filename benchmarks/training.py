@@ -25,7 +25,11 @@ compare). Contenders, each on its own copy of the same initial weights:
 - nncfuse-jit-autodiff: (only when named) `nncfuse.jit(module, autograd="autodiff")`: the
                    prototype of TorchScript's autodiff (jit/autodiff.py), whose first call
                    profiles and whose graphs' first calls profile again: compare it with
-                   `--first-steps 3`, the time to its steady state.
+                   `--first-steps 3`, the time to its steady state;
+- nncfuse-backend-autodiff: (only when named) `torch.compile(module,
+                   backend=nncfuse.backend.make_backend(autograd="autodiff"))`: Dynamo's
+                   graphs through TorchScript's autodiff as nncfuse-jit-autodiff's, no
+                   AOTAutograd trace (`--first-steps 3` too).
 
 Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
 the compilers, profiling runs; Inductor's cache is a fresh directory unless
@@ -83,7 +87,7 @@ import nncfuse
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
 #: Also accepted by --contenders: Dynamo and AOTAutograd's trace and partition with no
 #: compiler behind them, the first-step floor of every compiler under AOTAutograd.
-REFERENCES = ("aot-eager", "nncfuse-jit-autodiff")
+REFERENCES = ("aot-eager", "nncfuse-jit-autodiff", "nncfuse-backend-autodiff")
 RTOL, ATOL = 1e-3, 1e-4
 MULTIPLIER = 3.0  # against float64 eager: at most this many times float32 eager's error
 
@@ -172,6 +176,9 @@ def build(contender: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Ca
     if contender == "nncfuse-backend":
         importlib.import_module("nncfuse.backend")  # registers "nncfuse" (as the entry point)
         return torch.compile(model, backend="nncfuse")
+    if contender == "nncfuse-backend-autodiff":
+        backend = importlib.import_module("nncfuse.backend")
+        return torch.compile(model, backend=backend.make_backend(autograd="autodiff"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

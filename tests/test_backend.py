@@ -646,14 +646,14 @@ def _autodiff_plans(backend):
     return [p for g in graphs for p in g.policy.plans.values() if isinstance(p, AutodiffPlan)]
 
 
-@pytest.mark.parametrize("model", [MLP, Attention], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", [MLP, Attention, Block], ids=lambda m: m.__name__)
 def test_training_through_autodiff_matches_eager_and_fuses(backend, model):
     torch.manual_seed(0)
-    model = model()
+    model = model().train()
     compiled_model = copy.deepcopy(model)
     compiled = torch.compile(compiled_model, backend=backend.make_backend(autograd="autodiff"))
     for _ in range(3):  # profiling the program, then f and df, then the kernels
-        x = torch.randn(2, 5, 16)
+        x = torch.randn(6, 16) if isinstance(model, Block) else torch.randn(2, 5, 16)
         for m in (model, compiled_model):
             m.zero_grad()
         expected, got = model(x), compiled(x)
@@ -662,6 +662,8 @@ def test_training_through_autodiff_matches_eager_and_fuses(backend, model):
         (got * got.detach()).sum().backward()
         for p, q in zip(model.parameters(), compiled_model.parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+        for p, q in zip(model.buffers(), compiled_model.buffers()):  # (batch norm's)
+            torch.testing.assert_close(q, p)
     (plan,) = _autodiff_plans(backend)
     forward, backward = plan.fused_graphs()
     assert plan.aot.joints() == []  # (not the AOTAutograd plan it falls back to)
