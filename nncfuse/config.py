@@ -52,9 +52,10 @@ class Options:
                          strategy, e.g. `[("STATIC", 2), ("DYNAMIC", 10)]`, is accepted
                          too: that many static signatures, then that many dynamic kernels.
                          Either way at most `max_specializations` kernels per function.
-    autograd:            how `nncfuse.jit` trains: "aot" (default) traces with AOTAutograd
-                         (`jit/autograd.py`); "autodiff", a prototype, runs TorchScript's
-                         autodiff as NNC did (`jit/autodiff.py`; NNCFUSE_AUTOGRAD=autodiff).
+    autograd:            how `nncfuse.jit` and the torch.compile backend train: "aot"
+                         (default) traces with AOTAutograd (`jit/autograd.py`); "autodiff",
+                         a prototype, runs TorchScript's autodiff as NNC did
+                         (`jit/autodiff.py`; NNCFUSE_AUTOGRAD=autodiff).
     """
 
     min_group_size: int = 2

@@ -15,7 +15,9 @@ A graph with symbolic sizes (Dynamo's `dynamic=True`, or a dim that changed: Sym
 inputs or sizes) gets dynamic kernels from the first call, one per size class
 (`policy.py`); otherwise each signature its own static plan first.
 The torch.compile backend (`nncfuse/backend.py`) and `nncfuse.jit` under
-autograd (`autograd.py`) both run their forward and backward graphs here.
+autograd (`autograd.py`) both run their forward and backward graphs here; under the
+backend's autograd="autodiff" a Dynamo graph's calls that need autograd run the plan
+it passes as `trains` (`autodiff.AutodiffPlan`).
 
 Logged under `backend` (the module's name for the user: `NNCFUSE_LOG_LEVEL=backend`);
 `compiled_graphs()` lists the graphs compiled lately, for tests and tools.
