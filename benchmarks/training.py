@@ -28,6 +28,10 @@ compare). Contenders, each on its own copy of the same initial weights:
                    joint graph on the scripted program, partitioned (jit/autograd.py);
 - nncfuse-jit-autodiff: (only when named) `nncfuse.jit(module, autograd="autodiff")`, the
                    default spelled out (for runs under NNCFUSE_AUTOGRAD=aot).
+- nncfuse-backend-autodiff: (only when named) `torch.compile(module,
+                   backend=nncfuse.backend.make_backend(autograd="autodiff"))`: Dynamo's
+                   graphs through TorchScript's autodiff as nncfuse-jit's, no AOTAutograd
+                   trace.
 
 Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
 the compilers, profiling runs; Inductor's cache is a fresh directory unless
@@ -85,7 +89,8 @@ import nncfuse
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
 #: Also accepted by --contenders: Dynamo and AOTAutograd's trace and partition with no
 #: compiler behind them, the first-step floor of every compiler under AOTAutograd.
-REFERENCES = ("aot-eager", "nncfuse-jit-aot", "nncfuse-jit-autodiff")
+REFERENCES = ("aot-eager", "nncfuse-jit-aot", "nncfuse-jit-autodiff",
+              "nncfuse-backend-autodiff")
 #: `nncfuse.jit`'s options per contender (nncfuse-jit: the default, autodiff)
 JIT_OPTIONS = {"nncfuse-jit": {}, "nncfuse-jit-aot": {"autograd": "aot"},
                "nncfuse-jit-autodiff": {"autograd": "autodiff"}}
@@ -176,6 +181,9 @@ def build(contender: str, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Ca
     if contender == "nncfuse-backend":
         importlib.import_module("nncfuse.backend")  # registers "nncfuse" (as the entry point)
         return torch.compile(model, backend="nncfuse")
+    if contender == "nncfuse-backend-autodiff":
+        backend = importlib.import_module("nncfuse.backend")
+        return torch.compile(model, backend=backend.make_backend(autograd="autodiff"))
     options = JIT_OPTIONS[contender]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -20,6 +20,14 @@ is a size class of the policy, with dynamic kernels (see `jit/fxgraph.py`). A
 graph that cannot be converted runs as the FX graph would, and the reason is
 logged; it never raises where eager would not.
 
+Training goes through AOTAutograd by default, as Inductor's does (below). With
+`make_backend(autograd="autodiff")` (or NNCFUSE_AUTOGRAD=autodiff), a training graph
+is not traced by AOTAutograd: it converts as "nncfuse_ts"'s do, and its calls that need
+autograd run as `nncfuse.jit(fn, autograd="autodiff")`'s (`jit/autodiff.py`): profiled,
+then TorchScript's autodiff splits each differentiable graph into an `f` and a `df`, each
+fused. Its first steps are shorter (no trace, no partition); a graph that cannot be
+converted goes through AOTAutograd as below, the reason logged.
+
 "nncfuse" goes through AOTAutograd, as Inductor does: nncfuse's kernels record
 no autograd, so training is fused when the graph is split into a forward and a
 backward of plain ATen ops, each run with grad off. The forward, backward and
@@ -47,6 +55,7 @@ graphs compiled lately, for tests and tools.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint
 from typing import Any
@@ -61,6 +70,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from . import log
 from .config import Options
 from .jit import collector, fxgraph
+from .jit.autodiff import AutodiffPlan
 from .jit.autograd import FusedGraph
 from .jit.fxgraph import CompiledGraph, brief, clear_compiled_graphs, compiled_graphs
 
@@ -87,7 +97,12 @@ def make_backend(aot: bool = True, autograd_node: bool = True,
     """A torch.compile backend with these nncfuse options (see `Options`): through
     AOTAutograd (`aot=True`, what "nncfuse" is) or Dynamo's graphs as they are ("nncfuse_ts").
     `autograd_node`: training graphs of plain tensors run as one nncfuse autograd node
-    (`FusedGraph`) where they can, not under AOTAutograd's runtime wrappers."""
+    (`FusedGraph`) where they can, not under AOTAutograd's runtime wrappers.
+    `autograd="autodiff"`: training graphs run as Dynamo hands them over, TorchScript's
+    autodiff differentiating them (`AutodiffPlan`, as `nncfuse.jit` does), no AOTAutograd
+    trace; a graph that cannot be converted goes through AOTAutograd (the reason logged)."""
+    if "autograd" not in options and not os.environ.get("NNCFUSE_AUTOGRAD", "").strip():
+        options["autograd"] = "aot"  # (nncfuse.jit's default is autodiff: see the docstring)
     opts = Options.from_env(**options)
     if not aot:
         return lambda gm, example_inputs: CompiledGraph(gm, example_inputs, "dynamo", opts)
@@ -100,6 +115,11 @@ def make_backend(aot: bool = True, autograd_node: bool = True,
     )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        if opts.autograd == "autodiff" and _trains(example_inputs):
+            compiled = CompiledGraph(gm, example_inputs, "dynamo", opts, trains=AutodiffPlan)
+            if compiled.program is not None:
+                return compiled
+            _log.dump("Training graph through AOTAutograd, not autodiff: ", compiled.reason)
         if autograd_node and _trains(example_inputs):
             try:
                 return FusedGraph(gm, list(example_inputs), opts)

@@ -54,7 +54,9 @@ class Options:
                          Either way at most `max_specializations` kernels per function.
     autograd:            how `nncfuse.jit` trains: "autodiff" (default) runs TorchScript's
                          autodiff as NNC did (`jit/autodiff.py`); "aot" traces with
-                         AOTAutograd (`jit/autograd.py`; NNCFUSE_AUTOGRAD=aot).
+                         AOTAutograd (`jit/autograd.py`; NNCFUSE_AUTOGRAD=aot). The
+                         torch.compile backend trains through AOTAutograd unless this is
+                         given as "autodiff" (`make_backend(autograd=...)`, the variable).
     """
 
     min_group_size: int = 2

@@ -618,3 +618,91 @@ def test_a_second_derivative_through_batch_norms_running_statistics(backend):
             torch.autograd.grad(g.square().sum(), [cx, *compiled_model.parameters()]),
             torch.autograd.grad(w.square().sum(), [x, *model.parameters()]))
         torch.testing.assert_close(list(compiled_model.buffers()), list(model.buffers()))
+
+
+# -- training through TorchScript's autodiff (autograd="autodiff") --------------------------------
+class Attention(torch.nn.Module):
+    """Layer norm, single-head attention (softmax), GELU, residuals: a transformer's block."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.qkv = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 16)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, -1)
+        h = x + self.out(torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v)
+        return h + torch.nn.functional.gelu(self.fc(h))
+
+
+def _autodiff_plans(backend):
+    """The autodiff plans of the graphs compiled: every graph one Dynamo graph, no AOT trace."""
+    from nncfuse.jit.autodiff import AutodiffPlan
+
+    graphs = backend.compiled_graphs()
+    assert graphs and all(g.kind == "dynamo" and g.reason is None for g in graphs)
+    return [p for g in graphs for p in g.policy.plans.values() if isinstance(p, AutodiffPlan)]
+
+
+@pytest.mark.parametrize("model", [MLP, Attention, Block], ids=lambda m: m.__name__)
+def test_training_through_autodiff_matches_eager_and_fuses(backend, model):
+    torch.manual_seed(0)
+    model = model().train()
+    compiled_model = copy.deepcopy(model)
+    compiled = torch.compile(compiled_model, backend=backend.make_backend(autograd="autodiff"))
+    for _ in range(3):  # profiling the program, then f and df, then the kernels
+        x = torch.randn(6, 16) if isinstance(model, Block) else torch.randn(2, 5, 16)
+        for m in (model, compiled_model):
+            m.zero_grad()
+        expected, got = model(x), compiled(x)
+        torch.testing.assert_close(got, expected)
+        (expected * expected.detach()).sum().backward()
+        (got * got.detach()).sum().backward()
+        for p, q in zip(model.parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+        for p, q in zip(model.buffers(), compiled_model.buffers()):  # (batch norm's)
+            torch.testing.assert_close(q, p)
+    (plan,) = _autodiff_plans(backend)
+    forward, backward = plan.fused_graphs()
+    assert plan.aot.joints() == []  # (not the AOTAutograd plan it falls back to)
+    assert sum(len(nncfuse.fusion_groups(g)) for g in forward) >= 1
+    assert sum(len(nncfuse.fusion_groups(g)) for g in backward) >= 1
+
+
+def test_gradcheck_through_the_backend_with_autodiff(backend, monkeypatch):
+    monkeypatch.setenv("NNCFUSE_AUTOGRAD", "autodiff")  # (the environment sets the option too)
+
+    def f(a, b):
+        return torch.sigmoid(a * b) * torch.tanh(b) + a
+
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    compiled = torch.compile(f, backend=backend.make_backend())
+    for _ in range(2):  # fused from the third call: gradcheck's
+        compiled(a, b).sum().backward()
+    assert torch.autograd.gradcheck(compiled, (a, b))
+    (plan,) = _autodiff_plans(backend)
+    forward, backward = plan.fused_graphs()
+    assert [len(nncfuse.fusion_groups(g)) for g in forward] == [1]
+    assert all(nncfuse.fusion_groups(g) for g in backward) and backward
+
+
+def test_a_training_graph_autodiff_cannot_take_goes_through_aotautograd(backend, monkeypatch,
+                                                                         capsys):
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(torch.sigmoid, (graph.call_function(_varargs, (x,)),))
+    graph.output((graph.call_function(torch.mul, (y, 2.0)),))  # (as Dynamo's: a tuple)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    monkeypatch.setenv("NNCFUSE_LOG_LEVEL", "backend")
+    x = torch.randn(5, requires_grad=True)
+    compiled = backend.make_backend(autograd="autodiff")(gm, [x])
+    assert not isinstance(compiled, backend.CompiledGraph)
+    torch.testing.assert_close(compiled(x), (torch.sigmoid(x) * 2.0,))
+    (g,) = torch.autograd.grad(compiled(x)[0].sum(), x)
+    (w,) = torch.autograd.grad((torch.sigmoid(x) * 2.0).sum(), x)
+    torch.testing.assert_close(g, w)
+    err = capsys.readouterr().err
+    assert "Training graph through AOTAutograd, not autodiff: not converted" in err

@@ -15,7 +15,9 @@ A graph with symbolic sizes (Dynamo's `dynamic=True`, or a dim that changed: Sym
 inputs or sizes) gets dynamic kernels from the first call, one per size class
 (`policy.py`); otherwise each signature its own static plan first.
 The torch.compile backend (`nncfuse/backend.py`) and `nncfuse.jit` under
-autograd (`autograd.py`) both run their forward and backward graphs here.
+autograd (`autograd.py`) both run their forward and backward graphs here; under the
+backend's autograd="autodiff" a Dynamo graph's calls that need autograd run the plan
+it passes as `trains` (`autodiff.AutodiffPlan`).
 
 Logged under `backend` (the module's name for the user: `NNCFUSE_LOG_LEVEL=backend`);
 `compiled_graphs()` lists the graphs compiled lately, for tests and tools.
@@ -62,7 +64,10 @@ class CompiledGraph:
     could not be converted, the FX graph itself (`reason` says why)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
-                 options: Options):
+                 options: Options, trains: Callable[[Program, Options], Any] | None = None):
+        """`trains`: the plan of a signature that needs autograd (grad mode on, an input that
+        requires grad), `trains(program, options)`, such as `autodiff.AutodiffPlan` (the
+        backend's autograd="autodiff"); None: such calls run unfused, under eager autograd."""
         self.id = next(_ids)
         self.kind = kind  # "dynamo" (nncfuse_ts), "forward", "backward" or "inference"
         self.gm = gm
@@ -70,6 +75,7 @@ class CompiledGraph:
             options = dataclasses.replace(options, dynamic=True)  # Dynamo's dynamic sizes
         self.options = options
         self.policy = Policy(options)
+        self.trains = trains
         self.reason: str | None = None  # why the FX graph runs instead, if it does
         #: whether running the graph twice is harmless (AOTAutograd's graphs are functional)
         self.functional = kind != "dynamo" or _functional(gm)
@@ -119,7 +125,12 @@ class CompiledGraph:
             if plan is not None:
                 self._last = _last_plan(args, plan)
                 return plan.run(args)
-            result = self.policy.call(self.program, key, args)
+            prog, trains = self.program, self.trains
+            if trains is not None and _needs_grad(args):
+                # (no report of this plan: its f and df graphs are its `fused_graphs()`)
+                return self.policy.call_with(key, lambda: trains(prog, self.options), args,
+                                             prog.unfused)
+            result = self.policy.call(prog, key, args)
         except Exception as e:  # noqa: BLE001 - the FX graph decides whether this is an error
             return self._after_failure(e, args)
         made = self.policy.plans.get(key)
@@ -172,6 +183,12 @@ def _holds(check: Any, args: tuple[Any, ...]) -> bool:
         return check.check(*args)
     except TypeError:
         return False
+
+
+def _needs_grad(args: tuple[Any, ...]) -> bool:
+    """Whether a call of `args` needs autograd: grad mode on, a tensor that requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def _symbolic(example_inputs: Sequence[Any]) -> bool:
