@@ -41,6 +41,7 @@ from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import collector
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
+from .flat_linear import flat_linears
 from .plans import run_as_built
 from .policy import Policy, Program, program, signature
 from .profiling import Profiler
@@ -166,6 +167,7 @@ class _Outer:
             # as constants: the normalized shape of a layer norm, a view's sizes.
             torch._C._jit_pass_peephole(graph, False)
             torch._C._jit_pass_constant_propagation(graph)
+        flat_linears(graph)  # (GPT-2's projections: a GEMM between views joins the graphs)
         torch._C._jit_pass_create_autodiff_subgraphs(graph, _THRESHOLD)
         nodes = graph.findAllNodes("prim::DifferentiableGraph")
         if not nodes:

@@ -101,7 +101,11 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None, rows: list[int], out: list[in
     flat = x.reshape(rows)
     if b is None:
         return torch.mm(flat, w.t()).reshape(out)
-    return torch.addmm(b, flat, w.t()).reshape(out)
+    return (torch.mm(flat, w.t()) + b).reshape(out)  # (one kernel: an addmm stays ATen's)
+
+
+def t_mm(a: Tensor, b: Tensor) -> Tensor:
+    return torch.mm(b.t(), a.t())
 
 
 def sum_to(x: Tensor, dims: list[int], size: list[int]) -> Tensor:
@@ -203,6 +207,17 @@ def _linear(node: Any) -> tuple[Any, list[Any]]:
     return linear, [x, w, b, [-1, sizes[1]], out]
 
 
+def _t(node: Any) -> tuple[Any, list[Any]]:
+    """The transpose of an `mm` read by nothing else as the `mm` of the transposed operands:
+    the gradient of a weight used transposed (GPT-2's `Conv1D` as `linear(x, w.t(), b)`,
+    `flat_linear.py`) comes out contiguous, as eager's, not as a transposed view that the
+    kernel writes strided and AccumulateGrad copies."""
+    (x,) = node.inputs()
+    if x.node().kind() != "aten::mm" or len(x.uses()) != 1:
+        raise KeyError(node)
+    return t_mm, list(x.node().inputs())
+
+
 def _grad_sum_to_size(node: Any) -> tuple[Any, list[Any]]:
     x, size = node.inputs()
     if _none(size):
@@ -230,6 +245,7 @@ _RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
     "aten::_grad_sum_to_size": _grad_sum_to_size,
     "aten::matmul": _matmul,
     "aten::linear": _linear,
+    "aten::t": _t,
 }
 
 
@@ -263,8 +279,8 @@ def decompose(graph: torch._C.Graph) -> list[str]:
                 graph.insertNode(unpack)
             results = list(unpack.outputs())
         for old, new in zip(outs, results):
-            if is_tensor(old):
-                new.setType(old.type())  # (as profiled: a later rule reads its rank)
+            if is_tensor(old):  # (as profiled: a later rule reads its rank)
+                new.setType(old.type().contiguous() if fn is t_mm else old.type())
             old.replaceAllUsesWith(new)
         node.destroy()
     _folded(graph)

@@ -296,8 +296,9 @@ def projection_no_bias(x, w, b):
 @pytest.mark.parametrize("fn", [projection, projection_no_bias], ids=lambda f: f.__name__)
 def test_linear_read_outside_is_a_gemm(fn):
     """A linear whose result f returns (read by views outside, as attention's projections)
-    is decomposed to addmm (mm) on the flattened input, a GEMM that runs alone (oneDNN's
-    routine where it is the faster), where `linear` stayed outside the kernels; df's 3-d
+    is decomposed to an mm (and the bias's add) on the flattened input, a GEMM kernel
+    (oneDNN's routine where it is the faster), where `linear` stayed outside the kernels
+    (an addmm too: ATen's, outside every kernel); df's 3-d
     `matmul` (the input's gradient) to an `mm` of the flattened gradient; eager's
     gradients, float64's too."""
     torch.manual_seed(0)
@@ -311,10 +312,65 @@ def test_linear_read_outside_is_a_gemm(fn):
         torch.testing.assert_close(torch.autograd.grad(out, args, seed),
                                    torch.autograd.grad(ref, args, seed))
     kinds = _kinds(fused, df=False)
-    assert "aten::linear" not in kinds
-    assert ("aten::mm" if fn is projection_no_bias else "aten::addmm") in kinds
+    assert "aten::linear" not in kinds and "aten::addmm" not in kinds
+    assert "aten::mm" in kinds
     assert "aten::matmul" not in _kinds(fused)  # (the input's gradient: 3-d times 2-d)
     fused = nncfuse.jit(fn, autograd="autodiff")
     args = [a.detach().double().requires_grad_() for a in args]
     _steps(fused, args)
     assert torch.autograd.gradcheck(fused, args)
+
+
+class Conv1D(torch.nn.Module):
+    """transformers' GPT-2 projection: a GEMM of the flattened input, viewed back."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(k, n) / k ** 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        out = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return out.view(x.size()[:-1] + (self.weight.size(-1),))
+
+
+class Projected(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.proj = Conv1D(6, 8), Conv1D(8, 6)
+
+    def forward(self, x):
+        return self.proj(torch.nn.functional.gelu(self.fc(x))) + x
+
+
+def test_a_gemm_between_views_joins_the_differentiable_graphs():
+    """GPT-2's Conv1D (view, addmm, view) is a linear of the unflattened input
+    (`flat_linear.py`), so that it joins the graphs around it: no addmm stays outside under
+    eager autograd, f fuses it with the GELU, and the weights' gradients come out contiguous
+    (a transposed mm's `t` is the mm of the transposed operands), as eager's; eager's
+    gradients, float64's by gradcheck."""
+    torch.manual_seed(0)
+    model, reference = Projected(), Projected()
+    reference.load_state_dict(model.state_dict())
+    traced = torch.jit.trace(model, (torch.randn(2, 3, 6),))
+    fused = nncfuse.jit(traced, autograd="autodiff")
+    for _ in range(4):
+        x = torch.randn(2, 3, 6, requires_grad=True)
+        out, ref = fused(x), reference(x)
+        torch.testing.assert_close(out, ref)
+        seed = torch.randn_like(ref)
+        got = torch.autograd.grad(out, [x, *model.parameters()], seed)
+        want = torch.autograd.grad(ref, [x, *reference.parameters()], seed)
+        torch.testing.assert_close(got, want)
+        assert [g.stride() for g in got] == [w.stride() for w in want]
+    outer = _plan(fused).outers()[0].graph
+    assert not outer.findAllNodes("aten::addmm")
+    assert {"nncfuse::fused_linear_gelu", "nncfuse::fused_linear_add"} <= _kinds(fused, df=False)
+    forward, backward = _groups(fused)
+    assert forward >= 1 and backward >= 1
+    traced = torch.jit.trace(Projected().double(), (torch.randn(2, 3, 6).double(),))
+    fused = nncfuse.jit(traced, autograd="autodiff")
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    params = list(traced.parameters())
+    _steps(fused, [x])
+    assert torch.autograd.gradcheck(lambda x, *p: fused(x), [x, *params])
