@@ -33,22 +33,21 @@ compare). Contenders, each on its own copy of the same initial weights:
                    graphs through TorchScript's autodiff as nncfuse-jit's, no AOTAutograd
                    trace.
 
-Before timing, each contender's first step is timed alone (wall clock: Dynamo, AOTAutograd,
-the compilers, profiling runs; Inductor's cache is a fresh directory unless
-`--inductor-cache warm`), and its parameters' gradients after that step are compared with
-eager's (rtol 1e-3, atol 1e-4 times the largest gradient); where they differ by more, with
-float64 eager's (`exact_gradients`): each parameter's gradient may be at most `MULTIPLIER`
-times as far from it (root mean square) as float32 eager's own is, the rule of
-`torch._dynamo.utils.same(fp64_ref=...)`, what PyTorch's benchmarks check compilers by
-(a deep CNN's batch norms in training mode amplify rounding: MobileNetV2's first layers'
-gradients from eager, Inductor and nncfuse differ by up to 1% of the largest gradient, and
-float32 eager's are about as far from float64 eager's as nncfuse's). An nncfuse contender
-that differs is reported and not timed; torch.compile, the baseline, is timed and its
-difference shown (Inductor's ResNet-18 gradients: rms error 1.45e-4 against float64
-eager's, float32 eager's 7.15e-8). Then steps are timed in interleaved rounds
-(`harness.measure`), medians. The summary gives, per contender, the geometric mean over
-workloads of its step time over torch.compile's, and of its first-step time over
-torch.compile's.
+Before timing, each contender's first step is timed alone (wall clock, from the build: Dynamo,
+AOTAutograd, TorchScript's script or trace, the compilers, profiling runs; Inductor's cache is
+a fresh directory unless `--inductor-cache warm`), and its parameters' gradients after that
+step are compared with eager's (rtol 1e-3, atol 1e-4 times the largest gradient); where they
+differ by more, with float64 eager's (`exact_gradients`): each parameter's gradient may be at
+most `MULTIPLIER` times as far from it (root mean square) as float32 eager's own is, the rule
+of `torch._dynamo.utils.same(fp64_ref=...)`, what PyTorch's benchmarks check compilers by (a
+deep CNN's batch norms in training mode amplify rounding: MobileNetV2's first layers' gradients
+from eager, Inductor and nncfuse differ by up to 1% of the largest gradient, and float32
+eager's are about as far from float64 eager's as nncfuse's). An nncfuse contender that differs
+is reported and not timed; torch.compile, the baseline, is timed and its difference shown
+(Inductor's ResNet-18 gradients: rms error 1.45e-4 against float64 eager's, float32 eager's
+7.15e-8). Then steps are timed in interleaved rounds (`harness.measure`), medians. The summary
+gives, per contender, the geometric mean over workloads of its step time over torch.compile's,
+and of its first-step time over torch.compile's.
 
 `--overhead` then times each contender's step again with the bodies of its compiled graphs
 replayed (`replayed_graphs`: nncfuse's and Inductor's graphs return their last results instead
@@ -309,14 +308,16 @@ def gradients_after_one_step(contender: str, base: torch.nn.Module,
                              inputs: tuple[Any, ...], first_steps: int = 1,
                              ) -> tuple[list[Any], Step, float]:
     """A fresh copy of `base` for `contender`: its gradients after one step (taken before the
-    optimizer moved the weights), the step function, and the first step's wall time; with
+    optimizer moved the weights), the step function, and the first step's wall time (from
+    the contender's build: `torch.jit.script` or `trace` for nncfuse.jit, where
+    torch.compile's Dynamo trace is in its first step); with
     `first_steps` n > 1, the wall time of the first n steps (the optimizer moves the weights
     after the last one only) and the gradients of the last."""
     model = copy.deepcopy(base)
+    start = time.perf_counter()  # (`build` included: nncfuse.jit's script or trace)
     fn = build(contender, model, inputs)
     grads: list[Any] = []
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    start = time.perf_counter()
     for _ in range(first_steps):
         optimizer.zero_grad(set_to_none=True)
         loss(fn(*inputs)).backward()
