@@ -339,22 +339,28 @@ class Block(torch.nn.Module):
         return self.drop(torch.nn.functional.gelu(self.bn(h))) + x
 
 
+def _step_as_eager(model, compiled_model, compiled, x):
+    """One step of `model` and of its copy `compiled_model` (run as `compiled`) on `x`:
+    outputs, parameters' gradients and buffers (batch norm's) as eager's."""
+    for m in (model, compiled_model):
+        m.zero_grad()
+    expected, got = model(x), compiled(x)
+    torch.testing.assert_close(got, expected)
+    (expected * expected.detach()).sum().backward()
+    (got * got.detach()).sum().backward()
+    for p, q in zip(model.parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.buffers(), compiled_model.buffers()):
+        torch.testing.assert_close(q, p)
+
+
 def test_training_normalizations_and_softmax_decompose_and_fuse(backend):
     model = Block().train()
     compiled_model = copy.deepcopy(model)
     compiled = torch.compile(compiled_model, backend="nncfuse")
     for _ in range(2):
         x = torch.randn(6, 16)
-        for m in (model, compiled_model):
-            m.zero_grad()
-        expected, got = model(x), compiled(x)
-        torch.testing.assert_close(got, expected)
-        (expected * expected.detach()).sum().backward()
-        (got * got.detach()).sum().backward()
-        for p, q in zip(model.parameters(), compiled_model.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
-        for p, q in zip(model.buffers(), compiled_model.buffers()):
-            torch.testing.assert_close(q, p)
+        _step_as_eager(model, compiled_model, compiled, x)
     unfused = {n.kind() for g in backend.compiled_graphs() for opt in g.graphs()
                for n in opt.nodes() if n.kind().startswith("aten::")}
     assert unfused & {"aten::native_layer_norm", "aten::native_layer_norm_backward",
@@ -654,16 +660,7 @@ def test_training_through_autodiff_matches_eager_and_fuses(backend, model):
     compiled = torch.compile(compiled_model, backend=backend.make_backend(autograd="autodiff"))
     for _ in range(3):  # profiling the program, then f and df, then the kernels
         x = torch.randn(6, 16) if isinstance(model, Block) else torch.randn(2, 5, 16)
-        for m in (model, compiled_model):
-            m.zero_grad()
-        expected, got = model(x), compiled(x)
-        torch.testing.assert_close(got, expected)
-        (expected * expected.detach()).sum().backward()
-        (got * got.detach()).sum().backward()
-        for p, q in zip(model.parameters(), compiled_model.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
-        for p, q in zip(model.buffers(), compiled_model.buffers()):  # (batch norm's)
-            torch.testing.assert_close(q, p)
+        _step_as_eager(model, compiled_model, compiled, x)
     (plan,) = _autodiff_plans(backend)
     forward, backward = plan.fused_graphs()
     assert plan.aot.joints() == []  # (not the AOTAutograd plan it falls back to)
