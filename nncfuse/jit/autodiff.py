@@ -167,6 +167,7 @@ class _Outer:
             # as constants: the normalized shape of a layer norm, a view's sizes.
             torch._C._jit_pass_peephole(graph, False)
             torch._C._jit_pass_constant_propagation(graph)
+        _fold_tuples(graph)  # (a traced submodule's tuple, unpacked: its values join graphs)
         flat_linears(graph)  # (GPT-2's projections: a GEMM between views joins the graphs)
         torch._C._jit_pass_create_autodiff_subgraphs(graph, _THRESHOLD)
         nodes = graph.findAllNodes("prim::DifferentiableGraph")
@@ -371,6 +372,27 @@ def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
     _lib.define(f"{name}({args}) -> ({rets})")
     _lib.impl(name, entry, "CompositeImplicitAutograd")
     return f"nncfuse::{name}"
+
+
+def _fold_tuples(graph: torch._C.Graph) -> None:
+    """Each `prim::TupleUnpack` (top level) of a `prim::TupleConstruct` as the values packed;
+    the construct dropped where nothing else reads it. A traced submodule that returns a
+    tuple (Llama's RMSNorm inside its decoder layer) leaves such pairs, and the nodes on
+    either side of one cannot join one differentiable graph (its q, k, v projections stayed
+    outside, under eager autograd).
+
+        %t = prim::TupleConstruct(%a, %b)       ==>   (uses of %x use %a, of %y use %b)
+        %x, %y = prim::TupleUnpack(%t)
+    """
+    for node in graph.findAllNodes("prim::TupleUnpack", False):
+        packed = inputs_of(node)[0].node()
+        if packed.kind() != "prim::TupleConstruct":
+            continue
+        for out, value in zip(node.outputs(), packed.inputs()):
+            out.replaceAllUsesWith(value)
+        node.destroy()
+        if not packed.output().uses():
+            packed.destroy()
 
 
 def _pack(graph: torch._C.Graph, k: int, elements: list[Any]) -> None:

@@ -374,3 +374,45 @@ def test_a_gemm_between_views_joins_the_differentiable_graphs():
     params = list(traced.parameters())
     _steps(fused, [x])
     assert torch.autograd.gradcheck(lambda x, *p: fused(x), [x, *params])
+
+
+class Normed(torch.nn.Module):
+    """A submodule that returns a tuple, as Llama's decoder layer's RMSNorm and residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(6))
+
+    def forward(self, x):
+        x = x * 2.0
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight, x
+
+
+class Attended(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = Normed()
+        self.q, self.k = torch.nn.Linear(6, 8, bias=False), torch.nn.Linear(6, 8, bias=False)
+
+    def forward(self, x):
+        h, residual = self.norm(x)
+        q, k = self.q(h).view(2, 3, 2, 4), self.k(h).view(2, 3, 2, 4)
+        return (q.transpose(1, 2) * k.transpose(1, 2)).sum() + residual.sum()
+
+
+def test_a_traced_submodules_tuple_does_not_split_the_graphs():
+    """A traced submodule's returned tuple is unpacked at once (`_fold_tuples`): the
+    projections that read it join a differentiable graph with the norm's last multiply,
+    where they stayed outside, under eager autograd (Llama's q, k, v); eager's gradients."""
+    torch.manual_seed(0)
+    model, reference = Attended(), Attended()
+    reference.load_state_dict(model.state_dict())
+    fused = nncfuse.jit(torch.jit.trace(model, (torch.randn(2, 3, 6),)), autograd="autodiff")
+    for _ in range(4):
+        x = torch.randn(2, 3, 6, requires_grad=True)
+        out, ref = fused(x), reference(x)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()]),
+                                   torch.autograd.grad(ref, [x, *reference.parameters()]))
+    outer = _plan(fused).outers()[0].graph
+    assert not outer.findAllNodes("aten::linear") and not outer.findAllNodes("prim::TupleUnpack")
