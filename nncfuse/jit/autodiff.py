@@ -236,6 +236,14 @@ class _Entry:
         #: the real outputs whose gradient df takes: the others are not differentiable
         self.differentiable = frozenset(k for k in self.vjps if k < self.real)
         inputs = [e for k, v in enumerate(inputs_of(subgraph)) for e in lists.get(k, [v])]
+        #: the inputs (positions) that are channels-last, by their profiled types: their
+        #: gradients are given back so, as eager's are (a convolution's backward given a
+        #: gradient of another layout than its output's reorders it: ConvNeXt's, 3x slower)
+        self.channels_last = frozenset(k for k, v in enumerate(inputs) if _channels_last(v))
+        #: the outputs eager gives channels-last (by the profile), which f's kernels write
+        #: contiguous: given back so (a convolution that reads one runs in eager's layout)
+        self.channels_last_out = frozenset(k for k, v in enumerate(outputs_of(subgraph))
+                                           if _channels_last(v))
         self.kind = _register(self, inputs, outputs_of(subgraph))
 
     def _spread(self, f: torch._C.Graph, df: torch._C.Graph, k: int,
@@ -490,6 +498,9 @@ class _Differentiable(torch.autograd.Function):
         ctx.shapes = [_shapes(outs[k]) for k in entry.vjps]
         ctx.set_materialize_grads(False)
         real = outs[:entry.real]
+        if entry.channels_last_out:
+            real = tuple(o.contiguous(memory_format=torch.channels_last)
+                         if k in entry.channels_last_out else o for k, o in enumerate(real))
         ctx.mark_non_differentiable(*(o for k, o in enumerate(real) if isinstance(
             o, torch.Tensor) and k not in entry.differentiable))
         return real
@@ -529,8 +540,23 @@ class _Differentiable(torch.autograd.Function):
         results = results if isinstance(results, tuple) else (results,)
         out = list(none)
         for k, g in zip(entry.output_vjps, results):
+            if k in entry.channels_last and g is not None:
+                g = g.contiguous(memory_format=torch.channels_last)
             out[1 + k] = g
         return tuple(out)
+
+
+def _channels_last(value: Any) -> bool:
+    """Whether `value` is typed as a 4-d tensor in the channels-last layout (not also
+    contiguous)."""
+    kind = value.type()
+    if not isinstance(kind, torch._C.TensorType) or kind.dim() != 4:
+        return False
+    sizes, strides = kind.sizes(), kind.strides()
+    if sizes is None or strides is None or None in sizes or None in strides:
+        return False
+    meta = torch.empty_strided(sizes, strides, device="meta")
+    return meta.is_contiguous(memory_format=torch.channels_last) and not meta.is_contiguous()
 
 
 def _shapes(value: Any) -> Any:

@@ -1,6 +1,8 @@
 """nncfuse.jit under autograd through TorchScript's autodiff (autograd="autodiff",
 jit/autodiff.py): eager's gradients, with the differentiable graphs' f and df fused."""
 
+import copy
+
 import pytest
 import torch
 
@@ -416,3 +418,42 @@ def test_a_traced_submodules_tuple_does_not_split_the_graphs():
                                    torch.autograd.grad(ref, [x, *reference.parameters()]))
     outer = _plan(fused).outers()[0].graph
     assert not outer.findAllNodes("aten::linear") and not outer.findAllNodes("prim::TupleUnpack")
+
+
+class ChannelsLast(torch.nn.Module):
+    """ConvNeXt's embeddings' norm (over channels, permuted: a channels-last result) and a
+    block: a depthwise convolution, the norm and MLP channels-last, the residual added,
+    whose result eager gives channels-last."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.LayerNorm(4)
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.norm, self.fc = torch.nn.LayerNorm(4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.stem(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        h = self.fc(self.norm(self.conv(x).permute(0, 2, 3, 1)))
+        return x + torch.nn.functional.gelu(h).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("then_conv", [False, True])
+def test_channels_last_results_keep_eagers_layout(then_conv):
+    """f's kernels write their outputs contiguous; where eager's is channels-last (the
+    profiled type says), it is given back so, and its gradient too, so that a convolution
+    that reads it runs (forward and backward) in eager's layout (ConvNeXt's backward
+    convolutions took 3x as long on a contiguous input and a channels-last gradient)."""
+    torch.manual_seed(0)
+    block = ChannelsLast()
+    model = torch.nn.Sequential(block, torch.nn.Conv2d(4, 4, 1)) if then_conv else block
+    reference = copy.deepcopy(model)
+    fused = nncfuse.jit(torch.jit.trace(model, (torch.randn(2, 4, 5, 5),)), autograd="autodiff")
+    for _ in range(4):
+        x = torch.randn(2, 4, 5, 5, requires_grad=True)
+        out, ref = fused(x), reference(x)
+        torch.testing.assert_close(out, ref)
+        assert out.stride() == ref.stride()
+        seed = torch.randn_like(ref)
+        torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
+                                   torch.autograd.grad(ref, [x, *reference.parameters()], seed))
+    assert _plan(fused).outers()
