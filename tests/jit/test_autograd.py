@@ -682,3 +682,40 @@ def test_the_trace_generates_python_code_only_for_the_conversion(monkeypatch):
     results = joint.forward.gm(x.detach(), y.detach())  # the FX fallback: code made now
     torch.testing.assert_close(results[0], out)
     torch.testing.assert_close(out, activation(x, y))
+
+
+def _through_a_view(x, w, n):
+    n[1:].mul_(2.0)
+    return (x * w).tanh()
+
+
+def _in_shape(x, w, n):
+    n.unsqueeze_(0)
+    return (x * w).tanh()
+
+
+def _twice(x, w, n):
+    n.add_(1.0)
+    y = (x * w).sin()
+    n.mul_(3.0)
+    return y
+
+
+@pytest.mark.parametrize("program", [_through_a_view, _in_shape, _twice])
+def test_inputs_written_through_a_view_in_shape_or_twice_are_as_eagers(program):
+    """Inputs that do not require grad are traced on copies, those not written dropped
+    (`_unwritten`): a count written through a view of it, or twice, is written back whole;
+    one whose shape is written runs unfused."""
+    fused = nncfuse.jit(program, autograd="aot")
+    for _ in range(3):
+        x, n = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+        w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+        n2, w2 = n.clone(), w.detach().clone().requires_grad_()
+        got, want = fused(x, w, n), program(x, w2, n2)
+        torch.testing.assert_close(got, want)
+        assert n.shape == n2.shape and n.stride() == n2.stride()
+        torch.testing.assert_close(n, n2)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), w),
+                                   torch.autograd.grad(want.sum(), w2))
+    written = [joint.written for joint in _plan(fused).joints()]
+    assert written == ([] if program is _in_shape else [(2,)])
