@@ -169,47 +169,56 @@ _MISSING: Any = object()
 
 def traced_joint(fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
                  options: Options) -> _Joint:
-    """`fn` traced at `inputs` (tensors at positions `tensors`) into a `_Joint`; where
-    AOTAutograd refuses inputs written in place, traced again with written buffers (see
-    `_Joint`). Raises if it cannot be traced (outputs that alias an input, say)."""
+    """`fn` traced at `inputs` (tensors at positions `tensors`) into a `_Joint`. Raises if it
+    cannot be traced (outputs that alias an input, an input that requires grad written in
+    place, say)."""
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
-    written: tuple[int, ...] = ()
-    for _ in range(2):
-        try:
-            # A trace: no collections (see collector.py). Lazy graph modules, as Dynamo
-            # makes them (the backend's traces already run under them): AOTAutograd and the
-            # partitioner recompile their graphs' Python code a dozen times (BERT: a third
-            # of the partition), and nothing reads that code or calls these graphs but the
-            # FX fallback, which compiles it on its first call. (The partitioner's backward,
-            # reordered into a plain GraphModule, is made lazy in `_Joint`; the conversion
-            # generates the code of its own copy of each graph, `fxgraph._scriptable`'s.)
-            with collector.paused(), _use_lazy_graph_module(True):
-                return _Joint(fn, inputs, tensors, options, written)
-        except RuntimeError as e:
-            if "input mutations" in str(e) and not written:
-                written = _written(str(e), [inputs[k] for k in tensors])
-            else:
-                raise
-    raise ValueError("not traced with written buffers")
+    # A trace: no collections (see collector.py). Lazy graph modules, as Dynamo makes them
+    # (the backend's traces already run under them): AOTAutograd and the partitioner
+    # recompile their graphs' Python code a dozen times (BERT: a third of the partition), and
+    # nothing reads that code or calls these graphs but the FX fallback, which compiles it on
+    # its first call. (The partitioner's backward, reordered into a plain GraphModule, is made
+    # lazy in `_Joint`; the conversion generates the code of its own copy of each graph,
+    # `fxgraph._scriptable`'s.)
+    with collector.paused(), _use_lazy_graph_module(True):
+        return _Joint(fn, inputs, tensors, options)
 
 
-def _written(message: str, tensors: list[torch.Tensor]) -> tuple[int, ...]:
-    """The positions of the inputs that AOTAutograd's `message` (its input mutations error,
-    which lists every input's InputAliasInfo in order) says the program writes to (batch
-    norm's running statistics); raises unless each is written in data only and none
-    requires grad."""
-    import re
+def _unwritten(joint: torch.fx.GraphModule, examples: tuple[torch.Tensor, ...],
+               copied: tuple[int, ...], first: int) -> tuple[int, ...]:
+    """Of the inputs `copied` (positions among `examples`), traced on copies whose values are
+    `joint`'s results from `first` on, those the program writes; the others' copies are
+    dropped from `joint` in place (their results, and their reads, which read the input).
+    Raises where a write changes an input's shape, strides or dtype (which a copy written
+    back cannot do).
 
-    infos = re.findall(r"InputAliasInfo\(([^)]*)\)", message)
-    if len(infos) != len(tensors):
-        raise ValueError("inputs written in place, not told which")
-    written = tuple(k for k, info in enumerate(infos) if "mutates_data=True" in info
-                    or "mutates_metadata=True" in info)
-    if not written or any(tensors[k].requires_grad or "mutates_metadata=True" in infos[k]
-                          for k in written):
-        raise ValueError("an input written in place requires grad or changes shape")
-    return written
+        %clone = clone(%x)                          (not written)
+        %conv = convolution(%clone, %w, ...)          ==>  %conv = convolution(%x, %w, ...)
+        %add_1 = add(%mul_3, %mul_4)                (written: running_mean's new value)
+        return (%out, %clone, %add_1, %grad_w, ...)   ==>  return (%out, %add_1, %grad_w, ...)
+    """
+    placeholders = joint.graph.find_nodes(op="placeholder")
+    output = joint.graph.find_nodes(op="output")[0]
+    results = list(output.args[0])
+    written, dropped = [], set()
+    for j, k in enumerate(copied):
+        value = results[first + j]
+        if (isinstance(value, torch.fx.Node) and value.target == torch.ops.aten.clone.default
+                and value.args == (placeholders[k],) and not value.kwargs):
+            value.replace_all_uses_with(placeholders[k])  # the same values: none written
+            dropped.add(first + j)
+            continue
+        new, old = value.meta.get("val"), examples[k]
+        if not isinstance(new, torch.Tensor) or (new.shape, new.stride(), new.dtype) != (
+                old.shape, old.stride(), old.dtype):
+            raise ValueError("an input written in place changes shape, strides or dtype")
+        written.append(k)
+    if dropped:
+        output.args = (tuple(r for j, r in enumerate(results) if j not in dropped),)
+        joint.graph.eliminate_dead_code()
+        joint.recompile()
+    return tuple(written)
 
 
 def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], list[Any]]:
@@ -405,35 +414,41 @@ class _Joint:
     positions `tensors`, the other values compiled in), each a CompiledGraph."""
 
     def __init__(self, fn: Callable[..., Any], inputs: tuple[Any, ...], tensors: list[int],
-                 options: Options, written: tuple[int, ...] = ()):
+                 options: Options):
         from torch._functorch.aot_autograd import aot_export_joint_simple
         from torch._functorch.partitioners import min_cut_rematerialization_partition
         from torch.fx._lazy_graph_module import _LazyGraphModule
 
         self.fn, self.inputs, self.tensors = fn, inputs, tensors
-        #: the tensors (positions among them) the program writes in place, buffers: traced
-        #: on copies, whose final values are outputs after the others, written back
-        self.written = written
         self.returns_tuple = True
         examples = tuple(inputs[k] for k in tensors)
+        #: the tensors (positions among them) the program writes in place, buffers: traced
+        #: on copies, whose final values are outputs after the others, written back. Every
+        #: tensor that does not require grad is traced so, and those it does not write are
+        #: dropped (`_unwritten`): AOTAutograd refuses inputs written in place, batch norm's
+        #: running statistics, but says so only after a full trace (which MobileNetV2's first
+        #: steps took twice, 5 of their 18 s).
+        self.written = tuple(k for k, t in enumerate(examples) if not t.requires_grad)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
+        returned = len(joint.graph.find_nodes(op="output")[0].args[0]) - len(examples)
+        self.written = _unwritten(joint, examples, self.written, returned - len(self.written))
         #: whether the program draws random numbers (dropout p > 0): its second derivative,
         #: the program run again (`eager_grads`), would draw others (another mask)
         self.random = _random(joint)
         placeholders = joint.graph.find_nodes(op="placeholder")
         outputs = joint.graph.find_nodes(op="output")[0].args[0]
-        self.outputs = len(outputs) - len(examples) - len(written)  # those that need grad
+        self.outputs = len(outputs) - len(examples) - len(self.written)  # those that need grad
         if len(placeholders) - len(examples) != self.outputs:
             raise ValueError("an output does not require grad")
-        read = _placeholders_read(joint, [placeholders[k] for k in written])
-        if any(read[:self.outputs]) or any(read[self.outputs + len(written):]):
+        read = _placeholders_read(joint, [placeholders[k] for k in self.written])
+        if any(read[:self.outputs]) or any(read[self.outputs + len(self.written):]):
             # A second derivative runs the program again (`eager_grads`), on the values
             # those inputs have then: the ones it wrote.
             raise ValueError("an output or a gradient reads an input the program writes")
         forward, backward = (_LazyGraphModule.from_graphmodule(gm) for gm in
                              min_cut_rematerialization_partition(
-                                 joint, examples, num_fwd_outputs=self.outputs + len(written)))
+                                 joint, examples, num_fwd_outputs=self.outputs + len(self.written)))
         #: per input, the outputs whose gradients its gradient depends on: with none of them
         #: given (outputs the loss does not use), its gradient is None, as in eager
         self.depends = _tangents_read(backward, self.outputs)
