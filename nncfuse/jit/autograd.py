@@ -633,9 +633,7 @@ def _shares_written(tensors: tuple[torch.Tensor, ...], written: tuple[int, ...])
     does not see, as eager's would."""
     if not written:
         return False
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    storages = [StorageWeakRef(t.untyped_storage()) for t in tensors]
+    storages = [t.untyped_storage()._cdata for t in tensors]  # (the StorageImpl's address)
     mine = {storages[k] for k in written}
     return len(mine) < len(written) or any(
         s in mine for k, s in enumerate(storages) if k not in written)
