@@ -21,8 +21,10 @@ as eager does), in-place changes to saved inputs detected by their version
 counters. Higher-order grad runs the unfused program again under grad mode
 and differentiates that, so a gradient's own gradient is eager's. Whatever
 AOTAutograd cannot trace (data-dependent control flow, an output that aliases
-an input, an input written in place, an output that does not require grad)
-runs the unfused program, with the reason logged under `autograd`.
+an input, an input that requires grad written in place, an output that does
+not require grad) runs the unfused program, with the reason logged under
+`autograd`; so does a call in which an input the program writes shares memory
+with another input (traced on a copy, the write would not be seen through it).
 
 A module's attributes (parameters, buffers, flags such as `training`) become
 inputs of the traced function (`_lifted`), read at every call, so that the
