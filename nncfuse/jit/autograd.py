@@ -21,8 +21,10 @@ as eager does), in-place changes to saved inputs detected by their version
 counters. Higher-order grad runs the unfused program again under grad mode
 and differentiates that, so a gradient's own gradient is eager's. Whatever
 AOTAutograd cannot trace (data-dependent control flow, an output that aliases
-an input, an input written in place, an output that does not require grad)
-runs the unfused program, with the reason logged under `autograd`.
+an input, an input that requires grad written in place, an output that does
+not require grad) runs the unfused program, with the reason logged under
+`autograd`; so does a call in which an input the program writes shares memory
+with another input (traced on a copy, the write would not be seen through it).
 
 A module's attributes (parameters, buffers, flags such as `training`) become
 inputs of the traced function (`_lifted`), read at every call, so that the
@@ -122,6 +124,8 @@ class AutogradPlan:
         joint = self._only
         if joint is not None:
             outs = _applied(joint, args)
+            if outs is None:
+                return self.prog.unfused(*args)
             return outs if joint.returns_tuple else outs[0]
         return self._run(args)
 
@@ -150,6 +154,8 @@ class AutogradPlan:
         if joint is None:
             return self.prog.unfused(*args)
         outs = _applied(joint, tuple(inputs[k] for k in tensors))
+        if outs is None:
+            return self.prog.unfused(*args)
         return outs if joint.returns_tuple else outs[0]
 
     def _trace(self, inputs: tuple[Any, ...], tensors: list[int]) -> _Joint | None:
@@ -433,6 +439,8 @@ class _Joint:
                                         decompositions=decompositions())
         returned = len(joint.graph.find_nodes(op="output")[0].args[0]) - len(examples)
         self.written = _unwritten(joint, examples, self.written, returned - len(self.written))
+        if _shares_written(examples, self.written):
+            raise ValueError("an input written in place shares memory with another input")
         #: whether the program draws random numbers (dropout p > 0): its second derivative,
         #: the program run again (`eager_grads`), would draw others (another mask)
         self.random = _random(joint)
@@ -606,9 +614,12 @@ def versions(values: tuple[Any, ...]) -> list[int | None]:
             for t in values]
 
 
-def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
     """`joint`'s outputs for `tensors`; the buffers it writes get their new values, as the
-    program writes them in place."""
+    program writes them in place. None where one of those shares memory with another input
+    (`_shares_written`): the caller runs the program unfused."""
+    if _shares_written(tensors, joint.written):
+        return None
     outs = _Fused.apply(joint, *tensors)
     if not joint.written:
         return outs
@@ -616,6 +627,18 @@ def _applied(joint: _Joint, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Te
         for k, value in zip(joint.written, outs[joint.outputs:]):
             tensors[k].copy_(value)
     return outs[:joint.outputs]
+
+
+def _shares_written(tensors: tuple[torch.Tensor, ...], written: tuple[int, ...]) -> bool:
+    """Whether a tensor the program writes (positions `written`) shares memory with another
+    of `tensors` (`f(w, n, n)` writing n): the trace wrote a copy of it, which the other
+    does not see, as eager's would."""
+    if not written:
+        return False
+    storages = [t.untyped_storage()._cdata for t in tensors]  # (the StorageImpl's address)
+    mine = {storages[k] for k in written}
+    return len(mine) < len(written) or any(
+        s in mine for k, s in enumerate(storages) if k not in written)
 
 
 def eager_grads(call: Callable[..., Any], inputs: tuple[Any, ...], seen: list[int | None],
@@ -672,10 +695,13 @@ class FusedGraph:
                 returns_list.append(isinstance(out, list))
             return tuple(out) if isinstance(out, (list, tuple)) else out
 
+        self.gm = gm
         self.joint = traced_joint(fn, tuple(example_inputs), list(range(len(example_inputs))),
                                   options)
         self.returns_list = returns_list[0]
 
     def __call__(self, *args: torch.Tensor) -> Any:
         outs = _applied(self.joint, args)
+        if outs is None:
+            return self.gm(*args)  # (under eager autograd)
         return list(outs) if self.returns_list else outs
