@@ -215,7 +215,8 @@ def _unwritten(joint: torch.fx.GraphModule, examples: tuple[torch.Tensor, ...],
             value.replace_all_uses_with(placeholders[k])  # the same values: none written
             dropped.add(first + j)
             continue
-        new, old = value.meta.get("val"), examples[k]
+        new = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+        old = examples[k]
         if not isinstance(new, torch.Tensor) or (new.shape, new.stride(), new.dtype) != (
                 old.shape, old.stride(), old.dtype):
             raise ValueError("an input written in place changes shape, strides or dtype")
