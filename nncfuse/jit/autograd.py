@@ -434,7 +434,7 @@ class _Joint:
         #: tensor that does not require grad is traced so, and those it does not write are
         #: dropped (`_unwritten`): AOTAutograd refuses inputs written in place, batch norm's
         #: running statistics, but says so only after a full trace (which MobileNetV2's first
-        #: steps took twice, 5 of their 18 s).
+        #: steps took twice: 3-4 s of their 18-22 s).
         self.written = tuple(k for k, t in enumerate(examples) if not t.requires_grad)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
