@@ -438,16 +438,15 @@ class _Joint:
         self.written = tuple(k for k, t in enumerate(examples) if not t.requires_grad)
         joint = aot_export_joint_simple(self.call, examples, trace_joint=True,
                                         decompositions=decompositions())
-        returned = len(joint.graph.find_nodes(op="output")[0].args[0]) - len(examples)
-        self.written = _unwritten(joint, examples, self.written, returned - len(self.written))
+        outputs = joint.graph.find_nodes(op="output")[0].args[0]
+        self.outputs = len(outputs) - len(examples) - len(self.written)  # those that need grad
+        self.written = _unwritten(joint, examples, self.written, self.outputs)
         if _shares_written(examples, self.written):
             raise ValueError("an input written in place shares memory with another input")
         #: whether the program draws random numbers (dropout p > 0): its second derivative,
         #: the program run again (`eager_grads`), would draw others (another mask)
         self.random = _random(joint)
         placeholders = joint.graph.find_nodes(op="placeholder")
-        outputs = joint.graph.find_nodes(op="output")[0].args[0]
-        self.outputs = len(outputs) - len(examples) - len(self.written)  # those that need grad
         if len(placeholders) - len(examples) != self.outputs:
             raise ValueError("an output does not require grad")
         read = _placeholders_read(joint, [placeholders[k] for k in self.written])
