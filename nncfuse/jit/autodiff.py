@@ -150,7 +150,7 @@ def _profiled(graph: torch._C.Graph, inputs: tuple[Any, ...],
     result = run_as_built(profiler.run, profiled, *inputs)
     profiler.finish()
     try:
-        return result, _Outer(graph, options)
+        return result, _Outer(graph, options, inputs)
     except Exception as e:  # noqa: BLE001 - whatever fails, AOTAutograd's plan runs
         _log.dump("Not built through autodiff, running the AOTAutograd plan: ", e)
         return result, None
@@ -160,8 +160,9 @@ class _Outer:
     """A typed program whose differentiable graphs are `_Entry` ops; the rest runs under
     eager autograd in the interpreter."""
 
-    def __init__(self, graph: torch._C.Graph, options: Options):
+    def __init__(self, graph: torch._C.Graph, options: Options, inputs: tuple[Any, ...]):
         graph = graph.copy()
+        _specialize(graph, inputs)
         if not any(graph.findAllNodes(kind) for kind in _DATA_DEPENDENT):
             # Sizes from the profiled types (the variant's key fixes the inputs' shapes),
             # as constants: the normalized shape of a layer norm, a view's sizes.
@@ -380,6 +381,27 @@ def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
     _lib.define(f"{name}({args}) -> ({rets})")
     _lib.impl(name, entry, "CompositeImplicitAutograd")
     return f"nncfuse::{name}"
+
+
+#: the types of the inputs that a variant has as constants: its key holds their values
+#: (not floats': 0.0 and -0.0 are one key)
+_SPECIALIZED = (bool, int, type(None))
+
+
+def _specialize(graph: torch._C.Graph, inputs: tuple[Any, ...]) -> None:
+    """Uses of `graph`'s inputs that are booleans, integers or None use constants of their
+    values in `inputs` (the variant's key fixes them): a module's `training` flag folds,
+    and with it batch norm's branches, and the batch norms fuse (`backward_ops.py`).
+
+        graph(%x, %training : bool):              graph(%x, %training : bool):
+          %y = aten::dropout(%x, %p, %training) ==>  %y = aten::dropout(%x, %p, True)
+    """
+    first = next(iter(graph.nodes()), graph.return_node())
+    for value, v in zip(inputs_of(graph), inputs, strict=True):
+        if type(v) in _SPECIALIZED and value.uses():
+            const = graph.insertConstant(v)
+            const.node().moveBefore(first)
+            value.replaceAllUsesWith(const)
 
 
 def _fold_tuples(graph: torch._C.Graph) -> None:
