@@ -459,7 +459,7 @@ def test_channels_last_results_keep_eagers_layout(then_conv):
     assert _plan(fused).outers()
 
 
-class Normed(torch.nn.Module):
+class BatchNormed(torch.nn.Module):
     """A batch norm between a layer and ReLU6 (MobileNetV2's), then one more on the sum."""
 
     def __init__(self, first, second, layer):
@@ -490,7 +490,7 @@ NORMS = {  # (first norm, second norm, layer, input shape)
 def _normed(name, dtype=torch.float32):
     torch.manual_seed(0)
     first, second, layer, shape = NORMS[name]
-    model = Normed(first(), second(), layer()).to(dtype)
+    model = BatchNormed(first(), second(), layer()).to(dtype)
     with torch.no_grad():
         for norm in (model.first, model.second):
             if norm.weight is not None:
