@@ -37,10 +37,11 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
+from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, only_reads, outputs_of
 from . import collector
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
+from .conv_pads import fold_conv_pads
 from .flat_linear import flat_linears
 from .plans import run_as_built
 from .policy import Policy, Program, program, signature
@@ -170,6 +171,7 @@ class _Outer:
             torch._C._jit_pass_constant_propagation(graph)
         _fold_tuples(graph)  # (a traced submodule's tuple, unpacked: its values join graphs)
         flat_linears(graph)  # (GPT-2's projections: a GEMM between views joins the graphs)
+        fold_conv_pads(graph)  # (MobileNetV2's pads: not differentiable, and copies)
         torch._C._jit_pass_create_autodiff_subgraphs(graph, _THRESHOLD)
         nodes = graph.findAllNodes("prim::DifferentiableGraph")
         if not nodes:
@@ -484,14 +486,8 @@ def _built_lists(node: Any) -> dict[int, list[Any]]:
 
 def _reads(node: Any, k: int) -> bool:
     """Whether `node` only reads its input `k` (a list): no alias, no write."""
-    if node.kind() in ("prim::DifferentiableGraph", "prim::ListUnpack"):
-        return True
-    try:
-        schema = torch._C.parse_schema(node.schema())
-    except RuntimeError:  # no schema ("(no schema)"): prim::If, prim::Loop, ...
-        return False
-    arguments = schema.arguments
-    return k < len(arguments) and arguments[k].alias_info is None
+    return node.kind() in ("prim::DifferentiableGraph", "prim::ListUnpack") or only_reads(
+        node, k)
 
 
 def _tensor_list(value: Any) -> bool:

@@ -108,6 +108,17 @@ def outputs_of(owner: Any) -> list[Any]:
     return [ret.inputsAt(k) for k in range(ret.inputsSize())]
 
 
+def only_reads(node: Any, k: int) -> bool:
+    """Whether `node` only reads its input `k`: its schema neither writes nor aliases it
+    (no schema, as `prim::If`'s: no)."""
+    try:
+        schema = torch._C.parse_schema(node.schema())
+    except RuntimeError:  # "(no schema)"
+        return False
+    arguments = schema.arguments
+    return k < len(arguments) and arguments[k].alias_info is None
+
+
 def infer_types(graph: torch._C.Graph, example: Callable[[Any], Any]) -> dict[int, TensorMeta]:
     """Metadata of every tensor value of `graph`'s top-level block, found by running a copy
     on meta tensors.
