@@ -37,7 +37,14 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, only_reads, outputs_of
+from ..tensorexpr.meta import (
+    blocks_of,
+    graph_text,
+    inputs_of,
+    is_tensor,
+    only_reads,
+    outputs_of,
+)
 from . import collector
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
@@ -180,9 +187,10 @@ class _Outer:
             # The autograd.Function would return the list, not its tensors: no grad_fn.
             raise ValueError("a differentiable graph returns a list of tensors")
         self.entries = []
+        shared: dict[Any, Any] = {}  # (one program per identical f or df: `_compiled_once`)
         for node in nodes:  # (in order: a list's elements may be an earlier one's outputs)
             built = _built_lists(node)
-            entry = _Entry(node.g("Subgraph"), options, built)
+            entry = _Entry(node.g("Subgraph"), options, built, shared)
             self.entries.append(entry)
             inputs = inputs_of(node)
             call = graph.create(entry.kind, [e for k, v in enumerate(inputs)
@@ -208,10 +216,12 @@ class _Entry:
     programs under policies, and the custom op (`kind`) that runs them."""
 
     def __init__(self, subgraph: torch._C.Graph, options: Options,
-                 lists: dict[int, list[Any]]):
+                 lists: dict[int, list[Any]], shared: dict[Any, Any]):
         """`lists`: the subgraph's inputs (by position) that are lists built outside, with
-        the values of their elements: the op takes the elements instead (`_spread`)."""
+        the values of their elements: the op takes the elements instead (`_spread`);
+        `shared`: the programs of the outer graph's entries so far (`_compiled_once`)."""
         self.options = options
+        self.shared = shared
         grad = torch._C._jit_differentiate(subgraph.copy())
         f, df = grad.f, grad.df
         self.real = grad.f_real_outputs
@@ -232,7 +242,7 @@ class _Entry:
         torch._C._jit_pass_peephole(f, False)
         torch._C._jit_pass_constant_propagation(f)
         self.left = decompose(f)  # the kinds left undecomposed, for the log and tools
-        self.f = _compiled(f, options, "f")
+        self.f = _compiled_once(shared, f, options, "f")
         self.df_graph = df
         self._dfs: dict[tuple[bool, ...], Any] = {}
         self._lock = threading.Lock()
@@ -317,7 +327,8 @@ class _Entry:
                         _typed(graph, [*vjps, *(v for k, v in enumerate(captured)
                                                 if first + k not in constants)])
                         self.left += decompose(graph)
-                        fn = _compiled(graph, self.options, "df")
+                        fn = _compiled_once(self.shared, graph, self.options, "df",
+                                            frozenset(constants))
                         fn.constants = frozenset(constants)  # type: ignore[attr-defined]
                     except Exception as e:  # noqa: BLE001 - the caller gives zeros instead
                         _log.dump("df not specialized: ", e)
@@ -350,6 +361,18 @@ def _typed(graph: torch._C.Graph, inputs: list[Any]) -> None:
     except Exception as e:  # noqa: BLE001 - then fewer ops decompose; the policy's run raises
         _log.update("df not typed: ", e)
     profiler.finish()
+
+
+def _compiled_once(shared: dict[Any, Any], graph: torch._C.Graph, options: Options,
+                   what: str, *key: Any) -> Any:
+    """`_compiled`, or the program made earlier for a graph of the same text (value names
+    aside) and `key`: the layers of a model that are alike (MobileNetV2's 45 differentiable
+    graphs have 17 distinct f and 17 distinct df) profile and optimize once, not per layer."""
+    text = graph_text(graph)
+    made = shared.get((what, text, *key))
+    if made is None:
+        made = shared.setdefault((what, text, *key), _compiled(graph, options, what))
+    return made
 
 
 def _compiled(graph: torch._C.Graph, options: Options, what: str) -> Any:

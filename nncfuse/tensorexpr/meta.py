@@ -10,6 +10,7 @@ TorchScript side (`jit/`) and the kernel use it, so it sits below both.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,14 @@ def outputs_of(owner: Any) -> list[Any]:
         return [owner.outputsAt(k) for k in range(owner.outputsSize())]
     ret = owner.return_node() if isinstance(owner, torch._C.Graph) else owner.returnNode()
     return [ret.inputsAt(k) for k in range(ret.inputsSize())]
+
+
+def graph_text(graph: torch._C.Graph) -> str:
+    """`graph`'s text with its values renamed in order of appearance (`%0`, `%1`, ...): the
+    same for graphs that differ only in their values' names."""
+    names: dict[str, str] = {}
+    return re.sub(r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"),
+                  graph.str(False))
 
 
 def only_reads(node: Any, k: int) -> bool:

@@ -553,3 +553,41 @@ def test_a_channels_last_batch_norm_stays_atens():
                                    torch.autograd.grad(ref.sum(), x_ref))
         torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
     assert "aten::_batch_norm_impl_index" in _kinds(fused, df=False)
+
+
+class Layers(torch.nn.Module):
+    """Layers alike but for their weights, and one of another width."""
+
+    def __init__(self, widths):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.nn.functional.gelu(layer(x) * 2.0) + 1.0
+            x = x.transpose(0, 1).transpose(0, 1)  # (a view between: a graph per layer)
+        return x
+
+
+def test_layers_alike_share_their_programs():
+    """Differentiable graphs of the same text share their f and df programs (profiled and
+    optimized once); each layer's gradients are still its own, eager's."""
+    torch.manual_seed(0)
+    model = Layers([6, 6, 6, 6, 4])
+    reference = copy.deepcopy(model)
+    fused = nncfuse.jit(torch.jit.script(model), autograd="autodiff")
+    for _ in range(4):
+        x = torch.randn(3, 6)
+        x, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, ref = fused(x), reference(x_ref)
+        torch.testing.assert_close(out, ref)
+        seed = torch.randn_like(ref)
+        torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
+                                   torch.autograd.grad(ref, [x_ref, *reference.parameters()],
+                                                       seed))
+    entries = _plan(fused).outers()[0].entries
+    assert len(entries) == 4
+    fs = [e.f for e in entries]
+    assert fs[0] is fs[1] and fs[1] is fs[2] and fs[3] is not fs[0]
+    dfs = [next(iter(e._dfs.values())) for e in entries]
+    assert dfs[1] is dfs[2] and dfs[3] is not dfs[1]

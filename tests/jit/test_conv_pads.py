@@ -76,7 +76,8 @@ graph(%x : Float(1, 2, 5, 5), %w : Float(2, 2, 3, 3)):
   %groups : int = prim::Constant[value=1]()
   %p : Float(1, 2, 7, 7) = aten::constant_pad_nd(%x, %pads, %value)
   {write}
-  %y : Tensor = aten::_convolution(%p, %w, %none, %ones, %zeros, %ones, %transposed, %zeros, %groups, %false, %false, %false, %false)
+  %y : Tensor = aten::_convolution(%p, %w, %none, %ones, %zeros, %ones, %transposed, %zeros,
+                                   %groups, %false, %false, %false, %false)
   return (%y)
 """
 
