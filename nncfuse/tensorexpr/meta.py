@@ -110,11 +110,12 @@ def outputs_of(owner: Any) -> list[Any]:
 
 
 def graph_text(graph: torch._C.Graph) -> str:
-    """`graph`'s text with its values renamed in order of appearance (`%0`, `%1`, ...): the
-    same for graphs that differ only in their values' names."""
+    """`graph`'s text with its values renamed in order of appearance (`%0`, `%1`, ...) and
+    without a trace's module scopes: the same for graphs that differ only in those (a
+    traced model's layers alike)."""
     names: dict[str, str] = {}
-    return re.sub(r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"),
-                  graph.str(False))
+    text = re.sub(r", scope: [^\n]*", "", graph.str(False))
+    return re.sub(r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), text)
 
 
 def only_reads(node: Any, k: int) -> bool:
