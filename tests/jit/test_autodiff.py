@@ -9,6 +9,7 @@ import torch
 import nncfuse
 from nncfuse.config import Options
 from nncfuse.jit.autodiff import AutodiffPlan
+from tests.fused import assert_step_as_eager
 
 
 def _plan(fused):
@@ -513,14 +514,7 @@ def test_batch_norms_fuse_with_eagers_results_and_running_statistics(name, train
     reference = copy.deepcopy(model)
     fused = nncfuse.jit(torch.jit.script(model), autograd="autodiff")
     for _ in range(4):
-        x = torch.randn(shape) * 3.0 + 1.0
-        x, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out, ref = fused(x), reference(x_ref)
-        torch.testing.assert_close(out, ref)
-        seed = torch.randn_like(ref)
-        torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
-                                   torch.autograd.grad(ref, [x_ref, *reference.parameters()],
-                                                       seed))
+        assert_step_as_eager(fused, model, reference, torch.randn(shape) * 3.0 + 1.0)
         torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
     kinds = _kinds(fused, df=False)
     assert "aten::_batch_norm_impl_index" not in kinds
@@ -577,14 +571,7 @@ def test_layers_alike_share_their_programs():
     reference = copy.deepcopy(model)
     fused = nncfuse.jit(torch.jit.script(model), autograd="autodiff")
     for _ in range(4):
-        x = torch.randn(3, 6)
-        x, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out, ref = fused(x), reference(x_ref)
-        torch.testing.assert_close(out, ref)
-        seed = torch.randn_like(ref)
-        torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
-                                   torch.autograd.grad(ref, [x_ref, *reference.parameters()],
-                                                       seed))
+        assert_step_as_eager(fused, model, reference, torch.randn(3, 6))
     entries = _plan(fused).outers()[0].entries
     assert len(entries) == 4
     fs = [e.f for e in entries]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import nncfuse
 from nncfuse.jit.autodiff import AutodiffPlan
 from nncfuse.jit.conv_pads import fold_conv_pads
+from tests.fused import assert_step_as_eager
 
 
 class Padded(torch.nn.Module):
@@ -43,14 +44,7 @@ def test_pads_fold_into_convolutions_with_eagers_gradients(how):
     program = torch.jit.trace(model, (example,)) if how == "trace" else torch.jit.script(model)
     fused = nncfuse.jit(program, autograd="autodiff")
     for _ in range(4):
-        x = torch.randn(2, 3, 8, 8)
-        x, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out, ref = fused(x), reference(x_ref)
-        torch.testing.assert_close(out, ref)
-        seed = torch.randn_like(ref)
-        torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
-                                   torch.autograd.grad(ref, [x_ref, *reference.parameters()],
-                                                       seed))
+        assert_step_as_eager(fused, model, reference, torch.randn(2, 3, 8, 8))
     outer = _outer(fused)
     pads = [n for n in outer.nodes() if n.kind() in ("aten::pad", "aten::constant_pad_nd")]
     assert len(pads) == 1  # (stride 2's, [0, 1, 0, 1])
