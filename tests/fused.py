@@ -45,3 +45,14 @@ def check(fn, *args, exact=True, use_llvm=True):
     else:
         torch.testing.assert_close(got, want, equal_nan=True)
     return got
+
+
+def assert_step_as_eager(fused, model, reference, x):
+    """One call of `fused` (running `model`) and of `reference` (eager's copy) on copies of
+    `x`: the same result, and the same gradients of the input and of the parameters."""
+    x, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, ref = fused(x), reference(x_ref)
+    torch.testing.assert_close(out, ref)
+    seed = torch.randn_like(ref)
+    torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
+                               torch.autograd.grad(ref, [x_ref, *reference.parameters()], seed))

@@ -37,10 +37,18 @@ import torch
 
 from .. import log
 from ..config import Options
-from ..tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
+from ..tensorexpr.meta import (
+    blocks_of,
+    graph_text,
+    inputs_of,
+    is_tensor,
+    only_reads,
+    outputs_of,
+)
 from . import collector
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
+from .conv_pads import fold_conv_pads
 from .flat_linear import flat_linears
 from .plans import run_as_built
 from .policy import Policy, Program, program, signature
@@ -150,7 +158,7 @@ def _profiled(graph: torch._C.Graph, inputs: tuple[Any, ...],
     result = run_as_built(profiler.run, profiled, *inputs)
     profiler.finish()
     try:
-        return result, _Outer(graph, options)
+        return result, _Outer(graph, options, inputs)
     except Exception as e:  # noqa: BLE001 - whatever fails, AOTAutograd's plan runs
         _log.dump("Not built through autodiff, running the AOTAutograd plan: ", e)
         return result, None
@@ -160,8 +168,9 @@ class _Outer:
     """A typed program whose differentiable graphs are `_Entry` ops; the rest runs under
     eager autograd in the interpreter."""
 
-    def __init__(self, graph: torch._C.Graph, options: Options):
+    def __init__(self, graph: torch._C.Graph, options: Options, inputs: tuple[Any, ...]):
         graph = graph.copy()
+        _specialize(graph, inputs)
         if not any(graph.findAllNodes(kind) for kind in _DATA_DEPENDENT):
             # Sizes from the profiled types (the variant's key fixes the inputs' shapes),
             # as constants: the normalized shape of a layer norm, a view's sizes.
@@ -169,6 +178,7 @@ class _Outer:
             torch._C._jit_pass_constant_propagation(graph)
         _fold_tuples(graph)  # (a traced submodule's tuple, unpacked: its values join graphs)
         flat_linears(graph)  # (GPT-2's projections: a GEMM between views joins the graphs)
+        fold_conv_pads(graph)  # (MobileNetV2's pads: not differentiable, and copies)
         torch._C._jit_pass_create_autodiff_subgraphs(graph, _THRESHOLD)
         nodes = graph.findAllNodes("prim::DifferentiableGraph")
         if not nodes:
@@ -177,9 +187,10 @@ class _Outer:
             # The autograd.Function would return the list, not its tensors: no grad_fn.
             raise ValueError("a differentiable graph returns a list of tensors")
         self.entries = []
+        shared: dict[Any, Any] = {}  # (one program per identical f or df: `_compiled_once`)
         for node in nodes:  # (in order: a list's elements may be an earlier one's outputs)
             built = _built_lists(node)
-            entry = _Entry(node.g("Subgraph"), options, built)
+            entry = _Entry(node.g("Subgraph"), options, built, shared)
             self.entries.append(entry)
             inputs = inputs_of(node)
             call = graph.create(entry.kind, [e for k, v in enumerate(inputs)
@@ -205,10 +216,12 @@ class _Entry:
     programs under policies, and the custom op (`kind`) that runs them."""
 
     def __init__(self, subgraph: torch._C.Graph, options: Options,
-                 lists: dict[int, list[Any]]):
+                 lists: dict[int, list[Any]], shared: dict[Any, Any]):
         """`lists`: the subgraph's inputs (by position) that are lists built outside, with
-        the values of their elements: the op takes the elements instead (`_spread`)."""
+        the values of their elements: the op takes the elements instead (`_spread`);
+        `shared`: the programs of the outer graph's entries so far (`_compiled_once`)."""
         self.options = options
+        self.shared = shared
         grad = torch._C._jit_differentiate(subgraph.copy())
         f, df = grad.f, grad.df
         self.real = grad.f_real_outputs
@@ -229,7 +242,7 @@ class _Entry:
         torch._C._jit_pass_peephole(f, False)
         torch._C._jit_pass_constant_propagation(f)
         self.left = decompose(f)  # the kinds left undecomposed, for the log and tools
-        self.f = _compiled(f, options, "f")
+        self.f = _compiled_once(shared, f, options, "f")
         self.df_graph = df
         self._dfs: dict[tuple[bool, ...], Any] = {}
         self._lock = threading.Lock()
@@ -314,7 +327,8 @@ class _Entry:
                         _typed(graph, [*vjps, *(v for k, v in enumerate(captured)
                                                 if first + k not in constants)])
                         self.left += decompose(graph)
-                        fn = _compiled(graph, self.options, "df")
+                        fn = _compiled_once(self.shared, graph, self.options, "df",
+                                            frozenset(constants))
                         fn.constants = frozenset(constants)  # type: ignore[attr-defined]
                     except Exception as e:  # noqa: BLE001 - the caller gives zeros instead
                         _log.dump("df not specialized: ", e)
@@ -349,6 +363,18 @@ def _typed(graph: torch._C.Graph, inputs: list[Any]) -> None:
     profiler.finish()
 
 
+def _compiled_once(shared: dict[Any, Any], graph: torch._C.Graph, options: Options,
+                   what: str, *key: Any) -> Any:
+    """`_compiled`, or the program made earlier for a graph of the same text (value names
+    aside) and `key`: the layers of a model that are alike (MobileNetV2's 45 differentiable
+    graphs have 17 distinct f and 17 distinct df) profile and optimize once, not per layer."""
+    text = graph_text(graph)
+    made = shared.get((what, text, *key))
+    if made is None:
+        made = shared.setdefault((what, text, *key), _compiled(graph, options, what))
+    return made
+
+
 def _compiled(graph: torch._C.Graph, options: Options, what: str) -> Any:
     """A callable that runs `graph` under a policy of its own (profiled, fused, guarded);
     several outputs come back as a tuple."""
@@ -380,6 +406,27 @@ def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
     _lib.define(f"{name}({args}) -> ({rets})")
     _lib.impl(name, entry, "CompositeImplicitAutograd")
     return f"nncfuse::{name}"
+
+
+#: the types of the inputs that a variant has as constants: its key holds their values
+#: (not floats': 0.0 and -0.0 are one key)
+_SPECIALIZED = (bool, int, type(None))
+
+
+def _specialize(graph: torch._C.Graph, inputs: tuple[Any, ...]) -> None:
+    """Uses of `graph`'s inputs that are booleans, integers or None use constants of their
+    values in `inputs` (the variant's key fixes them): a module's `training` flag folds,
+    and with it batch norm's branches, and the batch norms fuse (`backward_ops.py`).
+
+        graph(%x, %training : bool):              graph(%x, %training : bool):
+          %y = aten::dropout(%x, %p, %training) ==>  %y = aten::dropout(%x, %p, True)
+    """
+    first = next(iter(graph.nodes()), graph.return_node())
+    for value, v in zip(inputs_of(graph), inputs, strict=True):
+        if type(v) in _SPECIALIZED and value.uses():
+            const = graph.insertConstant(v)
+            const.node().moveBefore(first)
+            value.replaceAllUsesWith(const)
 
 
 def _fold_tuples(graph: torch._C.Graph) -> None:
@@ -462,14 +509,8 @@ def _built_lists(node: Any) -> dict[int, list[Any]]:
 
 def _reads(node: Any, k: int) -> bool:
     """Whether `node` only reads its input `k` (a list): no alias, no write."""
-    if node.kind() in ("prim::DifferentiableGraph", "prim::ListUnpack"):
-        return True
-    try:
-        schema = torch._C.parse_schema(node.schema())
-    except RuntimeError:  # no schema ("(no schema)"): prim::If, prim::Loop, ...
-        return False
-    arguments = schema.arguments
-    return k < len(arguments) and arguments[k].alias_info is None
+    return node.kind() in ("prim::DifferentiableGraph", "prim::ListUnpack") or only_reads(
+        node, k)
 
 
 def _tensor_list(value: Any) -> bool:

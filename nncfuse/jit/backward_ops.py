@@ -10,9 +10,15 @@ graph of a scripted function, inserted in its place (`decompose`), with ATen's f
                                              ==>  ...
                                                   %d = aten::mul(%g, aten::add(%cdf, ...))
 
+f's batch norm (`_batch_norm_impl_index`, in training or evaluation, of a contiguous
+float tensor) becomes its statistics, the normalization and the writes of the running
+statistics (`copy_` into them, which the fuser keeps in the kernel); its backward stays
+ATen's (as fast as the formula fused, and a kernel less to compile per layer).
+
 Only where the decomposition's constants are known in the graph (the dims of a layer
 norm: the rank of its typed input and a constant normalized shape; a `_grad_sum_to_size`
-of a tensor of known rank to a constant size); elsewhere the op stays, unfused.
+of a tensor of known rank to a constant size; a batch norm's sizes and `training`, which
+the variant's key fixes: `autodiff._specialize`); elsewhere the op stays, unfused.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..tensorexpr.meta import is_tensor, outputs_of
+from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
+from ..tensorexpr.size_symbols import row_major
 
 
 def gelu_backward(grad: Tensor, x: Tensor) -> Tensor:
@@ -87,6 +94,39 @@ def layer_norm_backward(grad: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
     if mask[2]:
         d_bias = grad.sum(outer)
     return d_input, d_weight, d_bias
+
+
+def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
+               running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
+               eps: float, dims: list[int], shape: list[int], channels: list[int], n: float
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    mean = x.mean(dims, keepdim=True)
+    var = torch.var(x, dims, unbiased=False, keepdim=True)
+    invstd = torch.rsqrt(var + eps)
+    out = (x - mean) * invstd
+    if weight is not None:
+        out = out * weight.view(shape)
+    if bias is not None:
+        out = out + bias.view(shape)
+    if running_mean is not None:
+        running_mean.copy_(momentum * mean.view(channels) + (1.0 - momentum) * running_mean)
+    if running_var is not None:
+        running_var.copy_(momentum * (n / (n - 1.0)) * var.view(channels)
+                          + (1.0 - momentum) * running_var)
+    reserve = torch.empty([0], dtype=torch.uint8)
+    return out, mean.view(channels), invstd.view(channels), reserve, 0
+
+
+def batch_norm_eval(x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                    running_mean: Tensor, running_var: Tensor, eps: float, shape: list[int]
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    out = (x - running_mean.view(shape)) * torch.rsqrt(running_var + eps).view(shape)
+    if weight is not None:
+        out = out * weight.view(shape)
+    if bias is not None:
+        out = out + bias.view(shape)
+    reserve = torch.empty([0], dtype=torch.uint8)  # (eager saves no statistics)
+    return out, torch.empty([0], dtype=x.dtype), torch.empty([0], dtype=x.dtype), reserve, 0
 
 
 def mm(a: Tensor, b: Tensor) -> Tensor:
@@ -181,6 +221,38 @@ def _layer_norm_backward(node: Any) -> tuple[Any, list[Any]]:
                                  list(range(axis)), float(n), mask]
 
 
+def _batch_norm_sizes(x: Any, *others: Any) -> tuple[list[int], list[int], list[int], float]:
+    """A batch norm's reduced dims, broadcast shape, channels and count per channel, where
+    `x` (and each of `others` that is a tensor) is float or double, of one dtype, and `x` is
+    contiguous: then ATen's statistics are of that dtype too (half's are float), and the
+    kernel is faster than ATen's (channels-last: slower)."""
+    meta = TensorMeta.from_type(x.type())
+    dtypes = {v.type().scalarType() for v in (x, *others) if not _none(v)}
+    if meta is None or len(meta.sizes) < 2 or not row_major(meta) or len(dtypes) != 1 or (
+            dtypes - {"Float", "Double"}):
+        raise KeyError(x)
+    sizes = meta.sizes
+    n = 1
+    for k, s in enumerate(sizes):
+        n *= 1 if k == 1 else s
+    shape = [1] * len(sizes)
+    shape[1] = sizes[1]
+    return [0, *range(2, len(sizes))], shape, [sizes[1]], float(n)
+
+
+def _batch_norm(node: Any) -> tuple[Any, list[Any]]:
+    x, weight, bias, running_mean, running_var, training, momentum, eps, _ = node.inputs()
+    dims, shape, channels, n = _batch_norm_sizes(x, weight, bias, running_mean, running_var)
+    if _constant(training) is not True:
+        if _none(running_mean) or _none(running_var):
+            raise KeyError(node)  # (eager raises)
+        return batch_norm_eval, [x, weight, bias, running_mean, running_var, eps, shape]
+    if n <= 1:
+        raise KeyError(node)  # (eager raises: one value per channel)
+    return batch_norm, [x, weight, bias, running_mean, running_var, momentum, eps, dims,
+                        shape, channels, n]
+
+
 def _matmul(node: Any) -> tuple[Any, list[Any]]:
     a, b = node.inputs()
     if _rank(a) < 2 or _rank(b) != 2:
@@ -242,6 +314,7 @@ _RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
     "aten::_softmax_backward_data": _softmax_backward,
     "aten::native_layer_norm": _layer_norm,
     "aten::native_layer_norm_backward": _layer_norm_backward,
+    "aten::_batch_norm_impl_index": _batch_norm,
     "aten::_grad_sum_to_size": _grad_sum_to_size,
     "aten::matmul": _matmul,
     "aten::linear": _linear,
@@ -273,7 +346,9 @@ def decompose(graph: torch._C.Graph) -> list[str]:
         with graph.insert_point_guard(node):
             results = graph.insertGraph(_scripted(fn), values)
         outs = outputs_of(node)
-        if len(outs) > 1:  # the function returns a tuple: unpacked
+        if len(outs) > 1 and results[0].node().kind() == "prim::TupleConstruct":
+            results = inputs_of(results[0].node())  # (the construct: dead code)
+        elif len(outs) > 1:  # the function returns a tuple: unpacked
             with graph.insert_point_guard(node):
                 unpack = graph.create("prim::TupleUnpack", results, len(outs))
                 graph.insertNode(unpack)

@@ -44,7 +44,7 @@ from ..config import Options
 from ..tensorexpr.codegen import llvm_jit
 from ..tensorexpr.kernel import TensorExprKernel
 from ..tensorexpr.lowerings import LoweringError, trials
-from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
+from ..tensorexpr.meta import TensorMeta, graph_text, inputs_of, is_tensor, outputs_of
 from ..tensorexpr.size_symbols import SizeSymbols
 from . import runtime
 from .subgraph import unmerge
@@ -106,10 +106,7 @@ def _cache_key(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Ke
     """The graph's text with its own value names; for a dynamic kernel without sizes and
     with the guard class of its inputs (`SizeSymbols`) instead. LoweringError when a dynamic
     kernel cannot guard its inputs' layout."""
-    names: dict[str, str] = {}
-    text = re.sub(
-        r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), subgraph.str(False)
-    )
+    text = graph_text(subgraph)
     guards = ""
     if dynamic:
         text = _SIZES.sub("(", text)

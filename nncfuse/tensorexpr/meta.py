@@ -10,6 +10,7 @@ TorchScript side (`jit/`) and the kernel use it, so it sits below both.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,26 @@ def outputs_of(owner: Any) -> list[Any]:
         return [owner.outputsAt(k) for k in range(owner.outputsSize())]
     ret = owner.return_node() if isinstance(owner, torch._C.Graph) else owner.returnNode()
     return [ret.inputsAt(k) for k in range(ret.inputsSize())]
+
+
+def graph_text(graph: torch._C.Graph) -> str:
+    """`graph`'s text with its values renamed in order of appearance (`%0`, `%1`, ...) and
+    without a trace's module scopes: the same for graphs that differ only in those (a
+    traced model's layers alike)."""
+    names: dict[str, str] = {}
+    text = re.sub(r", scope: [^\n]*", "", graph.str(False))
+    return re.sub(r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), text)
+
+
+def only_reads(node: Any, k: int) -> bool:
+    """Whether `node` only reads its input `k`: its schema neither writes nor aliases it
+    (no schema, as `prim::If`'s: no)."""
+    try:
+        schema = torch._C.parse_schema(node.schema())
+    except RuntimeError:  # "(no schema)"
+        return False
+    arguments = schema.arguments
+    return k < len(arguments) and arguments[k].alias_info is None
 
 
 def infer_types(graph: torch._C.Graph, example: Callable[[Any], Any]) -> dict[int, TensorMeta]:

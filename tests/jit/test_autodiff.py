@@ -9,6 +9,7 @@ import torch
 import nncfuse
 from nncfuse.config import Options
 from nncfuse.jit.autodiff import AutodiffPlan
+from tests.fused import assert_step_as_eager
 
 
 def _plan(fused):
@@ -457,3 +458,123 @@ def test_channels_last_results_keep_eagers_layout(then_conv):
         torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
                                    torch.autograd.grad(ref, [x, *reference.parameters()], seed))
     assert _plan(fused).outers()
+
+
+class BatchNormed(torch.nn.Module):
+    """A batch norm between a layer and ReLU6 (MobileNetV2's), then one more on the sum."""
+
+    def __init__(self, first, second, layer):
+        super().__init__()
+        self.layer, self.first, self.second = layer, first, second
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.first(self.layer(x)))
+        return torch.nn.functional.silu(self.second(y * 2.0)) + y
+
+
+NORMS = {  # (first norm, second norm, layer, input shape)
+    "affine": (lambda: torch.nn.BatchNorm2d(4), lambda: torch.nn.BatchNorm2d(4),
+               lambda: torch.nn.Conv2d(3, 4, 3, padding=1), (3, 3, 5, 5)),
+    "no_affine_cumulative": (lambda: torch.nn.BatchNorm2d(4, affine=False),
+                             lambda: torch.nn.BatchNorm2d(4, momentum=None),
+                             lambda: torch.nn.Conv2d(3, 4, 1), (2, 3, 4, 3)),
+    "no_running_stats": (lambda: torch.nn.BatchNorm2d(4, track_running_stats=False),
+                         lambda: torch.nn.BatchNorm2d(4),
+                         lambda: torch.nn.Conv2d(3, 4, 1), (2, 3, 3, 3)),
+    "1d": (lambda: torch.nn.BatchNorm1d(4), lambda: torch.nn.BatchNorm1d(4),
+           lambda: torch.nn.Linear(3, 4), (6, 3)),
+    "1d_sequence": (lambda: torch.nn.BatchNorm1d(4), lambda: torch.nn.BatchNorm1d(4),
+                    lambda: torch.nn.Conv1d(3, 4, 1), (2, 3, 7)),
+}
+
+
+def _normed(name, dtype=torch.float32):
+    torch.manual_seed(0)
+    first, second, layer, shape = NORMS[name]
+    model = BatchNormed(first(), second(), layer()).to(dtype)
+    with torch.no_grad():
+        for norm in (model.first, model.second):
+            if norm.weight is not None:
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-1.0, 1.0)
+            if norm.running_var is not None:
+                norm.running_var.uniform_(0.5, 2.0)
+                norm.running_mean.uniform_(-1.0, 1.0)
+    return model, shape
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("name", list(NORMS))
+def test_batch_norms_fuse_with_eagers_results_and_running_statistics(name, training):
+    """f's batch norms (the `training` flag folded: the variant's key fixes it) are their
+    statistics, normalization and running statistics' updates in f's kernels: eager's
+    results, gradients and running statistics, step after step."""
+    model, shape = _normed(name)
+    model.train(training)
+    reference = copy.deepcopy(model)
+    fused = nncfuse.jit(torch.jit.script(model), autograd="autodiff")
+    for _ in range(4):
+        assert_step_as_eager(fused, model, reference, torch.randn(shape) * 3.0 + 1.0)
+        torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
+    kinds = _kinds(fused, df=False)
+    assert "aten::_batch_norm_impl_index" not in kinds
+    assert "aten::rsqrt" in kinds  # (inside a fusion group's subgraph)
+    assert _groups(fused)[0] >= 1
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batch_norm_gradcheck_float64(training):
+    model, shape = _normed("affine", torch.float64)
+    model.train(training)
+    fused = nncfuse.jit(torch.jit.script(model), autograd="autodiff")
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    _steps(fused, [x])
+    assert "aten::_batch_norm_impl_index" not in _kinds(fused, df=False)
+    assert torch.autograd.gradcheck(fused, [x])
+
+
+def test_a_channels_last_batch_norm_stays_atens():
+    """ATen's batch norm of a channels-last tensor is faster than the kernel: kept."""
+    model, shape = _normed("affine")
+    reference = copy.deepcopy(model)
+    fused = nncfuse.jit(torch.jit.script(model), autograd="autodiff")
+    for _ in range(3):
+        x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+        x, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, ref = fused(x), reference(x_ref)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), x),
+                                   torch.autograd.grad(ref.sum(), x_ref))
+        torch.testing.assert_close(list(model.buffers()), list(reference.buffers()))
+    assert "aten::_batch_norm_impl_index" in _kinds(fused, df=False)
+
+
+class Layers(torch.nn.Module):
+    """Layers alike but for their weights, and one of another width."""
+
+    def __init__(self, widths):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.nn.functional.gelu(layer(x) * 2.0) + 1.0
+            x = x.transpose(0, 1).transpose(0, 1)  # (a view between: a graph per layer)
+        return x
+
+
+def test_layers_alike_share_their_programs():
+    """Differentiable graphs of the same text share their f and df programs (profiled and
+    optimized once); each layer's gradients are still its own, eager's."""
+    torch.manual_seed(0)
+    model = Layers([6, 6, 6, 6, 4])
+    reference = copy.deepcopy(model)
+    fused = nncfuse.jit(torch.jit.script(model), autograd="autodiff")
+    for _ in range(4):
+        assert_step_as_eager(fused, model, reference, torch.randn(3, 6))
+    entries = _plan(fused).outers()[0].entries
+    assert len(entries) == 4
+    fs = [e.f for e in entries]
+    assert fs[0] is fs[1] and fs[1] is fs[2] and fs[3] is not fs[0]
+    dfs = [next(iter(e._dfs.values())) for e in entries]
+    assert dfs[1] is dfs[2] and dfs[3] is not dfs[1]

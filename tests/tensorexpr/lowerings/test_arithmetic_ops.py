@@ -411,3 +411,22 @@ def test_scripted_overloads_fuse_into_one_group():
     (group,) = nncfuse.fusion_groups(graph)
     unfused = [n.kind() for n in graph.nodes() if n.kind().startswith("aten::")]
     assert not unfused, unfused
+
+
+# -- a product with a bool mask -------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_a_product_with_a_bool_mask_is_eagers_product(dtype, use_llvm):
+    """`x * mask` (autodiff's hardtanh and ReLU gradients) selects instead of multiplying:
+    the same values bit for bit, subnormals, signed zeros, infinities and NaN included,
+    mask first or second."""
+    x = floats(dtype)
+    x[-4:] = torch.tensor([1e-40, -1e-40, 1e-310, -1e-310], dtype=torch.float64).to(dtype)
+    mask = torch.rand(x.shape, generator=torch.Generator().manual_seed(0)) < 0.5
+    mask[: len(SPECIAL)] = False
+    mask[len(SPECIAL): 2 * len(SPECIAL)] = True
+    x[len(SPECIAL): 2 * len(SPECIAL)] = x[: len(SPECIAL)]
+    check(lambda x, m: -(x * m), x, mask, use_llvm=use_llvm)
+    check(lambda x, y: (y > 0) * x * 2.0, x, mask.to(dtype) - 0.5, use_llvm=use_llvm)
