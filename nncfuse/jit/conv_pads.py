@@ -20,6 +20,7 @@ by side (stride 2's [0, 1, 0, 1]) or of other values stay.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -58,10 +59,12 @@ def _zero_pads(node: Any) -> list[int] | None:
     pads, rest = values[0], values[1:]
     if node.kind() == "aten::pad":
         mode, value = rest
-        if mode != "constant" or value not in (None, 0):
+        if mode != "constant":
             return None
-    elif rest[0] != 0:
-        return None
+    else:
+        (value,) = rest
+    if value is not None and (value != 0 or math.copysign(1.0, value) < 0):
+        return None  # (a convolution pads with +0.0)
     if not isinstance(pads, list) or any(p < 0 for p in pads) or len(pads) % 2:
         return None
     return pads

@@ -62,7 +62,7 @@ _SOURCE = """
 graph(%x : Float(1, 2, 5, 5), %w : Float(2, 2, 3, 3)):
   %none : NoneType = prim::Constant()
   %pads : int[] = prim::Constant[value=[1, 1, 1, 1]]()
-  %value : int = prim::Constant[value={value}]()
+  %value : float = prim::Constant[value={value}]()
   %ones : int[] = prim::Constant[value=[1, 1]]()
   %zeros : int[] = prim::Constant[value=[0, 0]]()
   %transposed : bool = prim::Constant[value={transposed}]()
@@ -77,11 +77,12 @@ graph(%x : Float(1, 2, 5, 5), %w : Float(2, 2, 3, 3)):
 
 
 @pytest.mark.parametrize("case, folded", [
-    (dict(value=0, transposed=0, write=""), 1),
-    (dict(value=1, transposed=0, write=""), 0),  # a pad of ones
-    (dict(value=0, transposed=1, write=""), 0),  # a transposed convolution's padding crops
-    (dict(value=0, transposed=0, write="%r : Tensor = aten::relu_(%x)"), 0),  # x written
-    (dict(value=0, transposed=0, write="%r : Tensor = aten::relu_(%p)"), 0),  # the pad written
+    (dict(value=0.0, transposed=0, write=""), 1),
+    (dict(value=1.0, transposed=0, write=""), 0),  # a pad of ones
+    (dict(value=-0.0, transposed=0, write=""), 0),  # of negative zeros
+    (dict(value=0.0, transposed=1, write=""), 0),  # a transposed convolution's padding crops
+    (dict(value=0.0, transposed=0, write="%r : Tensor = aten::relu_(%x)"), 0),  # x written
+    (dict(value=0.0, transposed=0, write="%r : Tensor = aten::relu_(%p)"), 0),  # the pad written
 ])
 def test_a_pad_folds_only_where_no_reader_can_tell(case, folded):
     graph = _graph(_SOURCE.format(**case))
