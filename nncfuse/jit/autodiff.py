@@ -1,12 +1,15 @@
-"""autodiff: training through TorchScript's autodiff, as NNC ran it (a prototype, opt-in).
+"""autodiff: training through TorchScript's autodiff, as NNC ran it (the default).
 
-With `autograd="autodiff"` (or NNCFUSE_AUTOGRAD=autodiff) a signature that needs autograd
-gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPlan` (`autograd.py`):
+With `autograd="autodiff"` (the default; NNCFUSE_AUTOGRAD=aot for the other) a signature
+that needs autograd gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPlan`
+(`autograd.py`):
 
 1. the first call of each pattern of input types profiles the program (its result is
-   eager's, recorded by eager autograd), typing every value, requires_grad included;
+   eager's, recorded by eager autograd), typing every value, requires_grad included; the
+   pattern's booleans, integers and None become constants (`_specialize`);
 2. `_jit_pass_create_autodiff_subgraphs` gathers the differentiable nodes into
-   `prim::DifferentiableGraph`s; views, attention and size arithmetic stay outside;
+   `prim::DifferentiableGraph`s; views, attention and size arithmetic stay outside (pads
+   before convolutions fold into them first: `conv_pads.py`);
 3. each is differentiated (`_jit_differentiate`) into `f` (inputs -> outputs and the
    values the backward captures) and `df` (output gradients and captures -> input
    gradients); `backward_ops.py` decomposes their ops that have no lowering;
@@ -15,7 +18,7 @@ gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPlan` (`autograd.py`):
    program under its own `Policy` (profiled, fused and guarded as every nncfuse call);
    `df` is specialized per pattern of defined output gradients (`_specialized`) and
    to the values of its captured sizes, and typed by a profiling run before it is
-   decomposed;
+   decomposed; graphs of the same text share their f and df (`_compiled_once`);
 5. the rest of the program runs in the interpreter under eager autograd.
 
     graph(%x, %w):                                 graph(%x, %w):
