@@ -27,8 +27,8 @@ import torch
 
 from ..tensorexpr.meta import inputs_of, only_reads
 
-_CONVOLUTIONS = {"aten::_convolution": 4, "aten::conv1d": 4, "aten::conv2d": 4,
-                 "aten::conv3d": 4}  # kind -> the position of `padding`
+_CONVOLUTIONS = ("aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d")
+_PADDING = 4  # (the position of `padding` in each)
 
 
 def fold_conv_pads(graph: torch._C.Graph) -> int:
@@ -80,16 +80,20 @@ def _fold_into_readers(graph: torch._C.Graph, node: Any, pads: list[int]) -> boo
         return False
     padding = pads[0::2][::-1]  # (first spatial dim first, as a convolution takes it)
     uses = node.output().uses()
-    for use in uses:
-        kind, args = use.user.kind(), inputs_of(use.user)
-        at = _CONVOLUTIONS.get(kind)
-        if at is None or use.offset != 0 or _constant(args[at]) != [0] * (rank - 2) or (
-                kind == "aten::_convolution" and _constant(args[6]) is not False):
-            return False  # (a transposed convolution's padding crops its result)
+    if not all(use.offset == 0 and _pads_nothing(use.user, rank - 2) for use in uses):
+        return False
     for use in uses:
         with graph.insert_point_guard(use.user):
-            use.user.replaceInput(_CONVOLUTIONS[use.user.kind()], graph.insertConstant(padding))
+            use.user.replaceInput(_PADDING, graph.insertConstant(padding))
     return True
+
+
+def _pads_nothing(node: Any, dims: int) -> bool:
+    """Whether `node` is a convolution over `dims` dims that pads nothing (and not a
+    transposed one, whose padding crops its result)."""
+    args = inputs_of(node)
+    return node.kind() in _CONVOLUTIONS and _constant(args[_PADDING]) == [0] * dims and (
+        node.kind() != "aten::_convolution" or _constant(args[6]) is False)
 
 
 _UNKNOWN: Any = object()

@@ -120,7 +120,7 @@ def mul(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
     if a.dtype.is_float:
         for x, mask in ((a, b), (b, a)):
             if isinstance(mask, E.Cast) and mask.value.dtype.is_bool:
-                return _masked(x, mask.value)
+                return _masked(x, mask)
     return a * b
 
 
@@ -128,20 +128,19 @@ def mul(ctx: Ctx, a: E.Expr, b: E.Expr) -> E.Expr:
 _FLOAT_BITS = {32: (INT32, -(1 << 31), 0x7F800000), 64: (INT64, -(1 << 63), 0x7FF << 52)}
 
 
-def _masked(x: E.Expr, mask: E.Expr) -> E.Expr:
-    """`x * mask` of a float `x` and a bool `mask` (autodiff's formulas: hardtanh's, ReLU's
-    gradient) without the multiply: `x` where `mask`, else the product by 0, from `x`'s bits
-    (0 of its sign, NaN for an infinity or NaN). The same values; a multiply whose operand
-    is subnormal, as deep layers' gradients are, takes ~6x as long on x86 (MobileNetV2's
-    first hardtanh gradient: 7.4 ms a call), and so does LLVM's folding of the float form
-    of this back into one."""
+def _masked(x: E.Expr, mask: E.Cast) -> E.Expr:
+    """`x * mask` of a float `x` and a bool `mask` cast to its type (autodiff's formulas:
+    hardtanh's, ReLU's gradient) without the multiply: `x` where `mask`, else the product by
+    0, from `x`'s bits (0 of its sign, NaN for an infinity or NaN). The same values; a
+    multiply whose operand is subnormal, as deep layers' gradients can be, takes ~6x as long
+    on x86, and so does LLVM's folding of the float form of this back into one."""
     if x.dtype.bits not in _FLOAT_BITS:
-        return x * E.cast(x.dtype, mask)
+        return x * mask
     int_type, sign, exponent = _FLOAT_BITS[x.dtype.bits]
     bits = E.Bitcast(int_type.with_lanes(x.dtype.lanes), x)
     finite = E.cmp("!=", E.And(bits, E.imm(exponent, bits.dtype)), E.imm(exponent, bits.dtype))
     zero = E.Bitcast(x.dtype, E.And(bits, E.imm(sign, bits.dtype)))
-    return E.select(mask, x, E.select(finite, zero, E.imm(math.nan, x.dtype)))
+    return E.select(mask.value, x, E.select(finite, zero, E.imm(math.nan, x.dtype)))
 
 
 # -- division -----------------------------------------------------------------
