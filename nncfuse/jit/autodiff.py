@@ -64,9 +64,9 @@ _serial = itertools.count()
 _THRESHOLD = 2  # nodes in a differentiable graph, as the profiling executor's default
 _MAX_VARIANTS = 8
 #: ops whose result's shape depends on values: no sizes are folded from a profile with them
-_VALUE_SHAPES = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
-                 "aten::unique_consecutive", "aten::unique_dim", "aten::index",
-                 "aten::repeat_interleave")
+_VALUE_SHAPES = ("aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
+                 "aten::unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
+                 "aten::index", "aten::repeat_interleave", "aten::bincount")
 #: ops that read a tensor's values as numbers (which may become sizes): nor with these,
 #: unless the tensor is made of sizes (`_shapes_fixed`)
 _READS_VALUES = ("aten::Int", "aten::item", "aten::tolist", "aten::Float", "aten::Bool",
@@ -444,8 +444,9 @@ def _shapes_fixed(graph: torch._C.Graph) -> bool:
     values, and each op that reads a tensor's values as a number reads one made of sizes
     and constants alone (a trace's `x.shape[-1] // 2`, Llama's rotary halves:
     `aten::Int(aten::floor_divide(prim::NumToTensor(aten::size(%x, -1)), 2))`)."""
-    if any(graph.findAllNodes(kind) for kind in _VALUE_SHAPES):
-        return False
+    if any(graph.findAllNodes(kind) for kind in _VALUE_SHAPES) or any(
+            len(inputs_of(node)) == 1 for node in graph.findAllNodes("aten::where")):
+        return False  # (`where(condition)` is `nonzero`'s)
     memo: dict[int, bool] = {}
     return all(_of_sizes(inputs_of(node)[0], memo, 0) for kind in _READS_VALUES
                for node in graph.findAllNodes(kind))

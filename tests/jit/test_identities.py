@@ -123,10 +123,15 @@ graph(%x : Float(2, 4, strides=[4, 1], requires_grad=0, device=cpu), %c : bool):
     assert drop_identities(graph) == 0
 
 
+_HALF = ("%s : int = aten::size(%x, %one)\n  %t : Tensor = prim::NumToTensor(%s)\n"
+         "  %h : Tensor = aten::floor_divide(%t, %two)")
+
+
 @pytest.mark.parametrize("body, fixed", [
-    ("%s : int = aten::size(%x, %one)\n  %t : Tensor = prim::NumToTensor(%s)\n"
-     "  %h : Tensor = aten::floor_divide(%t, %two)", True),  # a trace's `x.shape[1] // 2`
+    (_HALF, True),  # a trace's `x.shape[1] // 2`
     ("%h : Tensor = aten::sum(%x, %none)", False),  # a value of x
+    (_HALF + "\n  %z : Tensor = aten::nonzero(%x)", False),  # a shape made of values
+    (_HALF + "\n  %z : Tensor[] = aten::where(%x)", False),  # (nonzero's)
 ])
 def test_shapes_are_fixed_where_numbers_read_are_made_of_sizes(body, fixed):
     graph = torch._C.parse_ir(f"""
