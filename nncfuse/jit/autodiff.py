@@ -319,14 +319,7 @@ class _Entry:
         values of the captures that are not tensors (sizes, shapes), which it has as
         constants (up to `_MAX_VARIANTS` patterns, then as inputs)."""
         first = len(self.vjps)
-        constants = {first + k: v for k, v in enumerate(captured)
-                     if not isinstance(v, torch.Tensor)}
-        try:
-            key: Any = (given, _frozen(tuple(constants.values())))
-        except TypeError:
-            key = None
-        if key is None or (key not in self._dfs and len(self._dfs) >= _MAX_VARIANTS):
-            key, constants = (given, None), {}
+        key, constants = self._key(given, captured)
         fn = self._dfs.get(key)
         if fn is None:
             with self._lock:
@@ -347,6 +340,29 @@ class _Entry:
         if fn is _FAILED:
             raise ValueError("df not specialized to these gradients")
         return fn
+
+    def _key(self, given: tuple[bool, ...],
+             captured: list[Any]) -> tuple[Any, dict[int, Any]]:
+        """The key of `df`'s program for these given gradients and captures, and the
+        captures (by df input position) it has as constants."""
+        first = len(self.vjps)
+        constants = {first + k: v for k, v in enumerate(captured)
+                     if not isinstance(v, torch.Tensor)}
+        try:
+            key: Any = (given, _frozen(tuple(constants.values())))
+        except TypeError:
+            key = None
+        if key is None or (key not in self._dfs and len(self._dfs) >= _MAX_VARIANTS):
+            key, constants = (given, None), {}
+        return key, constants
+
+    def failed(self, given: tuple[bool, ...], captured: list[Any]) -> None:
+        """Note that `df`'s program for these given gradients raised where it ran: later
+        calls take the caller's fallback (zeros for the gradients not given) at once, not a
+        profiling run that raises again at every step (ConvNeXt's: 0.8 ms of each)."""
+        key, _ = self._key(given, captured)
+        with self._lock:
+            self._dfs[key] = _FAILED
 
     def rerun(self, *inputs: Any) -> Any:
         """The graph unfused (under eager autograd, for a second derivative), on copies of
@@ -608,6 +624,7 @@ class _Differentiable(torch.autograd.Function):
         except (ValueError, RuntimeError):
             if all(given):
                 raise
+            entry.failed(given, captured)
             # Zeros for the gradients not given, as autodiff's own executor would give (a
             # df specialized to undefined ones may not build, or may not run: ConvNeXt's).
             vjps = [g if g is not None else _zeros(shapes)
