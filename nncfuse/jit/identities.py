@@ -12,11 +12,11 @@ copies the gradient into zeros. Both go, where the profiled types show them to b
     %a = aten::to(%x, %float, False, False, None)    ==>   (uses of %a, %s use %x)
     %s = aten::slice(%x, %1, %0, %max, %1)              (x: Float(1, 2, 128, 64))
 
-A cast is exact even where its result leaves the graph (eager's is the same tensor); a
+A cast is exact even where its result leaves the graph (eager's is the same tensor). A
 slice, a new view in eager, goes only where every reader of it and of its input is an op
-that reads or views them without writing them: none can tell the two apart. Types hold for the whole
-variant only in a graph without control flow (the caller also checks that no op makes
-shapes from values): in a graph with blocks nothing is rewritten.
+that reads or views them without writing them: none can tell the two apart. Types hold for
+the whole variant only in a graph without control flow (the caller also checks that no op
+makes shapes from values): in a graph with blocks nothing is rewritten.
 """
 
 from __future__ import annotations
