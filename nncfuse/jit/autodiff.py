@@ -53,6 +53,7 @@ from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
 from .conv_pads import fold_conv_pads
 from .flat_linear import flat_linears
+from .identities import drop_identities
 from .plans import run_as_built
 from .policy import Policy, Program, program, signature
 from .profiling import Profiler
@@ -63,9 +64,14 @@ _serial = itertools.count()
 _THRESHOLD = 2  # nodes in a differentiable graph, as the profiling executor's default
 _MAX_VARIANTS = 8
 #: ops whose result's shape depends on values: no sizes are folded from a profile with them
-_DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
-                   "aten::unique_consecutive", "aten::unique_dim", "aten::index",
-                   "aten::repeat_interleave", "aten::Int", "aten::item", "aten::tolist")
+_VALUE_SHAPES = ("aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
+                 "aten::unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
+                 "aten::index", "aten::repeat_interleave", "aten::bincount")
+#: ops that read a tensor's values as numbers (which may become sizes): nor with these,
+#: unless the tensor is made of sizes (`_shapes_fixed`)
+_READS_VALUES = ("aten::Int", "aten::item", "aten::tolist", "aten::Float", "aten::Bool",
+                 "aten::IntImplicit", "aten::FloatImplicit", "aten::ScalarImplicit")
+_SIZES = ("aten::size", "aten::dim", "prim::Constant")
 
 
 class AutodiffPlan:
@@ -174,11 +180,12 @@ class _Outer:
     def __init__(self, graph: torch._C.Graph, options: Options, inputs: tuple[Any, ...]):
         graph = graph.copy()
         _specialize(graph, inputs)
-        if not any(graph.findAllNodes(kind) for kind in _DATA_DEPENDENT):
+        if _shapes_fixed(graph):
             # Sizes from the profiled types (the variant's key fixes the inputs' shapes),
             # as constants: the normalized shape of a layer norm, a view's sizes.
             torch._C._jit_pass_peephole(graph, False)
             torch._C._jit_pass_constant_propagation(graph)
+            drop_identities(graph)  # (Llama's casts to float32 and whole slices)
         _fold_tuples(graph)  # (a traced submodule's tuple, unpacked: its values join graphs)
         flat_linears(graph)  # (GPT-2's projections: a GEMM between views joins the graphs)
         fold_conv_pads(graph)  # (MobileNetV2's pads: not differentiable, and copies)
@@ -312,14 +319,7 @@ class _Entry:
         values of the captures that are not tensors (sizes, shapes), which it has as
         constants (up to `_MAX_VARIANTS` patterns, then as inputs)."""
         first = len(self.vjps)
-        constants = {first + k: v for k, v in enumerate(captured)
-                     if not isinstance(v, torch.Tensor)}
-        try:
-            key: Any = (given, _frozen(tuple(constants.values())))
-        except TypeError:
-            key = None
-        if key is None or (key not in self._dfs and len(self._dfs) >= _MAX_VARIANTS):
-            key, constants = (given, None), {}
+        key, constants = self._key(given, captured)
         fn = self._dfs.get(key)
         if fn is None:
             with self._lock:
@@ -340,6 +340,29 @@ class _Entry:
         if fn is _FAILED:
             raise ValueError("df not specialized to these gradients")
         return fn
+
+    def _key(self, given: tuple[bool, ...],
+             captured: list[Any]) -> tuple[Any, dict[int, Any]]:
+        """The key of `df`'s program for these given gradients and captures, and the
+        captures (by df input position) it has as constants."""
+        first = len(self.vjps)
+        constants = {first + k: v for k, v in enumerate(captured)
+                     if not isinstance(v, torch.Tensor)}
+        try:
+            key: Any = (given, _frozen(tuple(constants.values())))
+        except TypeError:
+            key = None
+        if key is None or (key not in self._dfs and len(self._dfs) >= _MAX_VARIANTS):
+            key, constants = (given, None), {}
+        return key, constants
+
+    def failed(self, given: tuple[bool, ...], captured: list[Any]) -> None:
+        """Note that `df`'s program for these given gradients raised where it ran: later
+        calls take the caller's fallback (zeros for the gradients not given) at once, not a
+        profiling run that raises again at every step (ConvNeXt's: 0.8 ms of each)."""
+        key, _ = self._key(given, captured)
+        with self._lock:
+            self._dfs[key] = _FAILED
 
     def rerun(self, *inputs: Any) -> Any:
         """The graph unfused (under eager autograd, for a second derivative), on copies of
@@ -430,6 +453,31 @@ def _specialize(graph: torch._C.Graph, inputs: tuple[Any, ...]) -> None:
             const = graph.insertConstant(v)
             const.node().moveBefore(first)
             value.replaceAllUsesWith(const)
+
+
+def _shapes_fixed(graph: torch._C.Graph) -> bool:
+    """Whether the variant's key fixes every shape in `graph`: no op makes a shape from
+    values, and each op that reads a tensor's values as a number reads one made of sizes
+    and constants alone (a trace's `x.shape[-1] // 2`, Llama's rotary halves:
+    `aten::Int(aten::floor_divide(prim::NumToTensor(aten::size(%x, -1)), 2))`)."""
+    if any(graph.findAllNodes(kind) for kind in _VALUE_SHAPES) or any(
+            len(inputs_of(node)) == 1 for node in graph.findAllNodes("aten::where")):
+        return False  # (`where(condition)` is `nonzero`'s)
+    memo: dict[int, bool] = {}
+    return all(_of_sizes(inputs_of(node)[0], memo, 0) for kind in _READS_VALUES
+               for node in graph.findAllNodes(kind))
+
+
+def _of_sizes(value: Any, memo: dict[int, bool], depth: int) -> bool:
+    """Whether `value` is computed from sizes and constants alone, within a few ops."""
+    made = memo.get(value.unique())
+    if made is None:
+        node = value.node()
+        made = node.kind() in _SIZES or (
+            depth < 16 and node.kind() != "prim::Param" and not blocks_of(node)
+            and all(_of_sizes(v, memo, depth + 1) for v in inputs_of(node)))
+        memo[value.unique()] = made
+    return made
 
 
 def _fold_tuples(graph: torch._C.Graph) -> None:
@@ -576,6 +624,7 @@ class _Differentiable(torch.autograd.Function):
         except (ValueError, RuntimeError):
             if all(given):
                 raise
+            entry.failed(given, captured)
             # Zeros for the gradients not given, as autodiff's own executor would give (a
             # df specialized to undefined ones may not build, or may not run: ConvNeXt's).
             vjps = [g if g is not None else _zeros(shapes)

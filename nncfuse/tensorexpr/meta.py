@@ -118,15 +118,19 @@ def graph_text(graph: torch._C.Graph) -> str:
     return re.sub(r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), text)
 
 
-def only_reads(node: Any, k: int) -> bool:
+def only_reads(node: Any, k: int, views: bool = False) -> bool:
     """Whether `node` only reads its input `k`: its schema neither writes nor aliases it
-    (no schema, as `prim::If`'s: no)."""
+    (no schema, as `prim::If`'s: no); with `views`, it may alias it without writing it (a
+    view of it)."""
     try:
         schema = torch._C.parse_schema(node.schema())
     except RuntimeError:  # "(no schema)"
         return False
     arguments = schema.arguments
-    return k < len(arguments) and arguments[k].alias_info is None
+    if k >= len(arguments):
+        return False
+    alias = arguments[k].alias_info
+    return alias is None or views and not alias.is_write
 
 
 def infer_types(graph: torch._C.Graph, example: Callable[[Any], Any]) -> dict[int, TensorMeta]:

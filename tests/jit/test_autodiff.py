@@ -140,6 +140,42 @@ def test_unused_output_gives_none_as_eager():
                                    torch.autograd.grad(two(x, y), (x, y), seeds))
 
 
+def pair(x, y):
+    h = (x * y).sin()
+    return h * 2.0, (h.exp() + x) * y  # (one differentiable graph, two outputs)
+
+
+def test_a_df_that_raises_is_not_run_again(monkeypatch):
+    """A df specialized to gradients not all given that raises where it runs (ConvNeXt's)
+    gives eager's gradients through zeros, and is not tried again at later steps."""
+    from nncfuse.jit import autodiff
+
+    original, runs = autodiff._Entry.df, []
+
+    def df(self, given, captured, vjps):
+        made = original(self, given, captured, vjps)
+        if all(given):
+            return made
+
+        def raising(*args):
+            runs.append(given)
+            raise RuntimeError("strides() called on an undefined Tensor")
+
+        raising.constants = made.constants
+        return raising
+
+    monkeypatch.setattr(autodiff._Entry, "df", df)
+    fused = nncfuse.jit(pair, autograd="autodiff")
+    x, y = (torch.randn(3, 4, requires_grad=True) for _ in range(2))
+    for _ in range(4):
+        a, _b = fused(x, y)
+        got = torch.autograd.grad(a.sum(), (x, y), allow_unused=True)
+        ref, _ = pair(x, y)
+        want = torch.autograd.grad(ref.sum(), (x, y), allow_unused=True)
+        torch.testing.assert_close(got, want)
+    assert len(runs) == 1  # (the first step's; then the zeros at once)
+
+
 def test_module_parameters_accumulate():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
