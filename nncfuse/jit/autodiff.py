@@ -621,10 +621,11 @@ class _Differentiable(torch.autograd.Function):
 
         try:
             results = run(given, vjps)
-        except (ValueError, RuntimeError):
+        except (ValueError, RuntimeError) as e:
             if all(given):
                 raise
-            entry.failed(given, captured)
+            if isinstance(e, RuntimeError):  # (it ran and raised: not again. A ValueError:
+                entry.failed(given, captured)  # none could be made, or one raised before)
             # Zeros for the gradients not given, as autodiff's own executor would give (a
             # df specialized to undefined ones may not build, or may not run: ConvNeXt's).
             vjps = [g if g is not None else _zeros(shapes)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
+from ..tensorexpr.meta import UNKNOWN, TensorMeta, constant, inputs_of, is_tensor, outputs_of
 from ..tensorexpr.size_symbols import row_major
 
 
@@ -163,9 +163,10 @@ def _scripted(fn: Callable[..., Any]) -> torch._C.Graph:
 
 def _constant(value: Any) -> Any:
     """The Python value of `value` if a constant makes it, else raises KeyError."""
-    if value.node().kind() != "prim::Constant":
+    made = constant(value)
+    if made is UNKNOWN:
         raise KeyError(value)
-    return value.toIValue()
+    return made
 
 
 def _inserted(graph: torch._C.Graph, node: Any, value: Any) -> Any:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..tensorexpr.meta import inputs_of, only_reads
+from ..tensorexpr.meta import UNKNOWN, constant, inputs_of, only_reads
 
 _CONVOLUTIONS = ("aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d")
 _PADDING = 4  # (the position of `padding` in each)
@@ -53,8 +53,8 @@ def fold_conv_pads(graph: torch._C.Graph) -> int:
 def _zero_pads(node: Any) -> list[int] | None:
     """The pad amounts (last dim first, as `pad` takes them) of a constant pad of zeros
     with constant non-negative amounts; else None."""
-    values = [_constant(v) for v in inputs_of(node)[1:]]
-    if any(v is _UNKNOWN for v in values):
+    values = [constant(v) for v in inputs_of(node)[1:]]
+    if any(v is UNKNOWN for v in values):
         return None
     pads, rest = values[0], values[1:]
     if node.kind() == "aten::pad":
@@ -92,12 +92,5 @@ def _pads_nothing(node: Any, dims: int) -> bool:
     """Whether `node` is a convolution over `dims` dims that pads nothing (and not a
     transposed one, whose padding crops its result)."""
     args = inputs_of(node)
-    return node.kind() in _CONVOLUTIONS and _constant(args[_PADDING]) == [0] * dims and (
-        node.kind() != "aten::_convolution" or _constant(args[6]) is False)
-
-
-_UNKNOWN: Any = object()
-
-
-def _constant(value: Any) -> Any:
-    return value.toIValue() if value.node().kind() == "prim::Constant" else _UNKNOWN
+    return node.kind() in _CONVOLUTIONS and constant(args[_PADDING]) == [0] * dims and (
+        node.kind() != "aten::_convolution" or constant(args[6]) is False)

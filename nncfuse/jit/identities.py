@@ -25,12 +25,13 @@ from typing import Any
 
 import torch
 
-from ..tensorexpr.meta import blocks_of, inputs_of, only_reads
+from ..tensorexpr.meta import blocks_of, constant, inputs_of, only_reads
 
 _PRESERVE_FORMAT = 1  # (torch.preserve_format, as a TorchScript constant)
-#: a cast's arguments other than its dtype and device, and the values that keep the tensor
+#: a cast's arguments other than its dtype and device (and non_blocking, which changes
+#: nothing here), and the values that keep the tensor
 _KEEPS = {"copy": (False,), "memory_format": (None, _PRESERVE_FORMAT), "layout": (None, 0),
-          "pin_memory": (None, False), "non_blocking": (False, True)}
+          "pin_memory": (None, False)}
 
 
 def drop_identities(graph: torch._C.Graph) -> int:
@@ -69,12 +70,9 @@ def _same_type(node: Any) -> bool:
             source.dtype(), source.device()) != (result.dtype(), result.device()):
         return False
     schema = torch._C.parse_schema(node.schema())
-    for argument, value in zip(schema.arguments, inputs_of(node)):
-        if argument.name in _KEEPS:
-            if value.node().kind() != "prim::Constant" or (
-                    value.toIValue() not in _KEEPS[argument.name]):
-                return False
-    return True
+    return all(constant(value) in _KEEPS[argument.name]
+               for argument, value in zip(schema.arguments, inputs_of(node))
+               if argument.name in _KEEPS)
 
 
 def _whole(node: Any) -> bool:
@@ -84,12 +82,10 @@ def _whole(node: Any) -> bool:
     if types is None or len(inputs_of(node)) != 5:
         return False
     source, result = types
-    start, step = (inputs_of(node)[k] for k in (2, 4))
-    if any(v.node().kind() != "prim::Constant" for v in (start, step)):
-        return False
+    start, step = (constant(inputs_of(node)[k]) for k in (2, 4))
     sizes = source.sizes()
-    return (start.toIValue() in (None, 0) and step.toIValue() == 1 and sizes is not None
-            and None not in sizes and sizes == result.sizes())
+    return (start in (None, 0) and step == 1 and sizes is not None and None not in sizes
+            and sizes == result.sizes())
 
 
 def _only_read(node: Any) -> bool:

@@ -118,6 +118,16 @@ def graph_text(graph: torch._C.Graph) -> str:
     return re.sub(r"%[\w.]+", lambda m: names.setdefault(m.group(0), f"%{len(names)}"), text)
 
 
+#: `constant`'s answer for a value that no `prim::Constant` makes
+UNKNOWN: Any = object()
+
+
+def constant(value: Any) -> Any:
+    """The Python value of a graph value that a `prim::Constant` makes, else `UNKNOWN`
+    (None is a constant's value too)."""
+    return value.toIValue() if value.node().kind() == "prim::Constant" else UNKNOWN
+
+
 def only_reads(node: Any, k: int, views: bool = False) -> bool:
     """Whether `node` only reads its input `k`: its schema neither writes nor aliases it
     (no schema, as `prim::If`'s: no); with `views`, it may alias it without writing it (a
