@@ -49,6 +49,7 @@ from ..tensorexpr.meta import (
     outputs_of,
 )
 from . import collector
+from .autodiff_views import absorb_views
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
 from .conv_pads import fold_conv_pads
@@ -189,7 +190,10 @@ class _Outer:
         _fold_tuples(graph)  # (a traced submodule's tuple, unpacked: its values join graphs)
         flat_linears(graph)  # (GPT-2's projections: a GEMM between views joins the graphs)
         fold_conv_pads(graph)  # (MobileNetV2's pads: not differentiable, and copies)
-        torch._C._jit_pass_create_autodiff_subgraphs(graph, _THRESHOLD)
+        # Graphs of one node too, which views may join with others; then those that stay
+        # smaller than _THRESHOLD are taken apart.
+        torch._C._jit_pass_create_autodiff_subgraphs(graph, 1)
+        absorb_views(graph, _THRESHOLD)  # (attention's chunk, reshapes and transposes)
         nodes = graph.findAllNodes("prim::DifferentiableGraph")
         if not nodes:
             raise ValueError("no differentiable graph")
@@ -702,7 +706,7 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
     status: dict[int, str] = {}
     for k, value in enumerate(values):
         if k in constants:
-            const = graph.insertConstant(constants[k])
+            const = _constant(graph, constants[k], value.type())
             const.node().moveBefore(first)
             value.replaceAllUsesWith(const)
         elif k < len(given) and not given[k]:
@@ -716,6 +720,43 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_dce(graph)
     return graph
+
+
+def _constant(graph: torch._C.Graph, value: Any, kind: Any) -> Any:
+    """`value` as a constant of `graph` standing for an input of type `kind`; an empty list
+    (the size of a 0-dim tensor, `_grad_sum_to_size`'s) as an empty list of its element type,
+    which `insertConstant` cannot tell."""
+    if isinstance(value, list) and not value:
+        if isinstance(kind, torch._C.OptionalType):
+            kind = kind.getElementType()
+        empty = graph.create("prim::ListConstruct")
+        empty.output().setType(kind)
+        graph.insertNode(empty)
+        return empty.output()
+    return graph.insertConstant(value)
+
+
+def _chunk_zeros(graph: torch._C.Graph, node: Any, states: list[str]) -> None:
+    """The undefined gradients of the parts of a `prim::ConstantChunk` (its `GradOf`,
+    `node`, cats them) as zeros the shape of a defined one: `autodiff_views.py` moves only
+    chunks into equal parts into differentiable graphs.
+
+        %g = prim::GradOf[name="prim::ConstantChunk"](%a, %zero)
+          ==>  %z = aten::zeros_like(%a)
+               %g = prim::GradOf[name="prim::ConstantChunk"](%a, %z)
+    """
+    defined = inputs_of(node)[states.index(_NONZERO)]
+    block = next(node.blocks())
+    for k, state in enumerate(states):
+        if state == _ZERO:
+            zero = node.inputsAt(k)
+            with graph.insert_point_guard(node):
+                zeros = graph.insert("aten::zeros_like", [defined])
+            zeros.setType(defined.type())
+            for use in list(zero.uses()):
+                if use.user == node or use.user.owningBlock() == block:
+                    use.user.replaceInput(use.offset, zeros)
+            states[k] = _NONZERO
 
 
 def _zero_for(graph: torch._C.Graph, value: Any, before: Any, status: dict[int, str]) -> None:
@@ -734,7 +775,9 @@ def _fold_zeros(graph: torch._C.Graph, nodes: list[Any], status: dict[int, str])
     for node in nodes:
         kind = node.kind()
         states = [status.get(v.unique(), _NONZERO) for v in node.inputs()]
-        if kind == "prim::GradOf":
+        if kind == "prim::AutogradZero":  # (autodiff's own: a part of a chunk not read)
+            status[node.output().unique()] = _ZERO
+        elif kind == "prim::GradOf":
             if all(s == _ZERO for s in states):
                 for out in node.outputs():
                     _zero_for(graph, out, node, status)
@@ -742,6 +785,8 @@ def _fold_zeros(graph: torch._C.Graph, nodes: list[Any], status: dict[int, str])
                 continue
             if _NONZERO not in states:
                 raise ValueError("a GradOf of gradients not known to be defined")
+            if _ZERO in states and node.s("name") == "prim::ConstantChunk":
+                _chunk_zeros(graph, node, states)
             block = next(node.blocks())
             moved = list(block.nodes())
             for inner in moved:

@@ -54,9 +54,9 @@ def make_group(graph: Any, node: Any, copies: Copies = _no_copies) -> Any:
 
 
 def merge_into(graph: Any, group: Any, producer: Any, copies: Copies = _no_copies) -> None:
-    """Move `producer` (a node or a group), which precedes `group`, into it. A group's size
-    expressions are copied in again with the nodes that read them."""
-    nodes = unmerge(graph, producer) if is_group(producer) else [producer]
+    """Move `producer` (a node or a group of `group`'s kind), which precedes `group`, into
+    it. A group's size expressions are copied in again with the nodes that read them."""
+    nodes = unmerge(graph, producer) if producer.kind() == group.kind() else [producer]
     copied = [n for n in nodes if is_size_node(n)]
     for node in reversed(nodes):
         if node.kind() != "prim::Constant" and not is_size_node(node):
