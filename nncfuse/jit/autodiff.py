@@ -49,7 +49,7 @@ from ..tensorexpr.meta import (
     outputs_of,
 )
 from . import collector
-from .autodiff_views import absorb_views
+from .autodiff_views import DIFFERENTIABLE_GRAPH, absorb_views
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
 from .conv_pads import fold_conv_pads
@@ -194,7 +194,7 @@ class _Outer:
         # smaller than _THRESHOLD are taken apart.
         torch._C._jit_pass_create_autodiff_subgraphs(graph, 1)
         absorb_views(graph, _THRESHOLD)  # (attention's chunk, reshapes and transposes)
-        nodes = graph.findAllNodes("prim::DifferentiableGraph")
+        nodes = graph.findAllNodes(DIFFERENTIABLE_GRAPH)
         if not nodes:
             raise ValueError("no differentiable graph")
         if any(_tensor_list(v) for node in nodes for v in outputs_of(node)):

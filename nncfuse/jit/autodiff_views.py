@@ -99,16 +99,19 @@ def _only_for(value: Any, node: Any) -> Any:
     if kind == "prim::ListUnpack":
         chunk = producer.input().node()
         if (chunk.kind() != "aten::chunk" or len(producer.input().uses()) != 1
-                or not all(v.node().kind() == "prim::Constant" for v in inputs_of(chunk)[1:])
-                or not _equal_parts(producer)):
+                or not _constant_operands(chunk) or not _equal_parts(producer)):
             return None
-    elif kind not in _VIEWS or not all(
-            v.node().kind() == "prim::Constant" for v in inputs_of(producer)[1:]):
+    elif kind not in _VIEWS or not _constant_operands(producer):
         return None
     if not all(is_tensor(v) and all(u.user == node for u in v.uses())
                for v in outputs_of(producer)):
         return None
     return producer
+
+
+def _constant_operands(node: Any) -> bool:
+    """Whether `node`'s operands after its first (the tensor) are all constants."""
+    return all(v.node().kind() == "prim::Constant" for v in inputs_of(node)[1:])
 
 
 def _equal_parts(unpack: Any) -> bool:
