@@ -12,8 +12,17 @@ graph of a scripted function, inserted in its place (`decompose`), with ATen's f
 
 f's batch norm (`_batch_norm_impl_index`, in training or evaluation, of a contiguous
 float tensor) becomes its statistics, the normalization and the writes of the running
-statistics (`copy_` into them, which the fuser keeps in the kernel); its backward stays
-ATen's (as fast as the formula fused, and a kernel less to compile per layer).
+statistics (`copy_` into them, which the fuser keeps in the kernel); df's
+(`_batch_norm_impl_index_backward`) its two sums per channel and the input's gradient, so
+that they fuse with the activation's backward that makes their `grad`:
+
+    %m = fused_ge_le_mul_mul(%g, %y)                %m = fused...(%g, %y)   (ReLU6's mask)
+    %dx, %dw, %db = aten::_batch_norm_     ==>      %sg = sum(%m, [0, 2, 3])
+        impl_index_backward(0, %x, %m, ...)          %sgx = sum(%m * (%x - %mean) * %invstd)
+                                                    %dx = %invstd * %w * (%m - %sg / n - ...)
+
+(MobileNetV2's training step, `benchmarks/training.py --models mobilenet,resnet`: 0.91x to
+0.94x Inductor's; ResNet-50's 1.15x to 1.19x; each first step 1.3x longer: more kernels.)
 
 Only where the decomposition's constants are known in the graph (the dims of a layer
 norm: the rank of its typed input and a constant normalized shape; a `_grad_sum_to_size`
@@ -127,6 +136,33 @@ def batch_norm_eval(x: Tensor, weight: Tensor | None, bias: Tensor | None,
         out = out + bias.view(shape)
     reserve = torch.empty([0], dtype=torch.uint8)  # (eager saves no statistics)
     return out, torch.empty([0], dtype=x.dtype), torch.empty([0], dtype=x.dtype), reserve, 0
+
+
+def batch_norm_backward(grad: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
+                        invstd: Tensor, training: bool, eps: float, dims: list[int],
+                        shape: list[int], channels: list[int], n: float, mask: list[bool]
+                        ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    if not training:  # (`invstd`: the running variance)
+        invstd = torch.rsqrt(invstd + eps)
+    x_hat = (x - mean.view(shape)) * invstd.view(shape)
+    sum_g = grad.sum(dims, keepdim=True)
+    sum_gx = (grad * x_hat).sum(dims, keepdim=True)
+    d_input: Tensor | None = None
+    if mask[0]:
+        scale = invstd.view(shape)
+        if weight is not None:
+            scale = scale * weight.view(shape)
+        if training:
+            d_input = scale * (grad - sum_g / n - x_hat * (sum_gx / n))
+        else:  # (the running statistics: constants of the input)
+            d_input = scale * grad
+    d_weight: Tensor | None = None
+    if mask[1]:
+        d_weight = sum_gx.view(channels)
+    d_bias: Tensor | None = None
+    if mask[2]:
+        d_bias = sum_g.view(channels)
+    return d_input, d_weight, d_bias
 
 
 def mm(a: Tensor, b: Tensor) -> Tensor:
@@ -254,6 +290,23 @@ def _batch_norm(node: Any) -> tuple[Any, list[Any]]:
                         shape, channels, n]
 
 
+def _batch_norm_backward(node: Any) -> tuple[Any, list[Any]]:
+    (index, x, grad, weight, running_mean, running_var, save_mean, save_invstd, train,
+     eps, mask, _reserve) = node.inputs()
+    training, mask = _constant(train), _constant(mask)
+    if _constant(index) != 0 or mask[1] and _none(weight):
+        raise KeyError(node)  # (another backend's; eager raises)
+    if training:
+        mean, invstd = save_mean, save_invstd
+    else:  # (evaluation's: of the running statistics)
+        mean, invstd = running_mean, running_var
+    if _none(mean) or _none(invstd):
+        raise KeyError(node)
+    dims, shape, channels, n = _batch_norm_sizes(x, grad, weight, mean, invstd)
+    return batch_norm_backward, [grad, x, weight, mean, invstd, training, eps, dims, shape,
+                                 channels, n, mask]
+
+
 def _matmul(node: Any) -> tuple[Any, list[Any]]:
     a, b = node.inputs()
     if _rank(a) < 2 or _rank(b) != 2:
@@ -316,6 +369,7 @@ _RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
     "aten::native_layer_norm": _layer_norm,
     "aten::native_layer_norm_backward": _layer_norm_backward,
     "aten::_batch_norm_impl_index": _batch_norm,
+    "aten::_batch_norm_impl_index_backward": _batch_norm_backward,
     "aten::_grad_sum_to_size": _grad_sum_to_size,
     "aten::matmul": _matmul,
     "aten::linear": _linear,

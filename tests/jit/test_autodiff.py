@@ -559,6 +559,8 @@ def test_batch_norms_fuse_with_eagers_results_and_running_statistics(name, train
     assert "aten::_batch_norm_impl_index" not in kinds
     assert "aten::rsqrt" in kinds  # (inside a fusion group's subgraph)
     assert _groups(fused)[0] >= 1
+    # (training's backward too: its sums and the input's gradient, in df's kernels)
+    assert "aten::_batch_norm_impl_index_backward" not in _kinds(fused)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
@@ -569,6 +571,7 @@ def test_batch_norm_gradcheck_float64(training):
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
     _steps(fused, [x])
     assert "aten::_batch_norm_impl_index" not in _kinds(fused, df=False)
+    assert "aten::_batch_norm_impl_index_backward" not in _kinds(fused)
     assert torch.autograd.gradcheck(fused, [x])
 
 
