@@ -52,7 +52,7 @@ def _compiled(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
 
 
 def _reset() -> None:
-    from nncfuse.jit.guard import clear_kernel_cache
+    from nncfuse.jit.fuser.guard import clear_kernel_cache
 
     torch._dynamo.reset()
     clear_kernel_cache()

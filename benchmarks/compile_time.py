@@ -11,7 +11,7 @@ Stages (wrapped functions): AOTAutograd's joint trace (`nncfuse-jit-aot`, the ba
 the partitioner; the FX -> TorchScript conversion; profiling runs (their instrumented graph
 run included); the fuser and guards; lowering; the schedule's passes; the LLVM IR built in
 Python; LLVM's parse and verify, optimization pipeline and machine code; the MCJIT engine;
-the generated entry; for `nncfuse-jit` (jit/autodiff.py, whose first step profiles and
+the generated entry; for `nncfuse-jit` (jit/training/autodiff.py, whose first step profiles and
 whose second compiles: `--steps 3`) also the differentiable subgraphs, autodiff itself,
 the decompositions and the rest of building its program. "rest" is everything else: for
 the backend Dynamo and AOTAutograd's trace, for every contender the unfused ops a
@@ -69,7 +69,9 @@ def instrument(totals: Totals) -> None:
     import torch._functorch.partitioners as partitioners
 
     import nncfuse.backend as backend
-    from nncfuse.jit import autodiff, fxgraph, guard, policy
+    from nncfuse.jit.fuser import guard
+    from nncfuse.jit.specialize import fxgraph, policy
+    from nncfuse.jit.training import autodiff
     from nncfuse.tensorexpr import kernel
     from nncfuse.tensorexpr.codegen import llvm_codegen, llvm_jit
 

@@ -50,7 +50,7 @@ from workloads import (
 )
 
 import nncfuse
-from nncfuse.jit import guard
+from nncfuse.jit.fuser import guard
 
 Inputs = tuple[torch.Tensor, ...]
 

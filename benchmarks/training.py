@@ -17,15 +17,15 @@ compare). Contenders, each on its own copy of the same initial weights:
                    backward graphs through nncfuse);
 - nncfuse-jit:     `nncfuse.jit(module)` (scripted; models.py's models traced), whose
                    parameters require grad: TorchScript's autodiff graphs with fused
-                   forwards and backwards (jit/autodiff.py); its first call profiles and its
-                   graphs' first calls profile again: compare with `--first-steps 3`, the
+                   forwards and backwards (jit/training/autodiff.py); its first call profiles
+                   and its graphs' first calls profile again: compare with `--first-steps 3`, the
                    time to its steady state;
 - aot-eager:       (only when named in `--contenders`) `torch.compile(module,
                    backend="aot_eager")`: Dynamo's and AOTAutograd's traces and partition and
                    no compiler, so its first step is the floor under the first step of any
                    compiler behind AOTAutograd (Inductor's, the nncfuse backend's);
 - nncfuse-jit-aot: (only when named) `nncfuse.jit(module, autograd="aot")`: AOTAutograd's
-                   joint graph on the scripted program, partitioned (jit/autograd.py);
+                   joint graph on the scripted program, partitioned (jit/training/autograd.py);
 - nncfuse-jit-autodiff: (only when named) `nncfuse.jit(module, autograd="autodiff")`, the
                    default spelled out (for runs under NNCFUSE_AUTOGRAD=aot).
 - nncfuse-backend-autodiff: (only when named) `torch.compile(module,
@@ -280,7 +280,7 @@ def replayed_graphs() -> Iterator[None]:
     returns its results of the first call made within (detached) instead of running again."""
     from torch._inductor.output_code import CompiledFxGraph
 
-    from nncfuse.jit.fxgraph import CompiledGraph
+    from nncfuse.jit.specialize.fxgraph import CompiledGraph
 
     saved = {cls: cls.__call__ for cls in (CompiledGraph, CompiledFxGraph)}
     results: dict[int, Any] = {}
@@ -373,7 +373,7 @@ def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _reset() -> None:
-    from nncfuse.jit.guard import clear_kernel_cache
+    from nncfuse.jit.fuser.guard import clear_kernel_cache
 
     torch._dynamo.reset()
     clear_kernel_cache()

@@ -28,9 +28,9 @@ import torch
 
 from .config import VERSION, Options
 from .explain import Report, StrictFusionError, explain
-from .jit.freezing import FrozenFunction
-from .jit.function import FusedFunction
-from .jit.tensorexpr_fuser import fusion_groups
+from .jit.frontend.freezing import FrozenFunction
+from .jit.frontend.function import FusedFunction
+from .jit.fuser.tensorexpr_fuser import fusion_groups
 from .tensorexpr.kernel import TensorExprKernel
 
 __all__ = ["jit", "explain", "fusion_groups", "FusedFunction", "FrozenFunction",
@@ -43,7 +43,7 @@ def jit(fn: Any = None, **options: Any) -> Any:
 
     Options (see `Options`): min_group_size (2), profiling_runs (1),
     max_specializations (12), verify (False), strict (False: see `nncfuse.explain`),
-    freeze (False: for an eval-mode nn.Module, True runs it frozen: `jit/freezing.py`).
+    freeze (False: for an eval-mode nn.Module, True runs it frozen: `jit/frontend/freezing.py`).
     Usable as `@nncfuse.jit` or `@nncfuse.jit(...)`.
     """
     if fn is None:

@@ -10,20 +10,20 @@ source checkout that is not installed). `import nncfuse` never imports this
 module: it imports `torch._dynamo`, 1.3 s.
 
 Each FX graph Dynamo hands over (a graph break gives several) becomes a
-`CompiledGraph` (`jit/fxgraph.py`, shared with `nncfuse.jit` under autograd):
+`CompiledGraph` (`jit/specialize/fxgraph.py`, shared with `nncfuse.jit` under autograd):
 converted to TorchScript as PyTorch's own `ts_compile` does, without freezing
 (parameters stay inputs), then profiled or typed, fused, guarded and compiled
 per input signature as `nncfuse.jit` does. Dynamo's guards decide recompiles;
 within one graph, nncfuse's TypeCheck guards still protect every kernel, and a
 new input signature (Dynamo's `dynamic=True` passes varying sizes to one graph)
-is a size class of the policy, with dynamic kernels (see `jit/fxgraph.py`). A
+is a size class of the policy, with dynamic kernels (see `jit/specialize/fxgraph.py`). A
 graph that cannot be converted runs as the FX graph would, and the reason is
 logged; it never raises where eager would not.
 
 Training goes through AOTAutograd by default, as Inductor's does (below). With
 `make_backend(autograd="autodiff")` (or NNCFUSE_AUTOGRAD=autodiff), a training graph
 is not traced by AOTAutograd: it converts as "nncfuse_ts"'s do, and its calls that need
-autograd run as `nncfuse.jit(fn, autograd="autodiff")`'s (`jit/autodiff.py`): profiled,
+autograd run as `nncfuse.jit(fn, autograd="autodiff")`'s (`jit/training/autodiff.py`): profiled,
 then TorchScript's autodiff splits each differentiable graph into an `f` and a `df`, each
 fused. Its first steps are shorter (no trace, no partition); a graph that cannot be
 converted goes through AOTAutograd as below, the reason logged.
@@ -43,7 +43,7 @@ cannot trace (an output that does not require grad or aliases an input, an input
 that requires grad written in place, sizes as inputs, tensor subclasses,
 autocast) goes to AOTAutograd's own runtime, as do inference graphs. The `*_backward`
 ops, layer and batch norm, softmax's backward and dropout decompose into
-elementwise ops and reductions (`DECOMPOSITIONS`, `jit/decompose.py`) so that
+elementwise ops and reductions (`DECOMPOSITIONS`, `jit/specialize/decompose.py`) so that
 they fuse; ops with no lowering yet (embedding_dense_backward, convolution_backward,
 ...) run unfused in ATen.
 
@@ -69,10 +69,10 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from . import log
 from .config import Options
-from .jit import collector, fxgraph
-from .jit.autodiff import AutodiffPlan
-from .jit.autograd import FusedGraph
-from .jit.fxgraph import CompiledGraph, brief, clear_compiled_graphs, compiled_graphs
+from .jit.specialize import collector, fxgraph
+from .jit.specialize.fxgraph import CompiledGraph, brief, clear_compiled_graphs, compiled_graphs
+from .jit.training.autodiff import AutodiffPlan
+from .jit.training.autograd import FusedGraph
 
 __all__ = ["nncfuse", "nncfuse_ts", "make_backend", "CompiledGraph", "compiled_graphs",
            "clear_compiled_graphs", "DECOMPOSITIONS"]
@@ -125,7 +125,8 @@ def make_backend(aot: bool = True, autograd_node: bool = True,
                 return FusedGraph(gm, list(example_inputs), opts)
             except Exception as e:  # noqa: BLE001 - AOTAutograd's own runtime then
                 _log.dump("Training graph through AOTAutograd's runtime: ", brief(e)[:300])
-        with collector.paused():  # AOTAutograd's trace: no collections (see jit/collector.py)
+        # AOTAutograd's trace: no collections (see jit/specialize/collector.py)
+        with collector.paused():
             return through_aot(gm, example_inputs)
 
     return backend

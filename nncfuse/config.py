@@ -42,7 +42,7 @@ class Options:
                          at the end, naming the pass that broke it (NNCFUSE_VERIFY=1).
     strict:              raise StrictFusionError from calls whose optimized graph leaves a
                          fusible-looking node unfused (NNCFUSE_STRICT=1; see nncfuse.explain).
-    freeze:              for an eval-mode nn.Module: run it frozen (`jit/freezing.py`), its
+    freeze:              for an eval-mode nn.Module: run it frozen (`jit/frontend/freezing.py`), its
                          parameters constants, guarded by their identity and version (True),
                          and also their values ("checked": sees writes through `.data`).
     dynamic:             symbolic sizes, as torch.compile's option: None (default) compiles
@@ -53,8 +53,8 @@ class Options:
                          too: that many static signatures, then that many dynamic kernels.
                          Either way at most `max_specializations` kernels per function.
     autograd:            how `nncfuse.jit` trains: "autodiff" (default) runs TorchScript's
-                         autodiff as NNC did (`jit/autodiff.py`); "aot" traces with
-                         AOTAutograd (`jit/autograd.py`; NNCFUSE_AUTOGRAD=aot). The
+                         autodiff as NNC did (`jit/training/autodiff.py`); "aot" traces with
+                         AOTAutograd (`jit/training/autograd.py`; NNCFUSE_AUTOGRAD=aot). The
                          torch.compile backend trains through AOTAutograd unless this is
                          given as "autodiff" (`make_backend(autograd=...)`, the variable).
     """

@@ -59,13 +59,13 @@ from typing import Any
 import torch
 
 from .config import Options
-from .jit import fxgraph, policy
-from .jit.freezing import FrozenFunction
-from .jit.function import FusedFunction
-from .jit.guard import CompileFailure, is_fused_op
-from .jit.inplace import in_place
-from .jit.subgraph import is_group
-from .jit.tensorexpr_fuser import why_not_fused
+from .jit.frontend.freezing import FrozenFunction
+from .jit.frontend.function import FusedFunction
+from .jit.fuser.guard import CompileFailure, is_fused_op
+from .jit.fuser.inplace import in_place
+from .jit.fuser.subgraph import is_group
+from .jit.fuser.tensorexpr_fuser import why_not_fused
+from .jit.specialize import fxgraph, policy
 
 __all__ = ["explain", "Report", "Group", "Unfused", "StrictFusionError", "CATEGORIES",
            "EXTERNAL_KINDS", "is_compute", "is_external"]

@@ -128,7 +128,8 @@ def test_ops_without_a_lowering_run_unfused(backend, monkeypatch, capsys):
     _run(f, torch.randn(4, 8))
     assert _groups(backend.compiled_graphs()) == [("inference", [2])]
     log = capsys.readouterr().err
-    # layer norm decomposes into reductions and elementwise ops that fuse (jit/decompose.py)
+    # layer norm decomposes into reductions and elementwise ops that fuse
+    # (jit/specialize/decompose.py)
     assert "no lowering: aten::cumsum" in log and "native_layer_norm" not in log
 
 
@@ -219,8 +220,8 @@ def _uses(graph):
 def test_fx_code_compiles_as_a_function_as_the_module_would(backend, monkeypatch):
     # The graphs' code compiles as a function without `self` (TorchScript's own parser, no
     # attribute types): the same program as scripting the module, which it no longer needs.
-    from nncfuse.jit import fxgraph
-    from nncfuse.jit.policy import program
+    from nncfuse.jit.specialize import fxgraph
+    from nncfuse.jit.specialize.policy import program
 
     converted = []
     convert = fxgraph._convert
@@ -388,7 +389,7 @@ def test_a_number_minus_a_tensor_from_a_math_kernel_fuses(backend):
     (torch.float32, float("nan"), False), (torch.float32, True, False)])
 def test_number_minus_a_tensor_is_rsub_where_it_is_the_same_tensor(backend, dtype, number,
                                                                     rewritten):
-    from nncfuse.jit import fxgraph
+    from nncfuse.jit.specialize import fxgraph
 
     def f(y):
         filled = torch.ops.aten.fill.Scalar(torch.ops.aten.empty_like.default(y), number)
@@ -433,7 +434,7 @@ def test_nncfuse_disable_runs_the_fx_graphs(backend, monkeypatch):
 def test_dynamo_symbolic_sizes_reuse_one_dynamic_kernel(backend, monkeypatch):
     """With dynamic=True Dynamo hands over one graph with SymInt sizes: nncfuse gives it a
     dynamic kernel at once and runs every size with it."""
-    from nncfuse.jit import guard
+    from nncfuse.jit.fuser import guard
 
     compiled = []
     real = guard.TensorExprKernel
@@ -645,7 +646,7 @@ class Attention(torch.nn.Module):
 
 def _autodiff_plans(backend):
     """The autodiff plans of the graphs compiled: every graph one Dynamo graph, no AOT trace."""
-    from nncfuse.jit.autodiff import AutodiffPlan
+    from nncfuse.jit.training.autodiff import AutodiffPlan
 
     graphs = backend.compiled_graphs()
     assert graphs and all(g.kind == "dynamo" and g.reason is None for g in graphs)

@@ -5,7 +5,7 @@ import torch
 
 import nncfuse
 from nncfuse.explain import is_compute, is_external
-from nncfuse.jit import guard
+from nncfuse.jit.fuser import guard
 
 
 def cumsum_between(a, b):
@@ -87,7 +87,7 @@ def test_reads_of_an_input_mutated_through_a_view_are_an_alias_problem():
         x = a * 2.0
         y = x.sin()
         v = b[1:]
-        v.add_(1.0)  # two in-place ops on one view: no write-back (jit/inplace.py)
+        v.add_(1.0)  # two in-place ops on one view: no write-back (jit/fuser/inplace.py)
         v.mul_(2.0)
         return y * b, x + b
 

@@ -46,7 +46,7 @@ def test_gradients_after_one_step_match_eager(training, workload, contender):
     assert training.compare_gradients(off, want) is not None
     step()  # a second step runs the compiled kernels
     if contender == "nncfuse-backend":
-        from nncfuse.jit import fxgraph
+        from nncfuse.jit.specialize import fxgraph
 
         graphs = [g for cg in fxgraph.compiled_graphs()[-2:] for g in cg.graphs()]
         assert all(nncfuse.fusion_groups(g) for g in graphs)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nncfuse
-from nncfuse.jit.guard import clear_kernel_cache
+from nncfuse.jit.fuser.guard import clear_kernel_cache
 from nncfuse.tensorexpr import capability
 
 

@@ -191,7 +191,7 @@ def _lower_list(state: _GraphLowering, node: Any) -> None:
         raise LoweringError("a list of something other than tensors or constants")
 
 
-#: Integer ops on sizes (a group's copies of view sizes: `jit/sizes.py`), Python's meaning.
+#: Integer ops on sizes (a group's copies of view sizes: `jit/fuser/sizes.py`), Python's meaning.
 _SIZE_OPS = {
     "aten::add": lambda a, b: a + b, "aten::sub": lambda a, b: a - b,
     "aten::mul": lambda a, b: a * b, "aten::floordiv": lambda a, b: a // b,
@@ -416,7 +416,7 @@ def _view_of_input(state: _GraphLowering, arg: TensorArg, indices: Sequence[E.Ex
 
 
 def _lower_write_back(state: _GraphLowering, node: Any, inputs: Sequence[Buf | E.Var]) -> None:
-    """`copy_(dst, src)` with dst a graph input or a view of one (`jit/inplace.py`): a nest,
+    """`copy_(dst, src)` with dst a graph input or a view of one (`jit/fuser/inplace.py`): a nest,
     run after all others, storing src (broadcast, cast) into the input's buffer."""
     dst, src = (state.env[node.inputsAt(k).unique()] for k in (0, 1))
     if not isinstance(dst, TensorArg) or not isinstance(src, TensorArg):

@@ -27,7 +27,7 @@ import torch
 from nncfuse.tensorexpr import capability
 from nncfuse.tensorexpr.codegen.llvm_jit import host_features, vector_bits
 import nncfuse
-from nncfuse.jit.runtime import kernel_of
+from nncfuse.jit.fuser.runtime import kernel_of
 def f(a, b, c):
     return torch.exp(torch.addcmul(a, b, c)) + torch.sin(a)
 g = nncfuse.jit(f)

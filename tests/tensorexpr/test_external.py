@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
-from nncfuse.jit.runtime import kernel_of
+from nncfuse.jit.fuser.runtime import kernel_of
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.buffer import Buf
 from nncfuse.tensorexpr.dtype import FLOAT32

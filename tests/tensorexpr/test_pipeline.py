@@ -9,7 +9,7 @@ import torch
 
 import nncfuse
 from nncfuse.config import Options
-from nncfuse.jit.guard import clear_kernel_cache
+from nncfuse.jit.fuser.guard import clear_kernel_cache
 from nncfuse.tensorexpr import kernel as kernel_module
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.ir_verifier import IRError

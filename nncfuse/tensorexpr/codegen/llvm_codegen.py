@@ -568,7 +568,7 @@ def _unlink(module: ir.Module) -> None:
     """Take `module` apart once its text is made, so that reference counting frees it: its
     values point up (an instruction to its block, a block or argument to its function, a
     function to the module) and down, cycles that only a garbage collection frees; the
-    compile's collection, paused (`jit/collector.py`), walks them all when it ends
+    compile's collection, paused (`jit/specialize/collector.py`), walks them all when it ends
     (MobileNetV2's training step: ~90k llvmlite objects, the most of what it finds)."""
     for value in module.globals.values():
         if isinstance(value, ir.Function):

@@ -7,7 +7,7 @@ import sys
 import torch
 
 import nncfuse
-from nncfuse.jit.runtime import kernel_of
+from nncfuse.jit.fuser.runtime import kernel_of
 from nncfuse.tensorexpr.passes.parallelize import GRAIN
 
 PROGRAM = """
@@ -26,7 +26,7 @@ print("ok")
 #: on what the process compiled before it.
 TWO_KERNELS = f"""
 import sys, torch, nncfuse
-from nncfuse.jit.runtime import kernel_of
+from nncfuse.jit.fuser.runtime import kernel_of
 def kernel_a(a, b):
     return torch.sigmoid(a * b) + torch.cos(b)
 def kernel_b(x):

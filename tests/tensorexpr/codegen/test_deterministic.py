@@ -15,7 +15,7 @@ import sys
 PROGRAM = """
 import hashlib, sys, torch, nncfuse
 import torch.nn.functional as F
-from nncfuse.jit.runtime import kernel_of
+from nncfuse.jit.fuser.runtime import kernel_of
 padding = [[object()] * k for k in range(int(sys.argv[1]))]
 def block(x, w, b, w2, b2):
     y = F.layer_norm(x, (x.shape[-1],), w, b)

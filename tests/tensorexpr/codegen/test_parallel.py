@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import nncfuse
-from nncfuse.jit.runtime import kernel_of
+from nncfuse.jit.fuser.runtime import kernel_of
 
 
 def chain(a, b):

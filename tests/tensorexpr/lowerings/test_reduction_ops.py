@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
-from nncfuse.jit.guard import clear_kernel_cache
+from nncfuse.jit.fuser.guard import clear_kernel_cache
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.codegen.llvm_jit import vector_bits

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nncfuse
-from nncfuse.jit.supported import why_not_fusible
+from nncfuse.jit.fuser.supported import why_not_fusible
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr.ir_visitor import walk
 from tests.fused import BACKENDS, assert_exact

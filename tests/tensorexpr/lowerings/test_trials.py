@@ -10,7 +10,7 @@ from nncfuse.config import Options
 from nncfuse.tensorexpr.lowerings import external, trials
 from nncfuse.tensorexpr.lowerings.external import ONEDNN_LINEAR_ROWS
 from nncfuse.tensorexpr.meta import TensorMeta
-from tests.jit.test_threads import THREADS, _run_threads
+from tests.jit.frontend.test_threads import THREADS, _run_threads
 
 
 def linear_gelu(x, w, b):

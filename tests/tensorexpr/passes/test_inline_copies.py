@@ -88,7 +88,7 @@ def _transposed_rotary(x, w, cos, sin):
 
 def test_the_rotary_embedding_of_a_transposed_gemm_reads_the_gemm_output():
     import nncfuse
-    from nncfuse.jit.runtime import kernel_of
+    from nncfuse.jit.fuser.runtime import kernel_of
 
     torch.manual_seed(0)
     x, w = torch.randn(8, 32), torch.randn(32, 32)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import nncfuse
-from nncfuse.jit.runtime import kernel_of
+from nncfuse.jit.fuser.runtime import kernel_of
 from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.dtype import FLOAT32

@@ -1,0 +1,209 @@
+"""FusedFunction: what `nncfuse.jit` returns. It binds a call's arguments and runs its plan.
+
+The wrapper's part is Python's: bind positional and keyword arguments and
+defaults (`_bind`), and pick the scripted form of the function that takes
+them (a ScriptFunction or module has one; a plain Python function gets one
+per pattern of argument types, `scripting.py`). Which plan runs a call's
+signature, and when signatures are profiled, optimized or left unfused, is
+the policy's part (`policy.py`); this class hands it each call it has no
+plan for.
+
+The common call, all arguments by position with a plan for their
+signature, is one dict lookup and the plan's `run`: nothing else on the way
+to the kernel. Calls from many threads are safe: that lookup takes no lock,
+and the policy and the scripting of variants lock what they change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Any
+
+import torch
+
+from ...config import Options
+from ..fuser.guard import CompileFailure
+from ..specialize import scripting
+from ..specialize.policy import Policy, Program, program, signature
+from ..training import autodiff, autograd
+
+_MISSING = object()  # a parameter without a default; a variant not scripted yet
+
+
+@dataclasses.dataclass(frozen=True)
+class _Variant:
+    """One scripted form of the function: the program the policy specializes, and the
+    parameters that arguments bind to."""
+
+    program: Program  # the ScriptFunction (or module's forward) and its prepared graph
+    parameters: list[Any]  # the schema's arguments after `self`
+    defaults: list[tuple[str, Any]]  # (name, default or _MISSING) of each, for `_bind`
+
+
+def _variant(script: Any, receiver: Any) -> _Variant:
+    parameters = script.schema.arguments[1 if receiver is not None else 0 :]
+    defaults = [(a.name, a.default_value if a.has_default_value() else _MISSING)
+                for a in parameters]
+    return _Variant(program(script.graph, script, receiver), parameters, defaults)
+
+
+def _bind(parameters: list[tuple[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`args` and `kwargs` as one tuple of `parameters`, (name, default or _MISSING) pairs;
+    None if they do not bind."""
+    if len(args) > len(parameters):
+        return None
+    bound = list(args)
+    for name, default in parameters[len(args) :]:
+        if name in kwargs:
+            bound.append(kwargs.pop(name))
+        elif default is not _MISSING:
+            bound.append(default)
+        else:
+            return None
+    return None if kwargs else tuple(bound)
+
+
+class FusedFunction:
+    """A function, ScriptFunction or ScriptModule that runs with fused kernels.
+
+    A ScriptFunction or module has one scripted form. A plain Python function
+    is scripted once per pattern of argument types (`scripting.py`), with each
+    parameter typed by its value as eager Python would treat it; a function
+    TorchScript cannot compile runs eagerly, with a warning.
+    """
+
+    def __init__(self, fn: Any, options: Options):
+        self.options = options
+        self.target = fn
+        #: which plan runs each signature; shared by all the scripted variants
+        self.policy = Policy(options)
+        self._plans = self.policy.plans  # the same dict, one attribute away for the fast path
+        self._variants: dict[scripting.Pattern, _Variant | None] = {}
+        self._last: _Variant | None = None
+        self._params: list[tuple[str, Any]] | None = None  # a plain function's, with variants
+        self._arity = -1  # number of arguments once known: enables the fast path
+        if not isinstance(fn, (torch.nn.Module, torch.jit.ScriptFunction)):
+            params = scripting.parameters(fn)
+            if params is not None:
+                self._params = [(p.name, _MISSING if p.default is p.empty else p.default)
+                                for p in params]
+                self._arity = len(params)
+        if callable(fn) and not isinstance(fn, torch.nn.Module):
+            functools.update_wrapper(self, fn, updated=())
+
+    @property
+    def compile_failures(self) -> list[CompileFailure]:
+        """Groups that failed to lower or compile (they run unfused), for tools and tests."""
+        return self.policy.compile_failures
+
+    # -- set-up -------------------------------------------------------------------
+    def _prepare(self, types: scripting.Pattern = ()) -> _Variant | None:
+        """The scripted form for argument types `types` (plain functions), or None if none."""
+        variant = self._variants.get(types, _MISSING)
+        if variant is _MISSING:
+            # Under TorchScript's compiler lock: it scripts each pattern once, whatever
+            # the threads, and `catch_warnings` changes process-wide state.
+            with scripting.compile_lock, warnings.catch_warnings():
+                # torch.jit.script/trace warn that TorchScript is deprecated; that is our substrate.
+                warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.jit")
+                if types not in self._variants:
+                    self._variants[types] = self._script(types)
+            variant = self._variants[types]
+        if variant is not None:
+            self._last = variant
+            if self._arity < 0:
+                self._arity = len(variant.parameters)
+        return variant
+
+    def _script(self, types: scripting.Pattern) -> _Variant | None:
+        fn = self.target
+        try:
+            if isinstance(fn, torch.nn.Module) and not isinstance(fn, torch.jit.ScriptModule):
+                fn = torch.jit.script(fn)
+            if isinstance(fn, torch.jit.ScriptModule):
+                return _variant(fn.forward, fn._c)
+            if isinstance(fn, torch.jit.ScriptFunction):
+                return _variant(fn, None)
+            if self._params is None:
+                return _variant(torch.jit.script(fn), None)
+            return _variant(scripting.script(fn, types), None)
+        except Exception as e:  # noqa: BLE001
+            warnings.warn(f"nncfuse: cannot script {fn!r}, running it unfused: {e}", stacklevel=4)
+            return None
+
+    @property
+    def graph(self) -> torch._C.Graph | None:
+        """The graph nncfuse starts from (inlined, in-place ops removed), of the last call's
+        argument types; before any call, of the declared ones."""
+        variant = self._last or self._prepare()
+        return None if variant is None else variant.program.graph
+
+    def _bind_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """All arguments by position (defaults filled in), or None if they do not bind."""
+        if self._params is not None:
+            return _bind(self._params, args, dict(kwargs))
+        variant = self._prepare()
+        return None if variant is None else _bind(variant.defaults, args, dict(kwargs))
+
+    def _variant_for(self, values: tuple[Any, ...]) -> _Variant | None:
+        """The scripted form that takes `values`, or None if there is none."""
+        if self._params is not None:
+            variant = self._prepare(scripting.pattern(values))
+        else:
+            variant = self._prepare()
+        if variant is None or not scripting.accepts(variant.parameters, values):
+            return None
+        return variant
+
+    # -- calls ----------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The common case first and in few steps: all arguments given, a plan exists.
+        if not kwargs and len(args) == self._arity:
+            plan = self._plans.get(signature(args))
+            if plan is not None:
+                return plan.run(args)
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.options.disable:
+            return self.target(*args, **kwargs)
+        values = self._bind_args(args, kwargs)
+        if values is None:
+            return self.target(*args, **kwargs)  # Python or TorchScript reports the error
+        key = signature(values)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan.run(values)
+        variant = self._variant_for(values)
+        if variant is None:
+            # Eager Python (or TorchScript, for a script) runs these arguments.
+            return self.policy.call_unfused(self.target, key, values)
+        if autograd.requires_grad(values, self.target):
+            # Fused forward and backward: TorchScript's autodiff graphs (autodiff.py), or
+            # AOTAutograd's joint graph (autograd.py).
+            prog = variant.program
+            make = (autodiff.AutodiffPlan if self.options.autograd == "autodiff"
+                    else autograd.AutogradPlan)
+            return self.policy.call_with(
+                key, lambda: make(prog, self.options), values, prog.unfused)
+        return self.policy.call(variant.program, key, values)
+
+    def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:
+        """The optimized graph that runs for these inputs (profiling and compiling if needed);
+        None when they run unfused without one (nncfuse disabled, the function not scripted)."""
+        if self.options.disable:
+            return None
+        values = self._bind_args(args, kwargs)
+        if values is None:
+            return None
+        key = signature(values)
+        # (an autograd plan shows its forward graph, optimized after its own profiling runs)
+        for _ in range(2 * self.options.profiling_runs + 1):
+            plan = self._plans.get(key)
+            if plan is not None and (plan.graph is not None or not isinstance(
+                    plan, (autograd.AutogradPlan, autodiff.AutodiffPlan))):
+                break
+            self(*args, **kwargs)
+        return self.policy.graph_of(self._plans[key])  # a dynamic plan's symbols as `*`
