@@ -16,7 +16,10 @@ the list is no value a kernel returns. The reasons are what
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+import torch
 
 from ...tensorexpr.dtype import from_torch
 from ...tensorexpr.lowerings import (
@@ -79,10 +82,26 @@ def why_not_fusible(node: Any) -> str | None:
     return _node_problem(node)
 
 
+@functools.cache
+def _autocast_casts(schema: str) -> bool:
+    """Whether eager autocast casts the operands of the op of `schema` (it has a kernel for
+    the AutocastCPU dispatch key: GEMMs and convolutions to the autocast dtype, losses and
+    `prod` to float32, `cat` and `stack` to their widest input)."""
+    parsed = torch._C.parse_schema(schema)
+    name = parsed.name + (f".{parsed.overload_name}" if parsed.overload_name else "")
+    return torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU")
+
+
 def _node_problem(node: Any) -> str | None:
     lowering, reason = lowering_for(node)
     if lowering is None:
         return reason
+    # Fused, an op would compute in its profiled inputs' dtypes, not in the ones autocast
+    # casts them to: outside groups, eager's autocast casts them as it does without nncfuse.
+    # (A plan's signature holds the autocast state: this one is made under the call's.)
+    if torch._C._is_any_autocast_enabled() and node.kind() != "prim::ListConstruct" and (
+            _autocast_casts(node.schema())):
+        return f"{node.kind()} runs under autocast's casts (eager's)"
     if lowering.problem is not None and (problem := lowering.problem(node)):
         return problem
     outputs = outputs_of(node)

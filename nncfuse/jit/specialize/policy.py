@@ -76,7 +76,7 @@ from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
 from . import collector, scripting
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
-from .size_classes import ClassState, Shapes, generalizes, shapes, size_class
+from .size_classes import ClassState, Shapes, autocast_state, generalizes, shapes, size_class
 
 _log = log.get_logger(__file__)
 #: Strict fusion, installed by `nncfuse.explain` (a layer above, which builds the report):
@@ -89,8 +89,8 @@ Signature = tuple[Any, ...]
 
 def signature(args: tuple[Any, ...]) -> Signature:
     """What a plan is specialized to: tensor metadata, other arguments' types (of the items
-    of lists, tuples and dicts too), grad mode."""
-    return (torch.is_grad_enabled(), *[
+    of lists, tuples and dicts too), grad mode, the autocast state."""
+    return (torch.is_grad_enabled(), autocast_state(), *[
         (a.dtype, a.shape, a.stride(), a.device, a.requires_grad)
         if isinstance(a, torch.Tensor)
         else scripting.annotation(a) if type(a) in (list, tuple, dict) else type(a)
@@ -116,7 +116,12 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     """A copy of `graph` prepared for fusion: calls inlined, constants folded, in-place ops
     rewritten to out-of-place ones."""
     graph = graph.copy()
-    torch._C._jit_pass_inline(graph)
+    # Inlining copies each callee's graph as TorchScript preoptimizes it for the ambient
+    # autocast: its own casts and op lists (layer norm, gelu in float32) where eager's
+    # differ, and the one graph then serves calls outside autocast too. Without: the ops
+    # run under the autocast the call has (a signature's `autocast_state`), as eager's do.
+    with torch.autocast("cpu", enabled=False):
+        torch._C._jit_pass_inline(graph)
     # Folds lists of constants (expand's sizes) into constants, which fuse.
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_remove_mutation(graph)

@@ -31,13 +31,22 @@ Shapes = tuple[tuple[int, ...] | None, ...]  # per argument: a tensor's sizes, o
 Pins = tuple[tuple[int | None, ...] | None, ...]  # per argument and dim: a static size or None
 
 
+def autocast_state() -> Any:
+    """False outside autocast; inside, the CPU's autocast dtype (or True for another device's
+    autocast): part of every signature and size class, so that a plan made under one never
+    runs a call under another."""
+    if not torch._C._is_any_autocast_enabled():
+        return False
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else True
+
+
 def size_class(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """What a dynamic plan is valid for: the signature without the sizes. Per tensor its
     dtype, device, requires_grad, and per dim: one, or a number shared by the dims of equal
     size, broadcast (stride 0) or row-major over the non-broadcast dims. None when a tensor
     has another layout (it gets static plans)."""
     numbers: dict[int, int] = {}
-    out: list[Any] = [torch.is_grad_enabled()]
+    out: list[Any] = [torch.is_grad_enabled(), autocast_state()]
     for a in args:
         if not isinstance(a, torch.Tensor):
             out.append(scripting.annotation(a) if type(a) in (list, tuple, dict) else type(a))

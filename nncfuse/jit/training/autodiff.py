@@ -700,7 +700,8 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
         %s = prim::AutogradAdd(%h, %a)                     (uses of %s use %m)
     """
     graph = df.copy()
-    torch._C._jit_pass_inline(graph)  # (matmul's backward calls helpers)
+    with torch.autocast("cpu", enabled=False):  # (no casts baked in: `policy.program`)
+        torch._C._jit_pass_inline(graph)  # (matmul's backward calls helpers)
     values = inputs_of(graph)
     first = next(iter(graph.nodes()), graph.return_node())
     status: dict[int, str] = {}
