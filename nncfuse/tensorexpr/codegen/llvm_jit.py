@@ -18,19 +18,20 @@ import ctypes
 import functools
 import hashlib
 import os
-import tempfile
 import threading
 from typing import Any
 
+import llvmlite
 import llvmlite.binding as llvm
 import torch
 
 from ... import log
 from ...config import VERSION
 from .. import capability
+from . import object_cache
 
 _log = log.get_logger(__file__)
-CACHE_ENV = "NNCFUSE_CACHE_DIR"
+CACHE_ENV = object_cache.CACHE_ENV
 
 
 @functools.cache
@@ -157,15 +158,19 @@ def _optimized(ir_text: str) -> llvm.ModuleRef:
     return module
 
 
-def _cache_path(ir_text: str) -> str | None:
-    """Where NNCFUSE_CACHE_DIR keeps the object code of `ir_text` for this host, if set."""
-    directory = os.environ.get(CACHE_ENV)
-    if not directory:
-        return None
+def _identity(ir_text: str) -> str:
+    """What object code compiled from `ir_text` on this host depends on: the disk cache's
+    key, also kept in each entry's header, so that a load checks it before LLVM reads it."""
     cpu, features = host_cpu()
-    key = "\0".join([ir_text, cpu, features, ".".join(map(str, llvm.llvm_version_info)),
-                     VERSION])
-    return os.path.join(directory, hashlib.sha256(key.encode()).hexdigest() + ".o")
+    fields = {
+        "llvm": ".".join(map(str, llvm.llvm_version_info)),
+        "llvmlite": llvmlite.__version__,
+        "nncfuse": VERSION,
+        "cpu": cpu,
+        "features": features,
+        "ir": hashlib.sha256(ir_text.encode()).hexdigest(),
+    }
+    return "".join(f"{name}={value}\n" for name, value in fields.items())
 
 
 #: Object code by the digest of the IR text it was compiled from, for this process: groups
@@ -183,25 +188,24 @@ def clear_compiled() -> None:
 def _object_code(ir_text: str) -> tuple[bytes, Any]:
     """Object code for `ir_text`: compiled earlier in this process, from the on-disk cache,
     or compiled (and cached)."""
-    path = _cache_path(ir_text)
-    if path is not None and os.path.exists(path):
-        with open(path, "rb") as f:
-            _log.update("Object code from the cache: ", path)
-            return f.read(), None
     digest = hashlib.sha256(ir_text.encode()).digest()
     code = _compiled.get(digest)
     if code is not None:
         _log.update("Object code of an identical module compiled before")
         return code, None  # the optimized module: made again if shown
+    identity = _identity(ir_text) if object_cache.directory() else ""
+    if identity:
+        code = object_cache.load(identity)  # checked whole: LLVM trusts what it is given
+        if code is not None:
+            _log.update("Object code from the cache: ", object_cache.entry_path(identity))
+            _compiled[digest] = code
+            return code, None
     module = _optimized(ir_text)
     code = _compiled[digest] = shared_target_machine().emit_object(module)
-    if path is not None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(code)
-        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
-        _log.update("Object code cached: ", path)
+    if identity:
+        path = object_cache.store(identity, code)
+        if path is not None:
+            _log.update("Object code cached: ", path)
     return code, module
 
 
@@ -214,10 +218,10 @@ def compile_ir(
 ) -> JitFunction:
     """Parse, verify, optimize and JIT `ir_text`; return its function `name`.
 
-    With NNCFUSE_CACHE_DIR set, object code is kept on disk, keyed by the IR,
-    the host CPU and the LLVM and nncfuse versions, so a later process loads
-    it instead of compiling. The ctypes wrapper releases the GIL during calls
-    unless `release_gil` is False.
+    With NNCFUSE_CACHE_DIR set, object code is kept on disk (`object_cache`),
+    keyed by the IR, the host CPU and the LLVM, llvmlite and nncfuse versions,
+    so a later process loads it instead of compiling. The ctypes wrapper
+    releases the GIL during calls unless `release_gil` is False.
     """
     _initialize()
     code, module = _object_code(ir_text)

@@ -3,12 +3,15 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 import nncfuse
 from nncfuse.jit.fuser.runtime import kernel_of
 from nncfuse.tensorexpr.passes.parallelize import GRAIN
+
+ROOT = Path(__file__).resolve().parents[3]
 
 PROGRAM = """
 import torch, nncfuse
@@ -48,11 +51,13 @@ print("ok")
 
 
 def run(cache_dir, tmp_path, program=PROGRAM, args=()):
-    env = {**os.environ, "NNCFUSE_CACHE_DIR": str(cache_dir), "NNCFUSE_LOG_LEVEL": ">llvm_jit"}
+    # PYTHONPATH: the child imports this checkout, not whichever nncfuse is installed
+    env = {**os.environ, "NNCFUSE_CACHE_DIR": str(cache_dir), "NNCFUSE_LOG_LEVEL": ">llvm_jit",
+           "PYTHONPATH": str(ROOT)}
     script = tmp_path / "program.py"
     script.write_text(program)
     done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     return done.stderr
 

@@ -9,6 +9,9 @@ order of Allocates (insert_allocations) and which temporary lives in an output's
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
 
 #: layer_norm, gelu, softmax and a second layer_norm: several temporaries in one kernel.
 #: argv[1] objects are allocated first, so that the two processes' buffers sit elsewhere.
@@ -36,11 +39,12 @@ for group in nncfuse.fusion_groups(g.graph_for(*args)):
 
 def run(tmp_path, seed, padding):
     env = {**os.environ, "NNCFUSE_CACHE_DIR": str(tmp_path / "cache"),
-           "NNCFUSE_LOG_LEVEL": ">llvm_jit", "PYTHONHASHSEED": str(seed)}
+           "NNCFUSE_LOG_LEVEL": ">llvm_jit", "PYTHONHASHSEED": str(seed),
+           "PYTHONPATH": str(ROOT)}  # the child imports this checkout
     script = tmp_path / "program.py"
     script.write_text(PROGRAM)
     done = subprocess.run([sys.executable, str(script), str(padding)], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     return done.stdout, done.stderr
 
