@@ -76,6 +76,7 @@ from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
 from . import collector, scripting
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
+from .saved_writes import saved_then_written
 from .size_classes import ClassState, Shapes, generalizes, shapes, size_class
 
 _log = log.get_logger(__file__)
@@ -106,6 +107,8 @@ class Program:
     unfused: Callable[..., Any]  # runs the arguments (not the receiver) without fusion
     receiver: Any = None  # a module's C++ object, the graph's `self` input; or None
     elementwise_only: bool = False  # may be typed on meta tensors (see `_typed_on_meta`)
+    #: why its in-place writes must run unfused under autograd (`saved_writes.py`), or None
+    saved_write: str | None = None
 
 
 _ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType,
@@ -117,6 +120,8 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     rewritten to out-of-place ones."""
     graph = graph.copy()
     torch._C._jit_pass_inline(graph)
+    # Before the writes go: whether one hits a tensor that autograd saved, which eager checks.
+    saved_write = saved_then_written(graph)
     # Folds lists of constants (expand's sizes) into constants, which fuse.
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_remove_mutation(graph)
@@ -126,7 +131,7 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
         and all(_elementwise(n) for n in graph.nodes())
         and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in inputs_of(graph))
     )
-    return Program(graph, unfused, receiver, elementwise_only)
+    return Program(graph, unfused, receiver, elementwise_only, saved_write)
 
 
 def _elementwise(node: Any) -> bool:

@@ -1,0 +1,61 @@
+"""Errors as eager's: what eager (or TorchScript) raises, nncfuse raises, of the same type."""
+
+import pytest
+import torch
+
+import nncfuse
+
+SAVED = "modified by an inplace operation"
+
+
+def saved_then_written(x):
+    y = x * 2
+    y.sigmoid_()  # saves its result for backward
+    y += 1  # ... which this writes
+    return (y * x).sum()
+
+
+def written_not_saved(x):
+    y = x * 2
+    y.add_(1)  # mul(x, 2) saved no tensor
+    return y.sin()
+
+
+# -- 1. a write to a tensor autograd saved: backward() raises -----------------------------------
+@pytest.mark.filterwarnings("ignore:Error detected in")  # AOTAutograd's anomaly mode, tracing
+@pytest.mark.parametrize("autograd", ["autodiff", "aot"])
+def test_write_to_saved_tensor_raises_at_backward(autograd):
+    x = torch.randn(5, requires_grad=True)
+    with pytest.raises(RuntimeError, match=SAVED):
+        saved_then_written(x).backward()
+    f = nncfuse.jit(saved_then_written, autograd=autograd)
+    for _ in range(3):  # the profiling run and the plan's runs alike
+        out = f(x)  # the forward does not raise, as eager's does not
+        with pytest.raises(RuntimeError, match=SAVED):
+            out.backward()
+
+
+@pytest.mark.parametrize("autograd", ["autodiff", "aot"])
+def test_write_to_unsaved_tensor_still_fuses(autograd):
+    f = nncfuse.jit(written_not_saved, autograd=autograd)
+    for _ in range(3):
+        x = torch.randn(6, requires_grad=True)
+        f(x).sum().backward()
+        x0 = x.detach().clone().requires_grad_()
+        written_not_saved(x0).sum().backward()
+        torch.testing.assert_close(x.grad, x0.grad)
+    assert nncfuse.fusion_groups(f.graph_for(x))
+
+
+@pytest.mark.filterwarnings("ignore:Error detected in")
+def test_write_to_saved_tensor_under_torch_compile():
+    """Inductor raises BackendCompilerFailed at the first call (AOTAutograd's trace runs the
+    backward); "nncfuse" runs that graph unfused, so the forward works and backward() raises
+    as eager's does."""
+    torch._dynamo.reset()
+    f = torch.compile(saved_then_written, backend="nncfuse")
+    x = torch.randn(5, requires_grad=True)
+    out = f(x)
+    torch.testing.assert_close(out, saved_then_written(x))
+    with pytest.raises(RuntimeError, match=SAVED):
+        out.backward()
