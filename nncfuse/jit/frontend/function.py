@@ -65,6 +65,23 @@ def _bind(parameters: list[tuple[str, Any]], args: tuple[Any, ...], kwargs: dict
     return None if kwargs else tuple(bound)
 
 
+def _name(fn: Any) -> str:
+    """`fn` in a word for a message: a module's class, a function's qualified name (a module's
+    repr would be all its layers)."""
+    if isinstance(fn, torch.nn.Module):
+        return getattr(fn, "original_name", None) or type(fn).__qualname__  # (a script's)
+    return getattr(fn, "__qualname__", None) or getattr(fn, "qualified_name", None) or type(
+        fn).__qualname__
+
+
+def _first_line(error: Exception, limit: int = 160) -> str:
+    """The first line of `error`'s message, trimmed: TorchScript's reason, without the
+    source excerpt that follows it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    line = (lines[0] if lines else type(error).__name__).rstrip(":")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 class FusedFunction:
     """A function, ScriptFunction or ScriptModule that runs with fused kernels.
 
@@ -130,7 +147,8 @@ class FusedFunction:
                 return _variant(torch.jit.script(fn), None)
             return _variant(scripting.script(fn, types), None)
         except Exception as e:  # noqa: BLE001
-            warnings.warn(f"nncfuse: cannot script {fn!r}, running it unfused: {e}", stacklevel=4)
+            warnings.warn(f"nncfuse: cannot script {_name(self.target)} (TorchScript: "
+                          f"{_first_line(e)}), running it unfused", stacklevel=4)
             return None
 
     @property
@@ -191,8 +209,13 @@ class FusedFunction:
         return self.policy.call(variant.program, key, values)
 
     def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:
-        """The optimized graph that runs for these inputs (profiling and compiling if needed);
-        None when they run unfused without one (nncfuse disabled, the function not scripted)."""
+        """The optimized graph that runs for these inputs (profiling and compiling if needed).
+
+        None when they run unfused without a graph: nncfuse disabled, arguments that do not
+        bind, or a function TorchScript cannot compile (its first call warned why). None is
+        what a graph without fusion groups would say too: `nncfuse.fusion_groups(None)` is
+        `[]`, so `fusion_groups(f.graph_for(x))` works for every function, and
+        `nncfuse.explain` tells the cases apart."""
         if self.options.disable:
             return None
         values = self._bind_args(args, kwargs)

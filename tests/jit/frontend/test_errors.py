@@ -59,3 +59,48 @@ def test_write_to_saved_tensor_under_torch_compile():
     torch.testing.assert_close(out, saved_then_written(x))
     with pytest.raises(RuntimeError, match=SAVED):
         out.backward()
+
+
+# -- 3, 6. a function TorchScript cannot compile --------------------------------------------------
+class Unscriptable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(6)))
+
+    def forward(self, x):
+        dir(x)  # no TorchScript builtin
+        return self.layers(x) * 2
+
+
+def unscriptable(x):
+    dir(x)
+    return x * 2
+
+
+def test_graph_for_unscriptable_is_none_and_has_no_groups():
+    f = nncfuse.jit(unscriptable)
+    x = torch.randn(3)
+    with pytest.warns(UserWarning, match="cannot script"):
+        assert f.graph_for(x) is None
+    assert nncfuse.fusion_groups(f.graph_for(x)) == []
+    torch.testing.assert_close(f(x), x * 2)
+
+
+def test_unscriptable_module_warns_one_line_with_torchscripts_reason():
+    module = Unscriptable()
+    f = nncfuse.jit(module)
+    x = torch.randn(2, 4)
+    with pytest.warns(UserWarning, match="cannot script") as record:
+        torch.testing.assert_close(f(x), module(x))
+    message = str(record[0].message)
+    assert "\n" not in message and len(message) < 300, message
+    assert message.startswith("nncfuse: cannot script Unscriptable (TorchScript: Python builtin "
+                              "<built-in function dir> is currently not supported"), message
+    assert message.endswith("), running it unfused")
+    assert "Linear" not in message  # not the module's repr
+
+
+def test_unscriptable_function_named_by_its_qualified_name():
+    f = nncfuse.jit(unscriptable)
+    with pytest.warns(UserWarning, match=r"cannot script unscriptable \(TorchScript: "):
+        f(torch.randn(3))
