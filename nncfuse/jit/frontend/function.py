@@ -26,10 +26,13 @@ import torch
 from ...config import Options
 from ..fuser.guard import CompileFailure
 from ..specialize import scripting
-from ..specialize.policy import Policy, Program, program, signature
+from ..specialize.policy import BIG_INT, Policy, Program, program, signature
 from ..training import autodiff, autograd
 
 _MISSING = object()  # a parameter without a default; a variant not scripted yet
+#: how TorchScript's interpreter wraps an exception of the ops it runs (its type lost)
+_INTERPRETER = "The following operation failed in the TorchScript interpreter"
+_SCRIPTED = (torch.jit.ScriptFunction, torch.jit.ScriptModule)  # TorchScript's errors are theirs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,12 +180,19 @@ class FusedFunction:
 
     # -- calls ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The common case first and in few steps: all arguments given, a plan exists.
-        if not kwargs and len(args) == self._arity:
-            plan = self._plans.get(signature(args))
-            if plan is not None:
-                return plan.run(args)
-        return self._call(args, kwargs)
+        try:
+            # The common case first and in few steps: all arguments given, a plan exists.
+            if not kwargs and len(args) == self._arity:
+                plan = self._plans.get(signature(args))
+                if plan is not None:
+                    return plan.run(args)
+            return self._call(args, kwargs)
+        except RuntimeError as e:
+            if _INTERPRETER not in str(e) or isinstance(self.target, _SCRIPTED):
+                raise
+            # TorchScript's interpreter raises what eager raised as a RuntimeError (an
+            # IndexError, a ValueError): eager's own exception, of eager's type, from eager.
+            return self.target(*args, **kwargs)
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.options.disable:
@@ -194,7 +204,8 @@ class FusedFunction:
         plan = self._plans.get(key)
         if plan is not None:
             return plan.run(values)
-        variant = self._variant_for(values)
+        # (an int no int64 holds: TorchScript's `int` cannot take it, eager may)
+        variant = None if BIG_INT in key else self._variant_for(values)
         if variant is None:
             # Eager Python (or TorchScript, for a script) runs these arguments.
             return self.policy.call_unfused(self.target, key, values)

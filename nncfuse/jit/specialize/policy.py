@@ -88,13 +88,20 @@ strict_check: Callable[..., Any] | None = None
 Signature = tuple[Any, ...]
 
 
+#: the type in a signature of a Python int that no int64 holds (TorchScript's `int`): such a
+#: call is no program's (`FusedFunction` runs it unfused, as eager or TorchScript would)
+BIG_INT = "int beyond int64"
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def signature(args: tuple[Any, ...]) -> Signature:
     """What a plan is specialized to: tensor metadata, other arguments' types (of the items
-    of lists, tuples and dicts too), grad mode."""
+    of lists, tuples and dicts too; `BIG_INT` for an int beyond int64), grad mode."""
     return (torch.is_grad_enabled(), *[
         (a.dtype, a.shape, a.stride(), a.device, a.requires_grad)
         if isinstance(a, torch.Tensor)
-        else scripting.annotation(a) if type(a) in (list, tuple, dict) else type(a)
+        else scripting.annotation(a) if type(a) in (list, tuple, dict)
+        else BIG_INT if type(a) is int and not _INT64[0] <= a <= _INT64[1] else type(a)
         for a in args
     ])
 

@@ -104,3 +104,80 @@ def test_unscriptable_function_named_by_its_qualified_name():
     f = nncfuse.jit(unscriptable)
     with pytest.warns(UserWarning, match=r"cannot script unscriptable \(TorchScript: "):
         f(torch.randn(3))
+
+
+# -- 4. exception types: eager's ------------------------------------------------------------------
+def amax_plus(x):
+    return (x * 2).amax(1) + 1
+
+
+def max_plus(x):
+    return (x * 2).max(1)[0] + 1
+
+
+def min_plus(x):
+    return (x * 2).min(1).values + 1
+
+
+def argmax_plus(x):
+    return (x * 2).argmax(1) + 1
+
+
+@pytest.mark.parametrize("fn", [amax_plus, max_plus, min_plus, argmax_plus])
+def test_reduction_over_zero_size_dim_raises_eagers_index_error(fn):
+    empty = torch.randn(3, 0)
+    with pytest.raises(IndexError) as eager:
+        fn(empty)
+    f = nncfuse.jit(fn)
+    for n in (4, 5, 6, 0, 0):  # the first call, and after plans (dynamic ones) exist
+        x = torch.randn(3, n)
+        if n:
+            torch.testing.assert_close(f(x), fn(x))
+            continue
+        with pytest.raises(IndexError) as got:
+            f(x)
+        assert str(got.value) == str(eager.value)
+
+
+def test_scripted_function_keeps_torchscripts_error():
+    """A ScriptFunction's reference is TorchScript, which raises RuntimeError here."""
+    script = torch.jit.script(amax_plus)
+    f = nncfuse.jit(script)
+    with pytest.raises(RuntimeError, match="non-zero size"):
+        script(torch.randn(3, 0))
+    with pytest.raises(RuntimeError, match="non-zero size"):
+        f(torch.randn(3, 0))
+
+
+# -- 5. Python ints beyond int64 ------------------------------------------------------------------
+def times(x, n: int):
+    return x * n
+
+
+@pytest.mark.parametrize("first", [None, 3])  # no plan yet; a plan for small ints exists
+def test_int_beyond_int64_runs_as_eager(first):
+    f = nncfuse.jit(times)
+    x = torch.randn(4)
+    if first is not None:
+        for _ in range(3):
+            torch.testing.assert_close(f(x, first), times(x, first))
+    torch.testing.assert_close(f(x, 2**63), times(x, 2**63))  # eager takes it (as uint64)
+    with pytest.raises(OverflowError) as eager:
+        times(x, -(2**63) - 1)
+    with pytest.raises(OverflowError) as got:
+        f(x, -(2**63) - 1)
+    assert str(got.value) == str(eager.value)
+    torch.testing.assert_close(f(x, 2**63 - 1), times(x, 2**63 - 1))
+
+
+def test_int_beyond_int64_to_a_script_raises_as_torchscript():
+    script = torch.jit.script(times)
+    f = nncfuse.jit(script)
+    x = torch.randn(4)
+    for _ in range(3):
+        f(x, 2)
+    for n in (2**63, -(2**63) - 1):
+        with pytest.raises(RuntimeError, match="Expected a value of type 'int'"):
+            script(x, n)
+        with pytest.raises(RuntimeError, match="Expected a value of type 'int'"):
+            f(x, n)
