@@ -127,10 +127,11 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     rewritten to out-of-place ones."""
     graph = graph.copy()
     torch._C._jit_pass_inline(graph)
-    # Before the writes go: whether one hits a tensor that autograd saved, which eager checks.
-    saved_write = saved_then_written(graph)
     # Folds lists of constants (expand's sizes) into constants, which fuse.
     torch._C._jit_pass_constant_propagation(graph)
+    # Before the writes go (after the branches of constant flags): whether one hits a tensor
+    # that autograd saved, which eager's backward checks.
+    saved_write = saved_then_written(graph)
     torch._C._jit_pass_remove_mutation(graph)
     torch._C._jit_pass_dce(graph)
     elementwise_only = (

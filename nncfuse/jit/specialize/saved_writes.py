@@ -43,7 +43,8 @@ _SAVES_OPERANDS = frozenset(f"aten::{k}" for k in (
     "_convolution", "sin", "cos", "tan", "log", "log1p", "log2", "log10", "abs", "pow", "sinh",
     "cosh", "asin", "acos", "atan", "erf", "gelu", "silu", "softplus", "leaky_relu", "hardtanh",
     "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "index_select", "gather",
-    "embedding", "layer_norm", "square",
+    "embedding", "layer_norm", "square", "batch_norm", "native_batch_norm", "group_norm",
+    "_batch_norm_impl_index", "instance_norm", "native_layer_norm",
 ))
 #: ops that save their tensor operands only where both are tensors (x * 2 saves nothing)
 _SAVES_IF_BOTH_TENSORS = frozenset(f"aten::{k}" for k in ("mul", "mul_", "div", "div_"))
