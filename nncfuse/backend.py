@@ -127,7 +127,16 @@ def make_backend(aot: bool = True, autograd_node: bool = True,
                 _log.dump("Training graph through AOTAutograd's runtime: ", brief(e)[:300])
         # AOTAutograd's trace: no collections (see jit/specialize/collector.py)
         with collector.paused():
-            return through_aot(gm, example_inputs)
+            try:
+                return through_aot(gm, example_inputs)
+            except RuntimeError as e:
+                if "modified by an inplace operation" not in str(e):
+                    raise
+                # The trace runs the backward, and a write to a tensor that autograd saved
+                # fails it (Inductor raises here, at the first call). Eager raises at
+                # backward(): the graph runs as Dynamo handed it over, where it does.
+                _log.dump("Training graph run unfused: ", brief(e)[:300])
+                return gm
 
     return backend
 

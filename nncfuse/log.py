@@ -9,6 +9,7 @@ adds GRAPH_UPDATE, `>>name` adds GRAPH_DEBUG:
 Each line of a message goes to stderr prefixed like
 `[DUMP tensorexpr_fuser.py:123] `. Message parts are only turned into text
 when their level is enabled, so pass graphs and statements, not strings.
+A name that is no module's warns once (a typo would otherwise log nothing).
 """
 
 from __future__ import annotations
@@ -16,11 +17,21 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
+from pathlib import Path
 from typing import Any
 
 DUMP, UPDATE, DEBUG = 1, 2, 3
 _NAMES = {DUMP: "DUMP", UPDATE: "UPDATE", DEBUG: "DEBUG"}
 ENV = "NNCFUSE_LOG_LEVEL"
+_warned: set[str] = set()  # unknown names warned about, once per process each
+
+
+@functools.cache
+def module_names() -> frozenset[str]:
+    """The basenames of nncfuse's modules: the names NNCFUSE_LOG_LEVEL selects."""
+    root = Path(__file__).resolve().parent
+    return frozenset(p.stem for p in root.rglob("*.py") if not p.stem.startswith("__"))
 
 
 @functools.lru_cache(maxsize=8)
@@ -34,6 +45,10 @@ def _parse(spec: str) -> dict[str, int]:
             name = name[:-3]
         if name:
             levels[name] = max(levels.get(name, 0), DUMP + min(depth, 2))
+    for name in sorted(set(levels) - module_names() - _warned):
+        _warned.add(name)
+        warnings.warn(f"{ENV}: no nncfuse module is named {name!r}; the names are: "
+                      f"{', '.join(sorted(module_names()))}", stacklevel=2)
     return levels
 
 

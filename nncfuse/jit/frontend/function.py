@@ -26,10 +26,13 @@ import torch
 from ...config import Options
 from ..fuser.guard import CompileFailure
 from ..specialize import scripting
-from ..specialize.policy import Policy, Program, program, signature
+from ..specialize.policy import BIG_INT, Policy, Program, program, signature
 from ..training import autodiff, autograd
 
 _MISSING = object()  # a parameter without a default; a variant not scripted yet
+#: how TorchScript's interpreter wraps an exception of the ops it runs (its type lost)
+_INTERPRETER = "The following operation failed in the TorchScript interpreter"
+_SCRIPTED = (torch.jit.ScriptFunction, torch.jit.ScriptModule)  # TorchScript's errors are theirs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,23 @@ def _bind(parameters: list[tuple[str, Any]], args: tuple[Any, ...], kwargs: dict
         else:
             return None
     return None if kwargs else tuple(bound)
+
+
+def _name(fn: Any) -> str:
+    """`fn` in a word for a message: a module's class, a function's qualified name (a module's
+    repr would be all its layers)."""
+    if isinstance(fn, torch.nn.Module):
+        return getattr(fn, "original_name", None) or type(fn).__qualname__  # (a script's)
+    return getattr(fn, "__qualname__", None) or getattr(fn, "qualified_name", None) or type(
+        fn).__qualname__
+
+
+def _first_line(error: Exception, limit: int = 160) -> str:
+    """The first line of `error`'s message, trimmed: TorchScript's reason, without the
+    source excerpt that follows it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    line = (lines[0] if lines else type(error).__name__).rstrip(":")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 class FusedFunction:
@@ -130,7 +150,8 @@ class FusedFunction:
                 return _variant(torch.jit.script(fn), None)
             return _variant(scripting.script(fn, types), None)
         except Exception as e:  # noqa: BLE001
-            warnings.warn(f"nncfuse: cannot script {fn!r}, running it unfused: {e}", stacklevel=4)
+            warnings.warn(f"nncfuse: cannot script {_name(self.target)} (TorchScript: "
+                          f"{_first_line(e)}), running it unfused", stacklevel=4)
             return None
 
     @property
@@ -159,12 +180,21 @@ class FusedFunction:
 
     # -- calls ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The common case first and in few steps: all arguments given, a plan exists.
-        if not kwargs and len(args) == self._arity:
-            plan = self._plans.get(signature(args))
-            if plan is not None:
-                return plan.run(args)
-        return self._call(args, kwargs)
+        try:
+            # The common case first and in few steps: all arguments given, a plan exists.
+            if not kwargs and len(args) == self._arity:
+                plan = self._plans.get(signature(args))
+                if plan is not None:
+                    return plan.run(args)
+            return self._call(args, kwargs)
+        except RuntimeError as e:
+            if _INTERPRETER not in str(e) or isinstance(self.target, _SCRIPTED) or any(
+                    v is not None and v.program.writes for v in self._variants.values()):
+                raise
+            # TorchScript's interpreter raises what eager raised as a RuntimeError (an
+            # IndexError, a ValueError): eager's own exception, of eager's type, from eager.
+            # (Not for a program that writes in place: the failed call may have written.)
+            return self.target(*args, **kwargs)
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.options.disable:
@@ -176,7 +206,8 @@ class FusedFunction:
         plan = self._plans.get(key)
         if plan is not None:
             return plan.run(values)
-        variant = self._variant_for(values)
+        # (an int no int64 holds: TorchScript's `int` cannot take it, eager may)
+        variant = None if BIG_INT in key else self._variant_for(values)
         if variant is None:
             # Eager Python (or TorchScript, for a script) runs these arguments.
             return self.policy.call_unfused(self.target, key, values)
@@ -194,8 +225,13 @@ class FusedFunction:
         return self.policy.call(variant.program, key, values)
 
     def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:
-        """The optimized graph that runs for these inputs (profiling and compiling if needed);
-        None when they run unfused without one (nncfuse disabled, the function not scripted)."""
+        """The optimized graph that runs for these inputs (profiling and compiling if needed).
+
+        None when they run unfused without a graph: nncfuse disabled, arguments that do not
+        bind, or a function TorchScript cannot compile (its first call warned why). None is
+        what a graph without fusion groups would say too: `nncfuse.fusion_groups(None)` is
+        `[]`, so `fusion_groups(f.graph_for(x))` works for every function, and
+        `nncfuse.explain` tells the cases apart."""
         if self.options.disable:
             return None
         values = self._bind_args(args, kwargs)

@@ -313,8 +313,11 @@ def _move_together(producer: Any, consumer: Any) -> bool:
 
 def fusion_groups(graph: Any) -> list[Any]:
     """Every fusion-group node of `graph`, nested blocks and other nodes' subgraphs (the
-    autodiff path's f, `AutodiffPlan.graph`) included, in order."""
+    autodiff path's f, `AutodiffPlan.graph`) included, in order. `graph` may be None, what
+    `graph_for` returns for a call that runs unfused without a graph: it has none."""
     found: list[Any] = []
+    if graph is None:
+        return found
 
     def visit(block: Any) -> None:
         for node in block.nodes():

@@ -76,6 +76,7 @@ from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
 from . import collector, scripting
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
+from .saved_writes import saved_then_written
 from .size_classes import ClassState, Shapes, autocast_state, generalizes, shapes, size_class
 
 _log = log.get_logger(__file__)
@@ -87,13 +88,21 @@ strict_check: Callable[..., Any] | None = None
 Signature = tuple[Any, ...]
 
 
+#: the type in a signature of a Python int that no int64 holds (TorchScript's `int`): such a
+#: call is no program's (`FusedFunction` runs it unfused, as eager or TorchScript would)
+BIG_INT = "int beyond int64"
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def signature(args: tuple[Any, ...]) -> Signature:
     """What a plan is specialized to: tensor metadata, other arguments' types (of the items
-    of lists, tuples and dicts too), grad mode, the autocast state."""
+    of lists, tuples and dicts too; `BIG_INT` for an int beyond int64), grad mode, the
+    autocast state."""
     return (torch.is_grad_enabled(), autocast_state(), *[
         (a.dtype, a.shape, a.stride(), a.device, a.requires_grad)
         if isinstance(a, torch.Tensor)
-        else scripting.annotation(a) if type(a) in (list, tuple, dict) else type(a)
+        else scripting.annotation(a) if type(a) in (list, tuple, dict)
+        else BIG_INT if type(a) is int and not _INT64[0] <= a <= _INT64[1] else type(a)
         for a in args
     ])
 
@@ -106,6 +115,11 @@ class Program:
     unfused: Callable[..., Any]  # runs the arguments (not the receiver) without fusion
     receiver: Any = None  # a module's C++ object, the graph's `self` input; or None
     elementwise_only: bool = False  # may be typed on meta tensors (see `_typed_on_meta`)
+    #: why its in-place writes must run unfused under autograd (`saved_writes.py`), or None
+    saved_write: str | None = None
+    #: whether it writes anything in place (an `aten::*_` op, `prim::SetAttr`): a call that
+    #: failed part way may have written, so it is not run again to raise eager's exception
+    writes: bool = False
 
 
 _ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType,
@@ -124,6 +138,10 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
         torch._C._jit_pass_inline(graph)
     # Folds lists of constants (expand's sizes) into constants, which fuse.
     torch._C._jit_pass_constant_propagation(graph)
+    # Before the writes go (after the branches of constant flags): whether one hits a tensor
+    # that autograd saved, which eager's backward checks.
+    saved_write = saved_then_written(graph)
+    writes = any(_writes(n) for n in _all_nodes(graph.nodes()))
     torch._C._jit_pass_remove_mutation(graph)
     torch._C._jit_pass_dce(graph)
     elementwise_only = (
@@ -131,7 +149,13 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
         and all(_elementwise(n) for n in graph.nodes())
         and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in inputs_of(graph))
     )
-    return Program(graph, unfused, receiver, elementwise_only)
+    return Program(graph, unfused, receiver, elementwise_only, saved_write, writes)
+
+
+def _writes(node: Any) -> bool:
+    kind = node.kind()
+    return kind == "prim::SetAttr" or (
+        kind.startswith("aten::") and kind.endswith("_") and not kind.endswith("__"))
 
 
 def _elementwise(node: Any) -> bool:

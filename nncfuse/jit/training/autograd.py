@@ -88,7 +88,13 @@ class AutogradPlan:
         self._variants: dict[Any, _Joint | None] = {}
         self._only: _Joint | None = None  # the one variant of every call, when there is one
         self._lock = threading.Lock()
-        if prog.receiver is not None:
+        if prog.saved_write is not None:
+            # Fused, the write would be gone (mutation removed) and backward() would not
+            # raise; unfused, TorchScript keeps eager's version counters (the autodiff plan
+            # runs this plan's fallback too).
+            _log.dump("Running unfused under autograd: ", prog.saved_write)
+            self._fn = None
+        elif prog.receiver is not None:
             try:
                 self._fn, self._attributes = _lifted(prog.graph, prog.receiver)
             except ValueError as e:
