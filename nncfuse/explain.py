@@ -47,6 +47,11 @@ as they run in the same library either way. A GEMM or convolution inside a
 group (an external call whose epilogue the group fuses) counts as fused;
 `external` counts the ones left outside. Profiling calls run unfused and
 do not raise; every call after them with that signature does.
+
+The jit, a layer below, calls this module only through the hooks it
+registers with when imported (`jit/specialize/hooks.py`): `STRICT_CHECKS`
+(the strict check of each new plan) and `GRAPH_REPORTS` (this report in
+the `>backend` log).
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ from .jit.fuser.guard import CompileFailure, is_fused_op
 from .jit.fuser.inplace import in_place
 from .jit.fuser.subgraph import is_group
 from .jit.fuser.tensorexpr_fuser import why_not_fused
-from .jit.specialize import fxgraph, policy
+from .jit.specialize import hooks
 
 __all__ = ["explain", "Report", "Group", "Unfused", "StrictFusionError", "CATEGORIES",
            "EXTERNAL_KINDS", "is_compute", "is_external"]
@@ -426,5 +431,5 @@ def _strict_check(plan: Any, failures: list[CompileFailure], options: Options) -
     return _StrictPlan(report) if report.unfused else plan
 
 
-policy.strict_check = _strict_check  # the jit layer calls up through this hook
-fxgraph.report = report_for  # what fused, in the `>backend` and autograd logs
+hooks.STRICT_CHECKS.register(_strict_check)  # the jit layer calls up through these hooks
+hooks.GRAPH_REPORTS.register(report_for)  # what fused, in the `>backend` and autograd logs

@@ -221,6 +221,23 @@ def test_strict_fusion_from_the_environment(monkeypatch):
     assert not nncfuse.Options.from_env().strict
 
 
+def test_explain_plugs_into_the_jit_through_its_hooks(monkeypatch):
+    from nncfuse.explain import _strict_check, report_for
+    from nncfuse.jit.specialize import fxgraph, hooks, policy
+
+    assert _strict_check in hooks.STRICT_CHECKS and report_for in hooks.GRAPH_REPORTS
+    assert not hasattr(policy, "strict_check") and not hasattr(fxgraph, "report")
+    # the jit calls what is registered, in order: here a check that sees every new plan
+    seen = []
+    monkeypatch.setattr(hooks.STRICT_CHECKS, "_callbacks", ())  # restored afterwards
+    hooks.STRICT_CHECKS.register(lambda plan, failures, options: seen.append(plan) or plan)
+    strict = nncfuse.jit(cumsum_between, strict=True)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    for _ in range(3):  # no StrictFusionError: explain's check is not registered here
+        torch.testing.assert_close(strict(a, b), cumsum_between(a, b))
+    assert len(seen) == 1
+
+
 def test_a_transformers_model_end_to_end():
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(

@@ -31,7 +31,7 @@ from .. import log
 from . import expr as E
 from . import stmt as S
 from .buffer import Buf
-from .codegen.entry import InputOutput
+from .codegen.entry import InputGuard, InputOutput, SizeSymbol
 from .dtype import BOOL, FLOAT64, INT64, from_torch
 from .ir_visitor import substitute
 from .loopnest import compute, definition
@@ -51,7 +51,7 @@ from .lowerings import (
 )
 from .lowerings.shapes import product
 from .meta import TensorMeta, infer_types, inputs_of, is_tensor, outputs_of
-from .size_symbols import InputGuard, SizeSymbol, SizeSymbols
+from .size_symbols import SizeSymbols
 
 _log = log.get_logger(__file__)
 

@@ -17,8 +17,9 @@ What the kernel relies on is its guard (`InputGuard`, one per tensor input):
 the dtype, the CPU, requires_grad, the rank, which dims are 1, which dims
 equal which symbol, and the strides as expressions of the symbols (checked on
 dims longer than 1, the only ones whose stride matters). Not the sizes.
-`codegen/entry.py` checks it on every call, binds the symbols and passes
-them to the compiled code.
+`codegen/entry.py` defines it and `SizeSymbol` (the calling convention), checks
+it on every call, binds the symbols and passes them to the compiled code; this
+module, above codegen, makes them.
 
 Only ops whose output sizes are broadcasts of their inputs' (elementwise ops,
 casts) can be lowered this way, and views whose sizes follow from their
@@ -37,42 +38,19 @@ the group then gets a static kernel.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from . import expr as E
 from . import stmt as S
 from .buffer import Buf
+from .codegen.entry import InputGuard, Size, SizeSymbol
 from .dtype import INDEX
 from .lowerings import LoweringError
 from .lowerings.external import trial
 from .lowerings.shapes import monomial
 from .meta import TensorMeta
-
-Size = int | E.Expr
-
-
-@dataclass(frozen=True)
-class SizeSymbol:
-    """Size symbol `var`: dim `dim` of kernel input `position`, read when the kernel runs."""
-
-    var: E.Var
-    position: int
-    dim: int
-
-
-@dataclass(frozen=True)
-class InputGuard:
-    """What a dynamic kernel relies on about tensor input `position`: per dim, its size (1
-    or a symbol) and its stride (an expression of the symbols; checked where the size is
-    above 1)."""
-
-    position: int
-    sizes: tuple[Size, ...]
-    strides: tuple[Size, ...]
-    dtype: torch.dtype
-    requires_grad: bool
 
 
 def _mul(a: Size, b: Size) -> Size:

@@ -10,7 +10,7 @@ convolution and what follows it fuse into one group with oneDNN's fused
 routines (`tensorexpr/lowerings/external.py`). nncfuse then lays the
 convolutions out channels-last (`channels_last`), where oneDNN is fastest and
 takes the weights packed once, turns a symmetric zero pad before one into its
-padding (`_fold_padding`), and adds the guard:
+padding (`rewrites/conv_pads.py`), and adds the guard:
 
     call ──▶ eval mode, no grad wanted, every parameter and buffer the same object
              │ at the same `_version` as when frozen?
@@ -30,7 +30,6 @@ more than its convolutions save); `freeze=True` trusts identity and versions.
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import warnings
 from collections.abc import Callable
@@ -41,6 +40,7 @@ import torch
 
 from ... import log
 from ...config import Options
+from ..rewrites.conv_pads import fold_conv_pads
 from ..specialize import scripting
 from .function import FusedFunction
 
@@ -121,7 +121,6 @@ def _snapshot(module: torch.nn.Module, check_values: bool) -> _Snapshot:
     return _Snapshot(tuple(slots), tuple(sizes), tuple(values), requires_grad, tuple(modules))
 
 
-_MISSING = object()
 _CHANNELS_LAST = 2  # torch.channels_last, as TorchScript's MemoryFormat constants number it
 _CONVOLUTIONS = ("aten::conv2d", "aten::_convolution")
 
@@ -139,13 +138,13 @@ def channels_last(graph: torch._C.Graph) -> int:
                                               %zc = aten::contiguous(%z, 0)
                                               return (%zc)
     """
+    fold_conv_pads(graph)  # zero pads as the convolutions' own padding: no padded copies
     converted: set[Any] = set()  # values computed from a converted convolution
     count = 0
     for node in list(graph.nodes()):
         if node.kind() in _CONVOLUTIONS and _constant_weight(node, 4) is not None:
             if node.kind() == "aten::_convolution" and node.inputsAt(6).toIValue() is not False:
                 continue  # transposed
-            _fold_padding(graph, node)
             _channels_last_input(graph, node, node.inputsAt(0) not in converted)
             count += 1
             converted.add(node.output())
@@ -155,40 +154,6 @@ def channels_last(graph: torch._C.Graph) -> int:
         for k, value in enumerate(graph.return_node().inputs()):
             _contiguous_outputs(graph, graph.return_node(), k, value, converted)
     return count
-
-
-def _fold_padding(graph: torch._C.Graph, node: Any) -> None:
-    """A zero padding of the convolution's input that is the same on both sides of each
-    dimension (TensorFlow's "same" at stride 1, as MobileNetV2 in transformers pads) becomes
-    the convolution's own: no padded copy. Asymmetric paddings stay as they are.
-
-        %p = aten::pad(%x, [1, 1, 1, 1], "constant", 0.)       %y = aten::conv2d(%x, %w, %b,
-        %y = aten::conv2d(%p, %w, %b, [1, 1], [0, 0], ...)  ->       [1, 1], [1, 1], ...)
-    """
-    pad = node.inputsAt(0).node()
-    if pad.kind() not in ("aten::pad", "aten::constant_pad_nd"):
-        return
-    consts = [v.toIValue() if v.node().kind() == "prim::Constant" else _MISSING
-              for v in list(pad.inputs())[1:]]
-    padding = node.inputsAt(4)
-    current = padding.toIValue() if padding.node().kind() == "prim::Constant" else None
-    if _MISSING in consts or not isinstance(current, list) or len(current) != 2:
-        return
-    amounts, value = consts[0], consts[-1]
-    if pad.kind() == "aten::pad" and consts[1] != "constant":
-        return
-    if not (isinstance(amounts, list) and len(amounts) == 4 and min(amounts) >= 0):
-        return
-    left, right, top, bottom = amounts
-    if left != right or top != bottom or not (value is None or _is_positive_zero(value)):
-        return
-    with graph.insert_point_guard(node):
-        node.replaceInput(4, graph.insertConstant([current[0] + top, current[1] + left]))
-    node.replaceInput(0, pad.inputsAt(0))
-
-
-def _is_positive_zero(value: Any) -> bool:
-    return isinstance(value, (int, float)) and value == 0 and math.copysign(1.0, value) > 0
 
 
 def _constant_weight(node: Any, dim: int) -> torch.Tensor | None:

@@ -42,7 +42,7 @@ import torch
 from ... import log
 from ...config import Options
 from ..fuser.inplace import in_place
-from . import collector
+from . import collector, hooks
 from .decompose import decompositions
 from .policy import Policy, Program, program, signature
 
@@ -55,9 +55,6 @@ _recent_lock = threading.Lock()
 aten = torch.ops.aten
 
 
-#: `report(graph, options, failures)`: what fused, for the `>backend` and autograd logs;
-#: installed by nncfuse.explain, a layer above, which builds it
-report: Callable[..., Any] | None = None
 
 class CompiledGraph:
     """One FX graph as nncfuse runs it: its TorchScript program under a policy, or, where it
@@ -142,7 +139,8 @@ class CompiledGraph:
         """Log what fused in `graph`, a new signature's optimized graph (nncfuse.explain)."""
         try:
             failures = self.policy.compile_failures
-            report_: Any = report(graph, self.options, failures) if report else ""
+            report_ = "\n".join(  # `nncfuse.explain` registers its report (a layer above)
+                str(report(graph, self.options, failures)) for report in hooks.GRAPH_REPORTS)
         except Exception as e:  # noqa: BLE001 - a log line never fails a call
             report_ = f"(no report: {brief(e)})"
         _log.update(f"Graph {self.id} ({self.kind}), a new signature: ", report_)

@@ -73,17 +73,13 @@ from ..fuser import runtime
 from ..fuser.guard import STATIC_SIZES, CompileFailure, is_fused_op
 from ..fuser.inplace import written_inputs
 from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
-from . import collector, scripting
+from . import collector, hooks, scripting
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
 from .saved_writes import saved_then_written
 from .size_classes import ClassState, Shapes, autocast_state, generalizes, shapes, size_class
 
 _log = log.get_logger(__file__)
-#: Strict fusion, installed by `nncfuse.explain` (a layer above, which builds the report):
-#: `strict_check(plan, failures, options)` returns the plan, or one that raises
-#: StrictFusionError.
-strict_check: Callable[..., Any] | None = None
 
 Signature = tuple[Any, ...]
 
@@ -370,8 +366,9 @@ class Policy:
             written = written_inputs(graph, skip=0 if prog.receiver is None else 1)
             if written:
                 plan = OverlapGuardPlan(plan, written, UnfusedPlan(prog.unfused, graph))
-            if self.options.strict and strict_check is not None:
-                plan = strict_check(plan, failures, self.options)
+            if self.options.strict:  # `nncfuse.explain` registers the check (a layer above)
+                for check in hooks.STRICT_CHECKS:
+                    plan = check(plan, failures, self.options)
             return plan
         except Exception as e:  # noqa: BLE001
             _log.dump("Optimization failed, running unfused: ", type(e).__name__, ": ", e)

@@ -9,7 +9,7 @@ that needs autograd gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPla
    pattern's booleans, integers and None become constants (`_specialize`);
 2. `_jit_pass_create_autodiff_subgraphs` gathers the differentiable nodes into
    `prim::DifferentiableGraph`s; views, attention and size arithmetic stay outside (pads
-   before convolutions fold into them first: `conv_pads.py`);
+   before convolutions fold into them first: `rewrites/conv_pads.py`);
 3. each is differentiated (`_jit_differentiate`) into `f` (inputs -> outputs and the
    values the backward captures) and `df` (output gradients and captures -> input
    gradients); `backward_ops.py` decomposes their ops that have no lowering;
@@ -48,6 +48,7 @@ from ...tensorexpr.meta import (
     only_reads,
     outputs_of,
 )
+from ..rewrites.conv_pads import fold_conv_pads
 from ..specialize import collector
 from ..specialize.plans import run_as_built
 from ..specialize.policy import Policy, Program, program, signature
@@ -55,7 +56,6 @@ from ..specialize.profiling import Profiler
 from .autodiff_views import DIFFERENTIABLE_GRAPH, absorb_views
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
-from .conv_pads import fold_conv_pads
 from .flat_linear import flat_linears
 from .identities import drop_identities
 

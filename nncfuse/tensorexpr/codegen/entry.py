@@ -31,7 +31,6 @@ import torch
 
 from .. import expr as E
 from ..meta import TensorMeta
-from ..size_symbols import InputGuard, SizeSymbol
 
 #: Outputs of at least this many bytes ask the kernel for transparent huge pages.
 #: A fresh 64 MB output costs 16,384 page faults when first written (about 25 ms
@@ -115,6 +114,33 @@ class OutputParam:
     meta: TensorMeta
     dims: tuple[E.Expr, ...] | None = None
     strides: tuple[E.Expr, ...] | None = None  # where not row-major
+
+
+#: a size of a dynamic kernel: an int, or an expression of its size symbols
+Size = int | E.Expr
+
+
+@dataclass(frozen=True)
+class SizeSymbol:
+    """Size symbol `var`: dim `dim` of kernel input `position`, read when the kernel runs
+    (made by `size_symbols`)."""
+
+    var: E.Var
+    position: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class InputGuard:
+    """What a dynamic kernel relies on about tensor input `position`: per dim, its size (1
+    or a symbol) and its stride (an expression of the symbols; checked where the size is
+    above 1)."""
+
+    position: int
+    sizes: tuple[Size, ...]
+    strides: tuple[Size, ...]
+    dtype: torch.dtype
+    requires_grad: bool
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
 from ..ir_visitor import Visitor, walk
-from ..passes.simplify import Simplifier
+from ..linear_form import linear
 from . import llvm_math, llvm_parallel, llvm_prefetch
 from .llvm_jit import JitFunction, compile_ir, vector_bits
 from .llvm_types import (
@@ -496,8 +496,8 @@ def _aligned(base: E.Expr, lanes: int, itemsize: int) -> bool:
     size = lanes * itemsize
     if size > 64 or size & (size - 1):
         return False
-    linear = Simplifier().linear(base)
-    return all(c % lanes == 0 for c in linear.terms.values()) and linear.const % lanes == 0
+    form = linear(base)
+    return all(c % lanes == 0 for c in form.terms.values()) and form.const % lanes == 0
 
 
 def _float_select(cg: LLVMCodeGen, x: Any, y: Any, lhs: Any, rhs: Any) -> Any:

@@ -20,7 +20,7 @@ import llvmlite.ir as ir
 
 from .. import expr as E
 from ..ir_visitor import walk
-from ..passes.simplify import Simplifier
+from ..linear_form import linear
 from .llvm_types import I32, I64, PTR, memory_type
 
 if TYPE_CHECKING:
@@ -36,7 +36,6 @@ def prefetch_next_row(cg: LLVMCodeGen, e: E.Reduce) -> None:
     if not cg.loops:
         return
     var, done = cg.loops[-1]
-    linear = Simplifier().linear
     for n in walk(e.body):
         if not (isinstance(n, E.Load) and n.dtype.lanes > 1 and n.buf.root not in done):
             continue

@@ -49,7 +49,8 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, replace_node, substitute, walk
-from .simplify import Simplifier, coefficient, simplify
+from ..linear_form import linear
+from .simplify import coefficient, simplify
 
 #: Rows shorter than this many elements stay as they are: measured slower (softmax 16384 x 256,
 #: 1 thread, kernel alone: 1.17-1.22 -> 1.25-1.38 ms; 32768 x 128 1.35 -> 1.38), while from
@@ -124,7 +125,7 @@ def _store_loop(s: S.Stmt) -> _Loop | None:
 
 def _offset(index: E.Expr, zero: dict[E.Var, E.Expr], loop: _Loop) -> int | None:
     """The constant element offset of `index` at `zero` from the loop's base, if any."""
-    offset = Simplifier().linear(simplify(substitute(index, zero) - loop.base))
+    offset = linear(simplify(substitute(index, zero) - loop.base))
     return None if offset.terms else offset.const
 
 
@@ -235,7 +236,7 @@ def _elsewhere(s: S.Stmt, loop: _Loop, segments: list[_Segment]) -> bool:
     other = _store_loop(s)
     if other is None or other.store.buf.root is not loop.store.buf.root:
         return False
-    offset = Simplifier().linear(simplify(other.base - loop.base))
+    offset = linear(simplify(other.base - loop.base))
     if offset.terms:
         return False
     first = offset.const + other.start * other.lanes

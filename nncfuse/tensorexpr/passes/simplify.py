@@ -29,6 +29,7 @@ from ..dtype import INDEX
 from ..ir_eval import evaluate
 from ..ir_pattern import CONSTS, Const, Node, Rules, Wild, cast, max_, min_, not_float, rule, select
 from ..ir_visitor import Mutator, substitute, walk
+from ..linear_form import Linear, linear
 
 Bounds = tuple[int, int] | None
 
@@ -86,23 +87,6 @@ RULES = Rules([
 ])
 
 
-class _Linear:
-    """An int64 expression as `sum(coeff * atom) + const`, atoms in first-seen order."""
-
-    def __init__(self, terms: dict[E.Expr, int] | None = None, const: int = 0):
-        self.terms = terms or {}
-        self.const = const
-
-    def scaled(self, c: int) -> _Linear:
-        return _Linear({k: v * c for k, v in self.terms.items()}, self.const * c)
-
-    def plus(self, other: _Linear, sign: int = 1) -> _Linear:
-        terms = dict(self.terms)
-        for k, v in other.terms.items():
-            terms[k] = terms.get(k, 0) + sign * v
-        return _Linear({k: v for k, v in terms.items() if v}, self.const + sign * other.const)
-
-
 def factors(e: E.Expr) -> list[E.Expr]:
     """The factors of a product of int64 expressions (`e` itself if it is no product)."""
     if isinstance(e, E.Mul) and e.dtype == INDEX:
@@ -113,7 +97,7 @@ def factors(e: E.Expr) -> list[E.Expr]:
 def coefficient(index: E.Expr, var: E.Var) -> int | None:
     """`var`'s coefficient in `index` if `index` is linear in it; None where `var` is also in
     another of `linear`'s atoms (`16 * j + 32 * (j / 2)`: not one vector after the other)."""
-    terms = Simplifier().linear(index).terms
+    terms = linear(index).terms
     if any(atom is not var and any(n is var for n in walk(atom)) for atom in terms):
         return None
     return terms.get(var, 0)  # type: ignore[return-value]
@@ -147,20 +131,7 @@ class Simplifier(Mutator):
         return None
 
     # -- index arithmetic ---------------------------------------------------
-    def linear(self, e: E.Expr) -> _Linear:
-        if isinstance(e, E.Imm):
-            return _Linear(const=e.value)  # type: ignore[arg-type]
-        if isinstance(e, (E.Add, E.Sub)):
-            return self.linear(e.a).plus(self.linear(e.b), 1 if isinstance(e, E.Add) else -1)
-        if isinstance(e, E.Mul):
-            la, lb = self.linear(e.a), self.linear(e.b)
-            if not lb.terms:
-                return la.scaled(lb.const)
-            if not la.terms:
-                return lb.scaled(la.const)
-        return _Linear({e: 1})
-
-    def rebuild(self, lin: _Linear) -> E.Expr:
+    def rebuild(self, lin: Linear) -> E.Expr:
         lin = self.recombine(lin)
         out: E.Expr | None = None
         for atom, c in lin.terms.items():
@@ -175,7 +146,7 @@ class Simplifier(Mutator):
             out = E.Add(out, E.imm(lin.const)) if lin.const > 0 else E.Sub(out, E.imm(-lin.const))
         return out
 
-    def recombine(self, lin: _Linear) -> _Linear:
+    def recombine(self, lin: Linear) -> Linear:
         """`c*d*(x / d) + c*(x % d)` -> `c*x`, for every such pair of atoms (d a constant, or
         a product of size symbols: then the atom `d * (x / d)`, its factors in any order)."""
         terms = dict(lin.terms)
@@ -192,11 +163,11 @@ class Simplifier(Mutator):
                 div = next((t for t in terms if Counter(factors(t)) == wanted), div)
             if div is not atom and terms.get(div) == want:
                 del terms[atom], terms[div]
-                inner = self.linear(atom.a)
+                inner = linear(atom.a)
                 for k, v in inner.terms.items():
                     terms[k] = terms.get(k, 0) + c * v
-                return self.recombine(_Linear(terms, lin.const + c * inner.const))
-        return _Linear({k: v for k, v in terms.items() if v}, lin.const)
+                return self.recombine(Linear(terms, lin.const + c * inner.const))
+        return Linear({k: v for k, v in terms.items() if v}, lin.const)
 
     def div_mod(self, e: E.Div | E.Mod) -> E.Expr | None:
         """Resolve `x / d` and `x % d` for a constant d > 0 and x known non-negative."""
@@ -206,9 +177,9 @@ class Simplifier(Mutator):
         whole = self.bounds(e.a)
         if whole is None or whole[0] < 0:
             return None
-        lin = self.linear(e.a)
-        quotient = _Linear({k: v // d for k, v in lin.terms.items() if v % d == 0}, lin.const // d)
-        rest = _Linear({k: v for k, v in lin.terms.items() if v % d}, lin.const % d)
+        lin = linear(e.a)
+        quotient = Linear({k: v // d for k, v in lin.terms.items() if v % d == 0}, lin.const // d)
+        rest = Linear({k: v for k, v in lin.terms.items() if v % d}, lin.const % d)
         rest_e = self.rebuild(rest)
         rb = self.bounds(rest_e)
         if rb is None or rb[0] < 0:
@@ -221,7 +192,7 @@ class Simplifier(Mutator):
             return self.rebuild(quotient)
         if not quotient.terms and not quotient.const:
             return None
-        return self.rebuild(quotient.plus(_Linear({E.Div(rest_e, e.b): 1})))
+        return self.rebuild(quotient.plus(Linear({E.Div(rest_e, e.b): 1})))
 
     # -- expressions --------------------------------------------------------
     def mutate(self, node: Any) -> Any:
@@ -240,7 +211,7 @@ class Simplifier(Mutator):
                 if resolved is not None:
                     return resolved
             if isinstance(e, (E.Add, E.Sub, E.Mul)):
-                rebuilt = self.rebuild(self.linear(e))
+                rebuilt = self.rebuild(linear(e))
                 return e if rebuilt == e else rebuilt
         return e
 

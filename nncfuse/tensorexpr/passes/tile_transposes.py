@@ -43,9 +43,10 @@ from .. import expr as E
 from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
+from ..linear_form import linear
 from ..loopnest import as_block, buffers_stored
 from .parallelize import GRAIN, work
-from .simplify import Simplifier, factors, simplify
+from .simplify import factors, simplify
 
 TILE = 32
 MIN_STRIDE = 256
@@ -61,7 +62,7 @@ def _coefficient(index: E.Expr, var: E.Var, loop_vars: tuple[E.Var, ...]) -> E.E
     i * s0`: `16 * s0`); None if `var` also occurs in a non-linear part (a division, a
     clamp, a select, a product with another loop variable)."""
     total: E.Expr = E.imm(0)
-    for atom, c in Simplifier().linear(index).terms.items():
+    for atom, c in linear(index).terms.items():
         if atom is var:
             total = total + c
         elif any(n is var for n in walk(atom)):

@@ -43,9 +43,10 @@ from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import INDEX
 from ..ir_visitor import Mutator, children, replace_node, substitute, walk
+from ..linear_form import linear
 from ..loopnest import as_block
 from .parallelize import GRAIN
-from .simplify import Simplifier, simplify
+from .simplify import simplify
 from .vectorize import _Unvectorizable, _Widen, lanes_for, vectorize_inner_loops
 
 #: Vector registers per reduction: independent accumulators, to hide the add's latency.
@@ -76,7 +77,6 @@ def merge_axes(e: E.Reduce) -> E.Reduce:
 
 def _contiguous(body: E.Expr, var: E.Var) -> bool:
     """Every load that depends on `var` steps one element per increment of it."""
-    linear = Simplifier().linear
     depends = False
     for n in walk(body):
         if isinstance(n, E.Load) and any(m is var for i in n.indices for m in walk(i)):
@@ -267,7 +267,7 @@ def _by_rows(s: S.For, vectorizer: _VectorizeReductions) -> S.Stmt | None:
             and isinstance(s.start, E.Imm) and isinstance(s.stop, E.Imm)):
         return None
     j, (index,) = s.var, store.indices
-    if Simplifier().linear(index).terms.get(j) != 1:
+    if linear(index).terms.get(j) != 1:
         return None
     value = vectorizer.mutate(store.value)
     tops = _top_reduces(value)

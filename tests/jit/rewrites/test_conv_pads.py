@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import nncfuse
+from nncfuse.jit.rewrites.conv_pads import fold_conv_pads
 from nncfuse.jit.training.autodiff import AutodiffPlan
-from nncfuse.jit.training.conv_pads import fold_conv_pads
 from tests.fused import assert_step_as_eager
 
 
@@ -88,3 +88,25 @@ def test_a_pad_folds_only_where_no_reader_can_tell(case, folded):
     graph = _graph(_SOURCE.format(**case))
     assert fold_conv_pads(graph) == folded
     assert len(graph.findAllNodes("aten::constant_pad_nd")) == 1 - folded
+
+
+def test_a_pad_adds_to_a_convolutions_own_padding():
+    source = """
+graph(%x : Float(1, 2, 5, 6), %w : Float(2, 2, 3, 3)):
+  %none : NoneType = prim::Constant()
+  %pads : int[] = prim::Constant[value=[2, 2, 1, 1]]()
+  %value : float = prim::Constant[value=0.0]()
+  %ones : int[] = prim::Constant[value=[1, 1]]()
+  %padding : int[] = prim::Constant[value=[1, 0]]()
+  %groups : int = prim::Constant[value=1]()
+  %p : Float(1, 2, 7, 10) = aten::constant_pad_nd(%x, %pads, %value)
+  %y : Tensor = aten::conv2d(%p, %w, %none, %ones, %padding, %ones, %groups)
+  return (%y)
+"""
+    x, w = torch.randn(1, 2, 5, 6), torch.randn(2, 2, 3, 3)
+    graph = _graph(source)
+    assert fold_conv_pads(graph) == 1
+    (conv,) = graph.findAllNodes("aten::conv2d")
+    assert conv.inputsAt(4).toIValue() == [2, 2]  # (height, width): its own plus the pad's
+    run = torch._C._create_function_from_graph("folded", graph)
+    torch.testing.assert_close(run(x, w), F.conv2d(F.pad(x, [2, 2, 1, 1]), w, padding=[1, 0]))
