@@ -52,7 +52,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import training  # noqa: E402 - the workloads and contenders of the training benchmark
 
 import nncfuse  # noqa: E402
-from nncfuse.jit import fxgraph, runtime  # noqa: E402
+from nncfuse.jit.fuser import runtime  # noqa: E402
+from nncfuse.jit.specialize import fxgraph  # noqa: E402
 from nncfuse.tensorexpr.codegen.entry import ArgSource  # noqa: E402
 
 #: ops that move no data: not worth a line

@@ -7,9 +7,9 @@ that needs autograd gets an `AutodiffPlan` instead of AOTAutograd's `AutogradPla
 1. the first call of each pattern of input types profiles the program (its result is
    eager's, recorded by eager autograd), typing every value, requires_grad included; the
    pattern's booleans, integers and None become constants (`_specialize`);
-2. `_jit_pass_create_autodiff_subgraphs` gathers the differentiable nodes into
-   `prim::DifferentiableGraph`s; views, attention and size arithmetic stay outside (pads
-   before convolutions fold into them first: `rewrites/conv_pads.py`);
+2. the training rewrites (`rewrites.py`, one named list) fold what the signature fixes
+   and gather the differentiable nodes into `prim::DifferentiableGraph`s; attention and
+   size arithmetic stay outside;
 3. each is differentiated (`_jit_differentiate`) into `f` (inputs -> outputs and the
    values the backward captures) and `df` (output gradients and captures -> input
    gradients); `backward_ops.py` decomposes their ops that have no lowering;
@@ -48,21 +48,18 @@ from ...tensorexpr.meta import (
     only_reads,
     outputs_of,
 )
-from ..rewrites.conv_pads import fold_conv_pads
 from ..specialize import collector
 from ..specialize.plans import run_as_built
 from ..specialize.policy import Policy, Program, program, signature
 from ..specialize.profiling import Profiler
-from .autodiff_views import DIFFERENTIABLE_GRAPH, absorb_views
+from . import rewrites
+from .autodiff_views import DIFFERENTIABLE_GRAPH
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
-from .flat_linear import flat_linears
-from .identities import drop_identities
 
 _log = log.get_logger(__file__)
 _lib = torch.library.Library("nncfuse", "FRAGMENT")
 _serial = itertools.count()
-_THRESHOLD = 2  # nodes in a differentiable graph, as the profiling executor's default
 _MAX_VARIANTS = 8
 #: ops whose result's shape depends on values: no sizes are folded from a profile with them
 _VALUE_SHAPES = ("aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
@@ -181,19 +178,7 @@ class _Outer:
     def __init__(self, graph: torch._C.Graph, options: Options, inputs: tuple[Any, ...]):
         graph = graph.copy()
         _specialize(graph, inputs)
-        if _shapes_fixed(graph):
-            # Sizes from the profiled types (the variant's key fixes the inputs' shapes),
-            # as constants: the normalized shape of a layer norm, a view's sizes.
-            torch._C._jit_pass_peephole(graph, False)
-            torch._C._jit_pass_constant_propagation(graph)
-            drop_identities(graph)  # (Llama's casts to float32 and whole slices)
-        _fold_tuples(graph)  # (a traced submodule's tuple, unpacked: its values join graphs)
-        flat_linears(graph)  # (GPT-2's projections: a GEMM between views joins the graphs)
-        fold_conv_pads(graph)  # (MobileNetV2's pads: not differentiable, and copies)
-        # Graphs of one node too, which views may join with others; then those that stay
-        # smaller than _THRESHOLD are taken apart.
-        torch._C._jit_pass_create_autodiff_subgraphs(graph, 1)
-        absorb_views(graph, _THRESHOLD)  # (attention's chunk, reshapes and transposes)
+        rewrites.run(graph, _shapes_fixed(graph))  # (into differentiable graphs)
         nodes = graph.findAllNodes(DIFFERENTIABLE_GRAPH)
         if not nodes:
             raise ValueError("no differentiable graph")
@@ -482,27 +467,6 @@ def _of_sizes(value: Any, memo: dict[int, bool], depth: int) -> bool:
             and all(_of_sizes(v, memo, depth + 1) for v in inputs_of(node)))
         memo[value.unique()] = made
     return made
-
-
-def _fold_tuples(graph: torch._C.Graph) -> None:
-    """Each `prim::TupleUnpack` (top level) of a `prim::TupleConstruct` as the values packed;
-    the construct dropped where nothing else reads it. A traced submodule that returns a
-    tuple (Llama's RMSNorm inside its decoder layer) leaves such pairs, and the nodes on
-    either side of one cannot join one differentiable graph (its q, k, v projections stayed
-    outside, under eager autograd).
-
-        %t = prim::TupleConstruct(%a, %b)       ==>   (uses of %x use %a, of %y use %b)
-        %x, %y = prim::TupleUnpack(%t)
-    """
-    for node in graph.findAllNodes("prim::TupleUnpack", False):
-        packed = inputs_of(node)[0].node()
-        if packed.kind() != "prim::TupleConstruct":
-            continue
-        for out, value in zip(node.outputs(), packed.inputs()):
-            out.replaceAllUsesWith(value)
-        node.destroy()
-        if not packed.output().uses():
-            packed.destroy()
 
 
 def _pack(graph: torch._C.Graph, k: int, elements: list[Any]) -> None:

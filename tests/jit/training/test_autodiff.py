@@ -443,7 +443,7 @@ class Attended(torch.nn.Module):
 
 
 def test_a_traced_submodules_tuple_does_not_split_the_graphs():
-    """A traced submodule's returned tuple is unpacked at once (`_fold_tuples`): the
+    """A traced submodule's returned tuple is unpacked at once (`fold_tuples`): the
     projections that read it join a differentiable graph with the norm's last multiply,
     where they stayed outside, under eager autograd (Llama's q, k, v); eager's gradients."""
     torch.manual_seed(0)

@@ -1,0 +1,88 @@
+"""rewrites: the graph rewrites that turn a profiled training program into autodiff's
+differentiable graphs, as one ordered, named list run by one driver.
+
+`rewrites(shapes_fixed)` is the list, as `kernel.schedule` is for loop passes; `run` applies
+it to a typed, specialized graph in place and logs the graph after each rewrite under
+`>>rewrites` (a rewrite that changed nothing is marked so). Each rule is stated for the
+pattern it rewrites:
+
+    fold_sizes             sizes the signature fixes as constants (peephole, constant
+                           propagation): a layer norm's normalized shape, a view's sizes
+    drop_identities        a cast to a value's own type, a slice of all of it: the value
+    fold_tuples            a tuple unpacked where it is packed: the values packed
+    flat_linears           addmm between a flattening view and its inverse: one linear
+    fold_conv_pads         a zero pad before convolutions: their own padding
+    differentiable_graphs  differentiable nodes gathered into prim::DifferentiableGraphs
+                           (graphs of one node too: views may join them)
+    absorb_views           views between graphs moved in, the graphs they split joined;
+                           graphs still below the threshold taken apart
+
+The first two need every shape fixed by the signature (`shapes_fixed`): with a shape made
+from values, a profiled size is one call's, not the variant's.
+
+    graph(%x, %w):                                  graph(%x, %w):
+      %v = aten::view(%x, [-1, 256])                  %y = prim::DifferentiableGraph_0(%x, %w)
+      %m = aten::addmm(%b, %v, %w, 1, 1)     ==>
+      %y = aten::view(%m, [1, 128, 768])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from ... import log
+from ..rewrites.conv_pads import fold_conv_pads
+from .autodiff_views import absorb_views
+from .flat_linear import flat_linears
+from .fold_tuples import fold_tuples
+from .identities import drop_identities
+
+_log = log.get_logger(__file__)
+Rewrite = Callable[[torch._C.Graph], object]
+#: nodes in a differentiable graph, as the profiling executor's default: smaller ones are
+#: taken apart (their kernel would be one op, their autograd node pure overhead)
+THRESHOLD = 2
+
+
+def fold_sizes(graph: torch._C.Graph) -> None:
+    """Sizes read from the profiled types (the variant's key fixes them) as constants, and
+    what they decide folded."""
+    torch._C._jit_pass_peephole(graph, False)
+    torch._C._jit_pass_constant_propagation(graph)
+
+
+def differentiable_graphs(graph: torch._C.Graph) -> None:
+    """TorchScript's own gathering of differentiable nodes, into graphs of any size."""
+    torch._C._jit_pass_create_autodiff_subgraphs(graph, 1)
+
+
+def rewrites(shapes_fixed: bool) -> list[tuple[str, Rewrite]]:
+    """The ordered, named rewrites for a graph whose shapes the signature fixes or not."""
+    sized: list[tuple[str, Rewrite]] = [
+        ("fold_sizes", fold_sizes),
+        ("drop_identities", drop_identities),
+    ]
+    return [
+        *(sized if shapes_fixed else []),
+        ("fold_tuples", fold_tuples),
+        ("flat_linears", flat_linears),
+        ("fold_conv_pads", fold_conv_pads),
+        ("differentiable_graphs", differentiable_graphs),
+        ("absorb_views", partial(absorb_views, threshold=THRESHOLD)),
+    ]
+
+
+def run(graph: torch._C.Graph, shapes_fixed: bool) -> None:
+    """Apply `rewrites(shapes_fixed)` to `graph` in place, logging each."""
+    _log.debug("Before the training rewrites:\n", graph)
+    for name, rewrite in rewrites(shapes_fixed):
+        if _log.enabled(log.DEBUG):
+            before = str(graph)
+            rewrite(graph)
+            after = str(graph)
+            _log.debug(f"After {name}", " (unchanged)" if after == before else f":\n{after}")
+        else:
+            rewrite(graph)
