@@ -52,7 +52,7 @@ import torch
 import nncfuse
 from nncfuse.tensorexpr.lowerings import LoweringError
 
-from . import resize
+from . import resize, state
 from .inputs import clone_input, describe, storage_of
 from .program import Case, generate
 
@@ -365,6 +365,18 @@ def check_sizes(case: Case, script: Any, out: Outcome) -> None:
             return
 
 
+def check_state(case: Case, out: Outcome) -> None:
+    """The case's seed as a module whose state changes between calls (`state`); a failure in
+    `out` (backend "state") where a call differs from eager's or raises."""
+    try:
+        message = state.check(case.seed or 0, nncfuse.jit, compare)
+    except Exception as e:  # noqa: BLE001 - nncfuse raised (eager does not here)
+        out.failures.append(Failure("state", "crash", 2, f"{type(e).__name__}: {e}"))
+        return
+    if message:
+        out.failures.append(Failure("state", "mismatch", 2, message))
+
+
 def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
     """Run `case` eagerly and through nncfuse with each backend; see the module docstring."""
     out = Outcome()
@@ -384,6 +396,8 @@ def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
     for backend in backends:
         if backend == "sizes":  # the same dynamic kernels at other sizes (`resize`)
             check_sizes(case, script, out)
+        elif backend == "state":  # a module changed between calls (`state`)
+            check_state(case, out)
         else:
             _run_backend(case, backend, script, wants, out, after)
     out.fused = bool(out.fused_kinds)

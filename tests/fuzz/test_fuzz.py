@@ -346,3 +346,11 @@ def test_resized_inputs_keep_types_layouts_and_broadcasts():
             if isinstance(a, torch.Tensor):
                 assert (a.dtype, a.dim()) == (b.dtype, b.dim())
                 assert all(x == y for x, y in zip(a.shape, b.shape) if x == 1)
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_modules_changed_between_calls_match_eager(seed):
+    """The `state` check: train/eval flips, parameters updated in place and reassigned,
+    attributes changed between calls; each call (and each batch norm's statistics) as eager."""
+    case, outcome = fuzz.check_seed(seed, ("state",))
+    assert outcome.status == "ok", fuzz.report(case, outcome)

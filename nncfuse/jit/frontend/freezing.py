@@ -12,10 +12,12 @@ convolutions out channels-last (`channels_last`), where oneDNN is fastest and
 takes the weights packed once, turns a symmetric zero pad before one into its
 padding (`rewrites/conv_pads.py`), and adds the guard:
 
-    call ──▶ eval mode, no grad wanted, every parameter and buffer the same object
+    call ──▶ eval mode, no grad wanted, every flag, parameter, buffer, submodule and
+             │ attribute the code reads the same object (`module_state.py`), each tensor
              │ at the same `_version` as when frozen?
              ├─ yes ──▶ the frozen module's fused plans
              └─ no  ──▶ (training, or grad wanted) the module unfrozen, fused as usual;
+                        (back in a kept state: eval after train) its frozen plans;
                         (a parameter changed) freeze again, then run the new plans
 
 An optimizer step and `load_state_dict` write parameters in place, which
@@ -32,8 +34,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -42,39 +42,42 @@ from ... import log
 from ...config import Options
 from ..rewrites.conv_pads import fold_conv_pads
 from ..specialize import scripting
+from ..specialize.module_state import Kept, ModuleState, module_state
 from .function import FusedFunction
 
 _log = log.get_logger(__file__)
-
-
-Getter = Callable[[], Any]
+_KEPT_STATES = 4  # frozen states kept: eval after train finds its frozen module again
 
 
 @dataclasses.dataclass(frozen=True)
 class _Snapshot:
-    """The module's state when frozen: what the guard compares each call with. Each getter
-    reads one attribute now: a dict lookup for an nn.Module, a C++ attribute read for a
-    ScriptModule (0.2 us; through its Python wrappers 5 us: MobileNetV2 has 312)."""
+    """The module's state when frozen: what the guard compares each call with. The flags,
+    objects and attributes the code reads (`module_state.py`, as the unfrozen path's guard),
+    and as freezing made constants of the tensors' values, their versions too."""
 
-    slots: tuple[tuple[Getter, torch.Tensor | None, int], ...]  # (getter, tensor, version)
-    sizes: tuple[tuple[dict[str, Any], int], ...]  # an nn.Module's dicts: none added, removed
+    state: ModuleState
+    versions: tuple[tuple[torch.Tensor, int], ...]  # (tensor, its _version when frozen)
     values: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # (live, copy), with check_values
     requires_grad: bool  # whether any parameter requires grad
-    modules: tuple[tuple[Getter, bool], ...]  # training flags that matter, and their values
 
     @property
     def training(self) -> bool:
-        return any(training for _, training in self.modules)
+        return self.state.training
 
     def fresh(self) -> bool:
-        if any(get() != training for get, training in self.modules):
-            return False
-        for get, t, version in self.slots:
-            if get() is not t or (t is not None and t._version != version):
-                return False
-        if any(len(d) != n for d, n in self.sizes):
+        return self.state.fresh() and self._unchanged()
+
+    def _unchanged(self) -> bool:
+        if any(t._version != version for t, version in self.versions):
             return False
         return all(torch.equal(_bits(live), copy) for live, copy in self.values)
+
+    def rebound(self) -> _Snapshot | None:
+        """This snapshot with the module's equal new plain values (see `ModuleState`)."""
+        state = self.state.rebound()
+        if state is None or not self._unchanged():
+            return None
+        return dataclasses.replace(self, state=state)
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -87,38 +90,13 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INT_OF_SIZE[t.element_size()]) if t.is_floating_point() else t
 
 
-def _reads_training(m: torch.jit.ScriptModule) -> bool:
-    """Whether a ScriptModule's own methods read `self.training` (a traced one's do not:
-    tracing recorded one mode's ops)."""
-    methods = [m._c._get_method(name) for name in m._c._method_names()]
-    return any('prim::GetAttr[name="training"]' in str(f.graph) for f in methods)
-
-
-def _snapshot(module: torch.nn.Module, check_values: bool) -> _Snapshot:
-    slots: list[tuple[Getter, torch.Tensor | None, int]] = []
-    sizes: list[tuple[dict[str, Any], int]] = []
-    modules: list[tuple[Getter, bool]] = []
-    for m in module.modules():
-        if isinstance(m, torch.jit.ScriptModule):
-            c = m._c
-            names = [*m._parameters.keys(), *m._buffers.keys()]
-            slots += [(partial(c.getattr, name), c.getattr(name), 0) for name in names]
-            if m is module or _reads_training(m):
-                modules.append((partial(c.getattr, "training"), m.training))
-            continue
-        for d in (m._parameters, m._buffers):
-            slots += [(partial(d.get, name), t, 0) for name, t in d.items()]
-            sizes.append((d, len(d)))
-        modules.append((partial(getattr, m, "training"), m.training))
-    slots = [(get, t, -1 if t is None else t._version) for get, t, _ in slots]
-    seen: set[int] = set()
-    values = []
-    for _, t, _ in slots:
-        if check_values and t is not None and id(t) not in seen:
-            seen.add(id(t))
-            values.append((t, _bits(t.detach()).clone()))
-    requires_grad = any(t is not None and t.requires_grad for _, t, _ in slots)
-    return _Snapshot(tuple(slots), tuple(sizes), tuple(values), requires_grad, tuple(modules))
+def _snapshot(module: torch.nn.Module, script: torch.jit.ScriptModule,
+              check_values: bool) -> _Snapshot:
+    state = module_state(module, script)
+    tensors = list(state.tensors())
+    values = tuple((t, _bits(t.detach()).clone()) for t in tensors) if check_values else ()
+    return _Snapshot(state, tuple((t, t._version) for t in tensors), values,
+                     any(t.requires_grad for t in tensors))
 
 
 _CHANNELS_LAST = 2  # torch.channels_last, as TorchScript's MemoryFormat constants number it
@@ -211,14 +189,20 @@ class _Frozen:
     fn: FusedFunction | None  # of the frozen ScriptModule; None: training, or not freezable
 
 
-def _frozen_module(module: torch.nn.Module) -> torch.jit.ScriptModule:
-    """`module` scripted (unless it is), frozen by TorchScript, its convolutions channels-last."""
-    with torch.no_grad(), scripting.compile_lock, warnings.catch_warnings():
-        # TorchScript warns that freeze and script are deprecated: they are our substrate.
+def _scripted(module: torch.nn.Module) -> torch.jit.ScriptModule:
+    """`module` scripted, unless it is a ScriptModule."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return module
+    with scripting.compile_lock, warnings.catch_warnings():
+        # TorchScript warns that script is deprecated: it is our substrate.
         warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.jit")
-        script = module
-        if not isinstance(script, torch.jit.ScriptModule):
-            script = torch.jit.script(script)
+        return torch.jit.script(module)
+
+
+def _frozen_module(script: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    """`script` frozen by TorchScript, its convolutions channels-last."""
+    with torch.no_grad(), scripting.compile_lock, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.jit")
         # `freeze` clones the module: the user's is left as it was.
         frozen = torch.jit.freeze(script)
         channels_last(frozen.forward.graph)
@@ -234,7 +218,11 @@ class FrozenFunction:
         self.options = dataclasses.replace(options, freeze=False)
         self.check_values = check_values
         self._frozen: _Frozen | None = None
+        #: earlier states, found again when the module is back in one (eval after train)
+        self._kept: Kept[_Frozen] = Kept(_KEPT_STATES, lambda f: f.snapshot,
+                                         lambda f, s: dataclasses.replace(f, snapshot=s))
         self._unfrozen: FusedFunction | None = None
+        self._unfreezable = False  # TorchScript cannot script it: always unfrozen
         self._lock = threading.Lock()
         #: how many times the module was frozen (a changed parameter freezes it again)
         self.freezes = 0
@@ -243,34 +231,47 @@ class FrozenFunction:
         """The function that runs the next call (in this grad mode): the frozen module's, frozen
         again if a parameter changed, or the unfrozen module's (training, or grad wanted)."""
         frozen = self._frozen
+        if self._unfreezable:
+            return self._eager_path("TorchScript cannot script the module")
         if frozen is None or not frozen.snapshot.fresh():
             with self._lock:
                 frozen = self._frozen
                 if frozen is None or not frozen.snapshot.fresh():
-                    frozen = self._freeze()
-        if frozen.fn is None:
+                    frozen = self._kept.find() or self._freeze()
+                    self._frozen = frozen
+        if self._unfreezable or frozen.fn is None:
             return self._eager_path("a module is in training mode, or freezing failed")
         if frozen.snapshot.requires_grad and torch.is_grad_enabled():
             return self._eager_path("grad mode is on and parameters require grad")
         return frozen.fn
 
     def _freeze(self) -> _Frozen:
+        """A new `_Frozen` for the module's state now, kept. Past `max_specializations`
+        freezes, the state runs unfrozen (each freeze compiles anew)."""
         if self._frozen is not None:
-            _log.update("A parameter or buffer changed since freezing; freezing again")
-        snapshot = _snapshot(self.target, self.check_values)
-        if snapshot.training:  # TorchScript freezes only eval modules
-            self._frozen = _Frozen(snapshot, None)
-            return self._frozen
+            _log.update("The module's state changed since freezing; freezing again")
         try:
-            frozen = _frozen_module(self.target)
-        except Exception as e:  # noqa: BLE001 - TorchScript cannot freeze it: run it unfrozen
+            script = _scripted(self.target)
+            snapshot = _snapshot(self.target, script, self.check_values)
+        except Exception as e:  # noqa: BLE001 - no script, or nothing to guard: unfrozen
             warnings.warn(f"nncfuse: cannot freeze {type(self.target).__name__}, running it "
-                          f"unfrozen: {e}", stacklevel=4)
-            self._frozen = _Frozen(snapshot, None)
-            return self._frozen
-        self._frozen = _Frozen(snapshot, FusedFunction(frozen, self.options))
-        self.freezes += 1
-        return self._frozen
+                          f"unfrozen: {e}", stacklevel=5)
+            self._unfreezable = True
+            return _Frozen(None, None)  # type: ignore[arg-type] - never kept nor checked
+        frozen = _Frozen(snapshot, None)
+        if snapshot.training:  # TorchScript freezes only eval modules
+            pass
+        elif self.freezes >= max(self.options.max_specializations, 1):
+            _log.update("Frozen too many times; running unfrozen")
+        else:
+            try:
+                frozen = _Frozen(snapshot, FusedFunction(_frozen_module(script), self.options))
+                self.freezes += 1
+            except Exception as e:  # noqa: BLE001 - TorchScript cannot freeze it: unfrozen
+                warnings.warn(f"nncfuse: cannot freeze {type(self.target).__name__}, running "
+                              f"it unfrozen: {e}", stacklevel=5)
+        self._kept.add(frozen)
+        return frozen
 
     def _eager_path(self, why: str) -> FusedFunction:
         if self._unfrozen is None:

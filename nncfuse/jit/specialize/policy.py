@@ -164,27 +164,37 @@ def _elementwise(node: Any) -> bool:
     return not blocks_of(node) and lowering_for(node)[0] is not None
 
 
+@dataclasses.dataclass
+class Budget:
+    """Plans optimized and plans made by callers, each up to `max_specializations`: shared by
+    the policies of one function's module states (`FusedFunction`), so that the bound holds
+    for the function."""
+
+    optimized: int = 0
+    made: int = 0
+
+
 class Policy:
     """Signatures to plans for the programs of one function (or one compiled graph).
 
     Signatures of different argument types may belong to different programs
-    (a plain function's scripted variants); the bound counts them together.
+    (a plain function's scripted variants); the bound counts them together, and with
+    those of the policies that share its `budget`.
     """
 
-    def __init__(self, options: Options):
+    def __init__(self, options: Options, budget: Budget | None = None):
         self.options = options
+        self.budget = budget or Budget()
         #: signature -> plan; read without a lock, written under it, never rebound (callers
         #: such as FusedFunction keep the dict itself for their fast path)
         self.plans: dict[Signature, Plan] = {}
         #: groups that failed to lower or compile (they run unfused), for tools and tests
         self.compile_failures: list[CompileFailure] = []
         self._profiles: dict[Signature, tuple[Profiler, Any]] = {}
-        self._optimized = 0  # signatures optimized, up to options.max_specializations
         #: (program id, size class) -> its first shapes, varied dims and dynamic plan
         self._classes: dict[tuple[int, Signature | None], ClassState] = {}
         self._shown: dict[int, tuple[Plan, torch._C.Graph | None]] = {}  # see `graph_of`
         self._lock = threading.RLock()
-        self._made = 0  # plans made by callers (`call_with`), up to max_specializations
 
     def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
         """Run `args`, of signature `key`, a signature of `prog`: with its plan, or making it."""
@@ -216,11 +226,11 @@ class Policy:
             with self._lock:
                 plan = self.plans.get(key)
                 if plan is None:
-                    if self._made >= self.options.max_specializations:
+                    if self.budget.made >= self.options.max_specializations:
                         _log.update("Too many input signatures under autograd; running unfused")
                         plan = UnfusedPlan(unfused, None)
                     else:
-                        self._made += 1
+                        self.budget.made += 1
                         plan = make()
                     self.plans[key] = plan
         return plan.run(args)
@@ -289,7 +299,7 @@ class Policy:
     def _kind(self, cls: tuple[int, Signature | None], seen: bool) -> str | None:
         """"static" or "dynamic": how to optimize the next signature of size class `cls`
         (`seen` before); or None past the bounds."""
-        n = self._optimized
+        n = self.budget.optimized
         if n >= self.options.max_specializations:
             return None
         choice = self.options.dynamic
@@ -357,7 +367,7 @@ class Policy:
         on meta tensors): fuse, compile and guard its groups (`dynamic`: into dynamic kernels
         where they can be); the unfused program if that fails. Counts toward
         `max_specializations`. Under the lock."""
-        self._optimized += 1
+        self.budget.optimized += 1
         options = dataclasses.replace(self.options, dynamic=dynamic)
         try:
             failures = fuse_tensor_exprs(graph, options)
