@@ -160,6 +160,9 @@ class Policy:
         self._shown: dict[int, tuple[Plan, torch._C.Graph | None]] = {}  # see `graph_of`
         self._lock = threading.RLock()
         self._made = 0  # plans made by callers (`call_with`), up to max_specializations
+        #: the ops that the plans' graphs run: they live as long as this policy (and its
+        #: plans), and are freed with it unless another policy shares them
+        self._ops: list[runtime.FusedOp] = []
 
     def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
         """Run `args`, of signature `key`, a signature of `prog`: with its plan, or making it."""
@@ -335,7 +338,7 @@ class Policy:
         self._optimized += 1
         options = dataclasses.replace(self.options, dynamic=dynamic)
         try:
-            failures = fuse_tensor_exprs(graph, options)
+            failures = fuse_tensor_exprs(graph, options, self._ops)
             self.compile_failures += failures
             plan = optimized_plan(graph, prog.receiver)
             written = written_inputs(graph, skip=0 if prog.receiver is None else 1)
