@@ -33,6 +33,8 @@ import contextvars
 import os
 import re
 import threading
+import weakref
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -53,9 +55,6 @@ _log = log.get_logger(__file__)
 is_fused_op = runtime.is_fused_op
 
 
-# Kernels by the text of their graph, names aside: identical groups compile once per process,
-# also when two threads (two functions, or two signatures of one) meet them at the same time:
-# one compiles while the other waits on the key's lock. Different keys compile in parallel.
 #: Sizes that dynamic kernels keep static (the dims that did not change), set by the policy
 #: while it optimizes a signature.
 STATIC_SIZES: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
@@ -69,20 +68,20 @@ STATIC_SIZES: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
 COMPILE_THREADS = min(2, os.cpu_count() or 1)
 
 _Key = tuple[str, bool, bool, str]
+_Built = runtime.FusedOp | Exception  # a group's kernel, or what building it raised
 
-
-@dataclass
-class _Built:
-    """A group's kernel (or what building it raised), and the op kind that runs it once it is
-    registered (`_kind`): what identical groups share."""
-
-    kernel: TensorExprKernel | Exception
-    kind: str | None = None
-
-
-_compiled: dict[_Key, _Built] = {}
-_compiling: dict[_Key, threading.Lock] = {}
-_table_lock = threading.Lock()  # guards `_compiling` and the registration of kernels
+# Kernels by the text of their graph, names aside: identical groups share one kernel and its
+# op, also when two threads (two functions, or two signatures of one) meet them at the same
+# time: one compiles while the other waits on the key's lock. Different keys compile in
+# parallel. The table holds them weakly: a kernel lives as long as a graph that runs it (its
+# owner keeps the `FusedOp`: `guard_fusion_groups`'s `keep`), and a group met after its last
+# user is gone compiles again (its object code may still be in `llvm_jit`'s cache).
+_compiled: weakref.WeakValueDictionary[_Key, runtime.FusedOp] = weakref.WeakValueDictionary()
+#: what building the groups that failed raised, the latest `FAILURES_KEPT`
+_failed: OrderedDict[_Key, Exception] = OrderedDict()
+FAILURES_KEPT = 256
+_compiling: dict[_Key, threading.Lock] = {}  # keys being built, while they are
+_table_lock = threading.Lock()  # guards the tables and the registration order of kernels
 _pool: list[ThreadPoolExecutor] = []  # made on first use
 # A forked child has none of the parent's threads: its pool would take tasks and never run them.
 os.register_at_fork(after_in_child=_pool.clear)
@@ -93,6 +92,7 @@ def clear_kernel_cache() -> None:
     (`llvm_jit`) and the outcomes of GEMM trials (`lowerings/trials.py`)."""
     with _table_lock:
         _compiled.clear()
+        _failed.clear()
         _compiling.clear()
     trials.clear()
     llvm_jit.clear_compiled()
@@ -120,9 +120,9 @@ def _cache_key(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Ke
     return text, options.use_llvm, options.verify, guards
 
 
-def _compile_all(groups: list[Any], options: Options) -> list[str | Exception]:
-    """For each group, the op kind running its kernel or the exception that building it
-    raised (`_build`): the kernels built by `COMPILE_THREADS` threads, registered in the
+def _compile_all(groups: list[Any], options: Options) -> list[_Built]:
+    """For each group, the registered op running its kernel or the exception that building
+    it raised (`_build`): the kernels built by `COMPILE_THREADS` threads, registered in the
     groups' order (so that op names do not depend on which thread finished first).
 
     A task per distinct graph (`_distinct`), the largest first: a thread handed a group
@@ -168,10 +168,10 @@ def _build(group: Any, options: Options) -> _Built:
     one, else a static one."""
     if options.dynamic is True:
         built = _build_as(group, options, dynamic=True)
-        if not isinstance(built.kernel, Exception):
+        if not isinstance(built, Exception):
             return built
-        _log.update("No dynamic kernel, compiling a static one: ",
-                    type(built.kernel).__name__, ": ", built.kernel)
+        _log.update("No dynamic kernel, compiling a static one: ", type(built).__name__, ": ",
+                    built)
     return _build_as(group, options, dynamic=False)
 
 
@@ -180,43 +180,54 @@ def _build_as(group: Any, options: Options, dynamic: bool) -> _Built:
     if _has_tensor_constants(subgraph):
         # The text does not show a tensor constant's values (a frozen module's weights):
         # such a kernel is its own.
-        return _Built(_kernel(subgraph, options, dynamic))
+        return _kernel(subgraph, options, dynamic)
     try:
         key = _cache_key(subgraph, options, dynamic)
     except LoweringError as e:
-        return _Built(e)
+        return e
     with _table_lock:
         lock = _compiling.setdefault(key, threading.Lock())
-    with lock:
-        built = _compiled.get(key)
-        if built is not None:
-            _log.update("Reusing the kernel of an identical group: ", built.kind or key[0])
+    try:
+        with lock:
+            built: _Built | None = _compiled.get(key) or _failed.get(key)
+            if built is not None:
+                _log.update("Reusing the kernel of an identical group: ",
+                            getattr(built, "kind", None) or key[0])
+                return built
+            built = _kernel(subgraph, options, dynamic)
+            with _table_lock:
+                if isinstance(built, Exception):
+                    _failed[key] = built
+                    while len(_failed) > FAILURES_KEPT:
+                        _failed.popitem(last=False)
+                else:
+                    _compiled[key] = built
             return built
-        built = _compiled[key] = _Built(_kernel(subgraph, options, dynamic))
-        return built
+    finally:
+        with _table_lock:  # (a thread waiting on the lock still has it)
+            if _compiling.get(key) is lock:
+                del _compiling[key]
 
 
-def _kernel(
-    subgraph: torch._C.Graph, options: Options, dynamic: bool
-) -> TensorExprKernel | Exception:
+def _kernel(subgraph: torch._C.Graph, options: Options, dynamic: bool) -> _Built:
     try:
         static = STATIC_SIZES.get() if dynamic else frozenset()
-        return TensorExprKernel(subgraph.copy(), options, dynamic, static)
+        return runtime.FusedOp(TensorExprKernel(subgraph.copy(), options, dynamic, static))
     except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
         return e
 
 
-def _kind(group: Any, built: _Built) -> str | Exception:
-    """The op kind that runs `built`'s kernel, registered for `group`'s inputs on first use;
-    or the exception that building or registering it raised."""
+def _kind(group: Any, built: _Built) -> _Built:
+    """`built`'s op, registered for `group`'s inputs on first use; or the exception that
+    building or registering it raised."""
+    if isinstance(built, Exception):
+        return built
     with _table_lock:
-        if built.kind is None and not isinstance(built.kernel, Exception):
-            try:
-                built.kind = runtime.register_kernel(built.kernel, inputs_of(group),
-                                                     group.outputsSize())
-            except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
-                built.kernel = e
-        return built.kernel if isinstance(built.kernel, Exception) else built.kind
+        try:
+            built.register(inputs_of(group), group.outputsSize())
+        except Exception as e:  # noqa: BLE001 - any failure means: run it unfused
+            return e
+        return built
 
 
 def _has_tensor_constants(subgraph: torch._C.Graph) -> bool:
@@ -240,13 +251,19 @@ class CompileFailure:
 
 
 def guard_fusion_groups(
-    graph: torch._C.Graph, groups: list[Any], options: Options
+    graph: torch._C.Graph, groups: list[Any], options: Options,
+    keep: list[runtime.FusedOp] | None = None,
 ) -> list[CompileFailure]:
     """Replace each `prim::TensorExprGroup` in `groups` by a guarded kernel (or its nodes);
-    return the groups that failed to compile."""
+    return the groups that failed to compile.
+
+    The ops that `graph` now runs are appended to `keep`, which must live as long as the
+    graph (a freed op is deregistered); without it they are never freed."""
     failures = []
-    for group, kind in zip(groups, _compile_all(groups, options), strict=True):
-        if isinstance(kind, Exception):
+    ops = []
+    for group, built in zip(groups, _compile_all(groups, options), strict=True):
+        if isinstance(built, Exception):
+            kind = built
             _log.dump(
                 "Fusion group not compiled, running it unfused: ",
                 type(kind).__name__, ": ", kind, "\n", group.g("Subgraph"),
@@ -254,10 +271,16 @@ def guard_fusion_groups(
             failures.append(CompileFailure(group.g("Subgraph").copy(), kind))
             unmerge(graph, group)
             continue
-        if runtime.kernel_of_kind(kind).dynamic:
+        ops.append(built)
+        kind = built.kind
+        if built.kernel.dynamic:
             _unguarded(graph, group, kind)
         else:
             _guard(graph, group, kind)
+    if keep is None:
+        runtime.pin(ops)
+    else:
+        keep.extend(ops)
     return failures
 
 

@@ -38,7 +38,7 @@ from ... import log
 from ...config import Options
 from ...tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
 from ...tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
-from . import guard
+from . import guard, runtime
 from .inplace import (
     chain_root,
     functionalize_input_writes,
@@ -436,16 +436,19 @@ def _chunks_to_slices(graph: Any, block: Any) -> None:
         split.destroy()
 
 
-def fuse_tensor_exprs(graph: torch._C.Graph, options: Options) -> list[guard.CompileFailure]:
+def fuse_tensor_exprs(
+    graph: torch._C.Graph, options: Options, keep: list[runtime.FusedOp] | None = None
+) -> list[guard.CompileFailure]:
     """Form, compile and guard fusion groups in `graph`, in place; return the groups that
-    failed to compile (they run unfused)."""
+    failed to compile (they run unfused). The ops the graph runs go to `keep`, which must
+    live as long as the graph (`guard_fusion_groups`)."""
     _log.dump("Before TExprFuser:\n", graph)
     _chunks_to_slices(graph, graph.block())
     write_backs = frozenset(functionalize_input_writes(graph))
     _Fuser(graph, options, write_backs).run(graph.block())
     _log.dump("After creating fusion groups:\n", graph)
     groups = [n for n in fusion_groups(graph) if is_group(n)]
-    failures = guard.guard_fusion_groups(graph, groups, options)
+    failures = guard.guard_fusion_groups(graph, groups, options, keep)
     _log.dump("After guarding fusion groups:\n", graph)
     torch._C._jit_pass_dce(graph)
     _log.dump("After TExprFuser:\n", graph)

@@ -195,6 +195,9 @@ class Policy:
         self._classes: dict[tuple[int, Signature | None], ClassState] = {}
         self._shown: dict[int, tuple[Plan, torch._C.Graph | None]] = {}  # see `graph_of`
         self._lock = threading.RLock()
+        #: the ops that the plans' graphs run: they live as long as this policy (and its
+        #: plans), and are freed with it unless another policy shares them
+        self._ops: list[runtime.FusedOp] = []
 
     def call(self, prog: Program, key: Signature, args: tuple[Any, ...]) -> Any:
         """Run `args`, of signature `key`, a signature of `prog`: with its plan, or making it."""
@@ -370,7 +373,7 @@ class Policy:
         self.budget.optimized += 1
         options = dataclasses.replace(self.options, dynamic=dynamic)
         try:
-            failures = fuse_tensor_exprs(graph, options)
+            failures = fuse_tensor_exprs(graph, options, self._ops)
             self.compile_failures += failures
             plan = optimized_plan(graph, prog.receiver)
             written = written_inputs(graph, skip=0 if prog.receiver is None else 1)

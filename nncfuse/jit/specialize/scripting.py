@@ -23,6 +23,7 @@ import ast
 import inspect
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -87,8 +88,25 @@ def pattern(values: tuple[Any, ...]) -> Pattern:
     return tuple(annotation(v) for v in values)
 
 
+#: Each function's variants scripted so far, by pattern, while the function lives. TorchScript
+#: keeps every function it compiles in its process-wide compilation unit, forever (~10 KB
+#: each): a function wrapped again (`nncfuse.jit(f)` per request) reuses its variants, as
+#: `torch.jit.script` reuses its one script of a function. Under `compile_lock`.
+_scripts: weakref.WeakKeyDictionary[Callable[..., Any], dict[Pattern, Any]] = (
+    weakref.WeakKeyDictionary())
+
+
 def script(fn: Callable[..., Any], types: Pattern) -> torch.jit.ScriptFunction:
-    """`fn` scripted with parameter k annotated as `types[k]` (None: as declared)."""
+    """`fn` scripted with parameter k annotated as `types[k]` (None: as declared); once per
+    function and pattern. Under `compile_lock`."""
+    variants = _scripts.setdefault(fn, {})
+    scripted = variants.get(types)
+    if scripted is None:
+        scripted = variants[types] = _script(fn, types)
+    return scripted
+
+
+def _script(fn: Callable[..., Any], types: Pattern) -> torch.jit.ScriptFunction:
     parsed = parse_def(fn)
     fn_def = parsed.ast.body[0]
     for arg, text in zip(fn_def.args.args, types):

@@ -19,6 +19,7 @@ import functools
 import hashlib
 import os
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import llvmlite
@@ -173,11 +174,48 @@ def _identity(ir_text: str) -> str:
     return "".join(f"{name}={value}\n" for name, value in fields.items())
 
 
+class _ObjectCodeCache:
+    """Object code by digest, the most recently used first out of `capacity` bytes: a
+    dict's `get`, item assignment and `clear`, with a bound (a process that keeps compiling
+    new kernels would otherwise keep every one's code)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._codes: OrderedDict[bytes, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, digest: bytes) -> bytes | None:
+        with self._lock:
+            code = self._codes.get(digest)
+            if code is not None:
+                self._codes.move_to_end(digest)
+            return code
+
+    def __setitem__(self, digest: bytes, code: bytes) -> None:
+        with self._lock:
+            old = self._codes.pop(digest, None)
+            self._bytes += len(code) - (len(old) if old is not None else 0)
+            self._codes[digest] = code
+            while self._bytes > self.capacity and self._codes:
+                self._bytes -= len(self._codes.popitem(last=False)[1])
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._codes.clear()
+            self._bytes = 0
+
+
 #: Object code by the digest of the IR text it was compiled from, for this process: groups
 #: whose graphs differ (so the guard's kernel cache tells them apart) can lower to the very
 #: same IR (GPT-2's training step: 2 of its 20 kernels, BERT's 1 of 16), which LLVM would
-#: optimize and compile again. The text and the host decide the code, so it is reused.
-_compiled: dict[bytes, bytes] = {}
+#: optimize and compile again, and a kernel freed with its last function and met again (a
+#: function wrapped per request) skips LLVM. The text and the host decide the code, so it is
+#: reused. Bounded: 16 MB is thousands of kernels (a small one is ~1 KB).
+_compiled = _ObjectCodeCache(16 << 20)
 
 
 def clear_compiled() -> None:
