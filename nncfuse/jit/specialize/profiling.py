@@ -75,7 +75,7 @@ class Profiler:
                 after = self._add(value, after=after) or after
 
     def _add(self, value: Any, before: Any = None, after: Any = None) -> Any:
-        if not is_tensor(value):
+        if not is_tensor(value) or _maybe_uninitialized(value, {}):
             return None
         vid = len(self.values)
         self.values.append(value)
@@ -127,3 +127,45 @@ class Profiler:
             if meta is not None:
                 value.setType(meta.to_type())
         return metas
+
+
+def _maybe_uninitialized(value: Any, memo: dict[int, bool]) -> bool:
+    """Whether `value` may hold TorchScript's `Uninitialized` when it runs: a placeholder
+    that an early `return`, `break` or `raise` leaves in the paths that skip it, carried
+    through `prim::If` and `prim::Loop` (a profile node could not pass it to Python). Such
+    values stay unprofiled, so untyped: they do not fuse.
+
+        %r = prim::If(%returned)              (%r: the function's result where an early
+          block0(): -> (%y)                    return ran, Uninitialized where not; the
+          block1(): %u = prim::Uninitialized() later code takes it only where it ran)
+                    -> (%u)
+    """
+    key = value.unique()
+    if key in memo:
+        return memo[key]
+    memo[key] = False  # (a loop's carried value reaches itself: assume not, until shown)
+    node = value.node()
+    kind = node.kind()
+    if kind == "prim::Uninitialized":
+        found = True
+    elif kind == "prim::Param" and node.owningBlock().owningNode() is not None:
+        owner = node.owningBlock().owningNode()  # a loop body's carried value (after `i`)
+        k = list(node.outputs()).index(value) - 1
+        found = owner.kind() == "prim::Loop" and k >= 0 and _carried(owner, k, memo)
+    elif kind == "prim::If":
+        k = list(node.outputs()).index(value)
+        found = any(_maybe_uninitialized(list(b.outputs())[k], memo) for b in node.blocks())
+    elif kind == "prim::Loop":
+        found = _carried(node, list(node.outputs()).index(value), memo)
+    else:
+        found = False
+    memo[key] = found
+    return found
+
+
+def _carried(loop: Any, k: int, memo: dict[int, bool]) -> bool:
+    """Whether the `k`th value `loop` carries may be Uninitialized: its initial value (after
+    the trip count and condition) or what the body passes on (after the condition)."""
+    body = next(iter(loop.blocks()))
+    return (_maybe_uninitialized(list(loop.inputs())[k + 2], memo)
+            or _maybe_uninitialized(list(body.outputs())[k + 1], memo))
