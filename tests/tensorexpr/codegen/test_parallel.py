@@ -1,5 +1,9 @@
 """Parallel loops: large kernels run on torch's threads with results identical to one thread."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -33,6 +37,44 @@ def test_parallel_kernel_equals_serial_and_eager(threads, shape):
     stmt = str(kernel_of(group).stmt)
     assert "/* parallel */" in stmt
     assert "GOMP_parallel" in kernel_of(group).get_code_text("ir")
+
+
+#: Run under OMP_THREAD_LIMIT: libgomp grants each parallel region at most that many threads,
+#: whatever torch.set_num_threads asked for (4), as it grants fewer under OMP_DYNAMIC on a
+#: loaded machine. A kernel that chunked its loop by the count asked for, not the count of the
+#: team it got, would leave chunks unwritten: outputs are allocated filled with NaN to show them.
+FEWER_THREADS = """
+import ctypes, sys, torch, nncfuse
+from nncfuse.jit.runtime import kernel_of
+from nncfuse.tensorexpr.codegen import entry, llvm_jit
+entry.EMPTY_STRIDED = lambda sizes, strides, dtype: torch.empty_strided(
+    sizes, strides, dtype=dtype).fill_(float("nan"))
+gomp = ctypes.CDLL(llvm_jit.torch_library("libgomp.so.1"))
+torch.set_num_threads(4)
+assert gomp.omp_get_thread_limit() == int(sys.argv[1]) < torch.get_num_threads()
+def f(x, y):  # nncfuse issue 36 item 7's function
+    return torch.sigmoid(x * y) + torch.tanh(y) * 2.0
+for shape in [(4096,), (777, 1031)]:
+    x, y = torch.randn(shape), torch.randn(shape)
+    g = nncfuse.jit(f)
+    g(x, y)
+    out = g(x, y)
+    (group,) = nncfuse.fusion_groups(g.graph_for(x, y))
+    assert "/* parallel */" in str(kernel_of(group).stmt)
+    assert not out.isnan().any(), (shape, int(out.isnan().sum()))
+    torch.testing.assert_close(out, f(x, y))
+"""
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_parallel_loops_cover_the_range_with_fewer_threads_than_asked(tmp_path, limit):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    env = {**os.environ, "OMP_THREAD_LIMIT": str(limit), "PYTHONPATH": root}
+    script = tmp_path / "fewer_threads.py"  # a file: TorchScript reads the function's source
+    script.write_text(FEWER_THREADS)
+    done = subprocess.run([sys.executable, str(script), str(limit)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
 
 
 def test_small_kernels_stay_serial():
