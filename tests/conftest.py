@@ -1,7 +1,13 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+# Subprocesses the tests start import this checkout's nncfuse, not whichever one is installed.
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
 
 
 @pytest.fixture(autouse=True)
