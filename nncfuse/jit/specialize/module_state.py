@@ -6,7 +6,8 @@ attributes, the constants it bakes into the code (Dropout's `p`, GELU's `approxi
 LayerNorm's `eps`), and the parameter, buffer and submodule objects it holds. Plans made from
 it are right for that state only. `module_state` lists, from the scripted forward's inlined
 graph, each attribute the code reads (a `prim::GetAttr`) and each constant of the modules it
-reaches, as (the Python dict that holds it, its name, the object it held):
+reaches that its compiled methods name, as (the Python dict that holds it, its name, the
+object it held):
 
     graph(%self, %x):                                    (root._modules, "1", dropout)
       %d = prim::GetAttr[name="1"](%self)         ->     (dropout.__dict__, "training", True)
@@ -14,7 +15,7 @@ reaches, as (the Python dict that holds it, its name, the object it held):
       %y = aten::dropout(%x, 0.5, %t)                    (dropout.__dict__, "inplace", False)
 
 `ModuleState.fresh` compares every entry by identity, in C loops over flat tuples (`map`,
-`operator.is_`): 25-60 ns an entry, 1-2.6 us for a transformer block's 43 (idle to loaded). A
+`operator.is_`): 25-60 ns an entry, 1.4 us for a ten-module transformer block's 34. A
 flag flipped by `train()`/`eval()`, a reassigned parameter, a replaced submodule or a changed
 attribute each put another object there. In-place writes (an optimizer step,
 `load_state_dict`, `.double()`) keep the objects: the code reads them at run time, and the
@@ -30,7 +31,10 @@ between training and eval finds the earlier plans again instead of compiling ane
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import operator
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -121,8 +125,9 @@ def module_state(module: torch.nn.Module, script: torch.jit.ScriptModule) -> Mod
             return  # its constants are its own: nothing in Python can change them
         if isinstance(py, _CONTAINERS):  # (what TorchScript iterates, and takes `len` of)
             sized[id(py._modules)] = py._modules
+        words = _words_of_compiled_methods(type(py), tuple(sm._c._method_names()))
         for name in sm._concrete_type.get_constants():
-            if name in py.__dict__:
+            if name in py.__dict__ and (words is None or name in words):
                 entries[id(py.__dict__), name] = (py.__dict__, name, py.__dict__[name])
 
     def read(py: Any, name: str) -> Any:
@@ -171,6 +176,21 @@ def module_state(module: torch.nn.Module, script: torch.jit.ScriptModule) -> Mod
         values=tuple(v for _, _, v in via),
         sized=tuple(sized.values()), sizes=tuple(len(d) for d in sized.values()),
         training=training[0])
+
+
+@functools.cache
+def _words_of_compiled_methods(cls: type, methods: tuple[str, ...]) -> frozenset[str] | None:
+    """The identifiers in the source of `cls`'s methods that TorchScript compiled, or None
+    if one's source cannot be read: a constant none of them names (Linear's `in_features`)
+    is baked into no code, so no check per call need read it."""
+    words: set[str] = set()
+    for name in methods:
+        fn = getattr(cls, name, None)
+        try:
+            words.update(re.findall(r"\w+", inspect.getsource(fn)))
+        except (OSError, TypeError):
+            return None
+    return frozenset(words)
 
 
 T = TypeVar("T")

@@ -263,3 +263,23 @@ def test_a_traced_module_keeps_the_mode_it_was_traced_in():
         traced.train()  # TorchScript: the trace recorded eval's ops
         assert torch.equal(j(x), traced(x))
         assert torch.equal(j(x), m(x))
+
+
+def test_the_check_reads_only_what_the_compiled_code_names():
+    """Constants no compiled method names (Linear's `in_features`, LayerNorm's
+    `elementwise_affine`) are baked into no code: the per-call check skips them, and a
+    changed `eps` (which LayerNorm's forward reads) is still seen."""
+    from nncfuse.jit.specialize.module_state import module_state
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    state = module_state(model, torch.jit.script(model))
+    names = set(state.keys)
+    assert {"weight", "bias", "eps", "normalized_shape"} <= names
+    assert not names & {"in_features", "out_features", "elementwise_affine"}
+    fused = nncfuse.jit(model)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(fused(x), model(x))
+        model[1].eps = 10.0
+        torch.testing.assert_close(fused(x), model(x))
