@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -58,7 +59,6 @@ from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
 
 _log = log.get_logger(__file__)
-_lib = torch.library.Library("nncfuse", "FRAGMENT")
 _serial = itertools.count()
 _MAX_VARIANTS = 8
 #: ops whose result's shape depends on values: no sizes are folded from a profile with them
@@ -413,13 +413,18 @@ def _compiled(graph: torch._C.Graph, options: Options, what: str) -> Any:
 
 
 def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
-    """A custom op that runs `entry`, for a node with these inputs and outputs; its kind."""
+    """A custom op that runs `entry`, for a node with these inputs and outputs; its kind. The
+    op holds `entry` weakly and is deregistered when `entry` is freed (with its `_Outer`), so
+    a dropped function's programs and kernels go with it."""
     name = f"autodiff_{next(_serial)}"
     args = ", ".join(("Tensor" if is_tensor(v) else "Any") + f" i{k}"
                      for k, v in enumerate(inputs))
     rets = ", ".join("Tensor" if is_tensor(v) else "Any" for v in outputs)
-    _lib.define(f"{name}({args}) -> ({rets})")
-    _lib.impl(name, entry, "CompositeImplicitAutograd")
+    library = torch.library.Library("nncfuse", "FRAGMENT")
+    library.define(f"{name}({args}) -> ({rets})")
+    ref = weakref.ref(entry)
+    library.impl(name, lambda *inputs: ref()(*inputs), "CompositeImplicitAutograd")
+    weakref.finalize(entry, library._destroy).atexit = False  # (exit frees all)
     return f"nncfuse::{name}"
 
 

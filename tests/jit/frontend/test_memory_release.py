@@ -147,3 +147,29 @@ def test_an_op_name_is_taken_again_once_free():
     fn = nncfuse.jit(twice_too)
     assert _kernel(fn, x, y)[1] == kind
     torch.testing.assert_close(fn(x, y), twice(x, y))
+
+
+def trained(a, b):
+    return ((a * b + 2.0).sin() * b).sum()
+
+
+def test_a_dropped_training_functions_programs_and_ops_go():
+    """autodiff's differentiable graphs run as ops that hold their programs (f, df and their
+    kernels): dropped with the function, they are deregistered and freed."""
+    a, b = torch.randn(16, requires_grad=True), torch.randn(16)
+    fn = nncfuse.jit(trained)
+    for _ in range(3):
+        fn(a, b).backward()
+        expected = a.grad.clone()
+        a.grad = None
+        trained(a, b).backward()
+        torch.testing.assert_close(expected, a.grad)
+        a.grad = None
+    (plan,) = fn._plans.values()
+    entries = [weakref.ref(e) for outer in plan.outers() for e in outer.entries]
+    kinds = [e().kind for e in entries]
+    assert entries and all(torch._C._jit_get_operation(k)[0] is not None for k in kinds)
+    del fn, plan
+    gc.collect()
+    assert all(e() is None for e in entries)
+    assert all(torch._C._jit_get_operation(k)[0] is None for k in kinds)  # deregistered
