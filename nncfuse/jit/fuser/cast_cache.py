@@ -25,6 +25,8 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 KIND = "nncfuse::autocast_weight"
+#: the casts of many weights in one call (a call of a Python op costs about 8 us)
+BATCH_KIND = "nncfuse::autocast_weights"
 
 #: tensor -> {dtype: (version, data pointer, copy)}
 _copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -51,6 +53,12 @@ def cached_cast(tensor: torch.Tensor, dtype: torch.dtype, module_state: bool) ->
     return copy
 
 
+def cached_casts(tensors: list[torch.Tensor], dtype: torch.dtype,
+                 module_state: list[bool]) -> list[torch.Tensor]:
+    """`cached_cast` of each of `tensors`."""
+    return [cached_cast(t, dtype, m) for t, m in zip(tensors, module_state)]
+
+
 def clear() -> None:
     """Forget every copy (tests)."""
     with _lock:
@@ -60,3 +68,6 @@ def clear() -> None:
 _library = torch.library.Library("nncfuse", "FRAGMENT")
 _library.define("autocast_weight(Tensor weight, ScalarType dtype, bool module_state) -> Tensor")
 _library.impl("autocast_weight", cached_cast, "CompositeExplicitAutograd")
+_library.define("autocast_weights(Tensor[] weights, ScalarType dtype, bool[] module_state) "
+                "-> Tensor[]")
+_library.impl("autocast_weights", cached_casts, "CompositeExplicitAutograd")

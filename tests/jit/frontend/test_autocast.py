@@ -216,3 +216,17 @@ def test_matmul_bmm_and_cat_take_autocasts_dtypes(dtype):
                     _close(r, e, reduced=True)
             for r, e in zip(fused(a, b, c, d), f(a, b, c, d)):
                 _close(r, e, reduced=True)
+
+
+def test_a_weight_the_function_writes_is_cast_after_the_write():
+    def f(x, w, v):
+        w.add_(1.0)
+        return torch.nn.functional.linear(x, w).relu() + torch.nn.functional.linear(x, v)
+
+    fused = nncfuse.jit(f)
+    x, w, v = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8)
+    ws = w.clone()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            _close(fused(x, w, v), f(x, ws, v), reduced=True)
+            torch.testing.assert_close(w, ws)
