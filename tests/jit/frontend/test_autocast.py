@@ -90,8 +90,9 @@ def test_training_under_autocast_gives_eagers_dtypes_and_gradients(autograd):
 
 # GEMMs under autocast: the casts written out (`fuser/autocast_casts.py`), the GEMM fused with
 # its epilogue, a weight's reduced-precision copy made once per version (`fuser/cast_cache.py`).
-# Tolerances: Inductor under the same autocast is 8e-3 (bfloat16) / 1e-3 (float16) off eager
-# on these blocks (`benchmarks/autocast_tolerance.py`); 2e-2 is no tighter.
+# Tolerances: 2e-2. On `benchmarks/autocast_mlp.py` (bfloat16) Inductor is 5e-7 off eager
+# autocast and nncfuse 4e-3: oneDNN's gelu post-op acts on the GEMM's float32 accumulator,
+# before eager's rounding of the GEMM's result to bfloat16 (about one bfloat16 ulp).
 
 
 class _Mlp(nn.Module):
