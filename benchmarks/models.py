@@ -5,6 +5,7 @@ torch.compile vs nncfuse, with what nncfuse fuses and where eager's time goes.
     python benchmarks/models.py                     # every model, 1 thread
     python benchmarks/models.py --quick             # smoke run: small shapes, few rounds
     python benchmarks/models.py --models bert,resnet --threads 1,all --chart docs/models.png
+    python benchmarks/models.py --models bert --dtype bfloat16   # under torch.autocast
 
 Models are built from small configs with random weights (nothing is downloaded),
 in `eval()` and under `torch.no_grad()`, and traced with
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib
 import math
 import os
@@ -58,6 +60,8 @@ from nncfuse.explain import EXTERNAL_KINDS
 CONTENDERS = ("eager", "script", "compile", "nncfuse", "nncfuse-frozen", "nncfuse-backend")
 WARM_CACHE = Path(__file__).resolve().parent / "results" / "inductor-cache"
 RTOL, ATOL = 1e-3, 1e-4
+#: under `--dtype bfloat16|float16` (autocast): what Inductor meets against eager autocast
+AUTOCAST_TOL = 2e-2
 
 
 @dataclass(frozen=True)
@@ -250,16 +254,19 @@ def run_model(spec: Spec, threads: int, args: argparse.Namespace) -> Result:
     model.eval()
     result = Result(spec.name, threads, tuple(inputs[0].shape), os.getloadavg()[0])
     torch._dynamo.reset()
-    with torch.no_grad():
+    rtol, atol = (RTOL, ATOL) if args.dtype == "float32" else (AUTOCAST_TOL, AUTOCAST_TOL)
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        traced = torch.jit.trace(model, inputs, strict=False)  # (float32: no casts baked in)
+        if args.dtype != "float32":
+            stack.enter_context(torch.autocast("cpu", dtype=getattr(torch, args.dtype)))
         expected = model(*inputs)
-        traced = torch.jit.trace(model, inputs, strict=False)
         ready: dict[str, Callable[[], Any]] = {}
         for contender in args.contenders:
             try:
                 fn = _build(contender, model, traced)
                 for _ in range(3):  # profiling, compiling, the executors' own warm-up
                     got = fn(*inputs)
-                torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)
+                torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
             except Exception as e:  # noqa: BLE001 - a failure disqualifies, the run goes on
                 result.errors[contender] = _error(e)
                 print(f"  !! {contender} on {spec.name}: {result.errors[contender]}", flush=True)
@@ -382,6 +389,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--contenders", default=",".join(CONTENDERS),
                    help="comma-separated subset of " + ",".join(CONTENDERS))
     p.add_argument("--quick", action="store_true", help="smoke run: small shapes, few rounds")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="bfloat16 / float16: every contender runs under torch.autocast('cpu') "
+                        "of that dtype (traced in float32); outputs checked to "
+                        f"rtol = atol = {AUTOCAST_TOL}")
     p.add_argument("--inductor-cache", choices=["cold", "warm"], default="warm",
                    help=f"warm: reuse {WARM_CACHE} (default; the run is about steady state); "
                         "cold: the environment's own")

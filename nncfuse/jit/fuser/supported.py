@@ -16,7 +16,6 @@ the list is no value a kernel returns. The reasons are what
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from ...tensorexpr.lowerings import (
 )
 from ...tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
 from . import sizes
+from .autocast_casts import casts_nothing, has_autocast_kernel
 
 _NUMBER_KINDS = {"FloatType", "IntType", "BoolType"}
 
@@ -82,25 +82,17 @@ def why_not_fusible(node: Any) -> str | None:
     return _node_problem(node)
 
 
-@functools.cache
-def _autocast_casts(schema: str) -> bool:
-    """Whether eager autocast casts the operands of the op of `schema` (it has a kernel for
-    the AutocastCPU dispatch key: GEMMs and convolutions to the autocast dtype, losses and
-    `prod` to float32, `cat` and `stack` to their widest input)."""
-    parsed = torch._C.parse_schema(schema)
-    name = parsed.name + (f".{parsed.overload_name}" if parsed.overload_name else "")
-    return torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU")
-
-
 def _node_problem(node: Any) -> str | None:
     lowering, reason = lowering_for(node)
     if lowering is None:
         return reason
     # Fused, an op would compute in its profiled inputs' dtypes, not in the ones autocast
-    # casts them to: outside groups, eager's autocast casts them as it does without nncfuse.
+    # casts them to: outside groups, eager's autocast casts them as it does without nncfuse,
+    # unless they are those dtypes already (`autocast_casts.py` wrote the casts out).
     # (A plan's signature holds the autocast state: this one is made under the call's.)
     if torch._C._is_any_autocast_enabled() and node.kind() != "prim::ListConstruct" and (
-            _autocast_casts(node.schema())):
+            has_autocast_kernel(node.schema())) and not (
+                torch.is_autocast_enabled("cpu") and casts_nothing(node)):
         return f"{node.kind()} runs under autocast's casts (eager's)"
     if lowering.problem is not None and (problem := lowering.problem(node)):
         return problem

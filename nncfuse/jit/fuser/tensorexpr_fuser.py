@@ -39,6 +39,7 @@ from ...config import Options
 from ...tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
 from ...tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import guard, runtime
+from .autocast_casts import make_autocast_casts_explicit
 from .inplace import (
     chain_root,
     functionalize_input_writes,
@@ -443,6 +444,7 @@ def fuse_tensor_exprs(
     failed to compile (they run unfused). The ops the graph runs go to `keep`, which must
     live as long as the graph (`guard_fusion_groups`)."""
     _log.dump("Before TExprFuser:\n", graph)
+    make_autocast_casts_explicit(graph)
     _chunks_to_slices(graph, graph.block())
     write_backs = frozenset(functionalize_input_writes(graph))
     _Fuser(graph, options, write_backs).run(graph.block())

@@ -1,0 +1,256 @@
+"""autocast_casts: the casts eager's CPU autocast makes, as explicit nodes of the graph.
+
+Under `torch.autocast("cpu")` an op with an AutocastCPU kernel casts its operands before it
+runs (ATen's `autocast_mode.cpp`, `cached_cast`): the GEMMs and convolutions of the
+"lower_precision_fp" list cast each floating operand but float64 to the autocast dtype, the
+"fp32" list (losses, `prod`, ...) casts them to float32, and the "promote" list (cat, stack,
+index_copy) to the widest of their dtypes and the autocast dtype. Written out, the op reads
+operands autocast leaves alone, so it means the same under autocast and outside, and fuses
+(`supported.py` lets an AutocastCPU op into a group only where `casts_nothing`): a bfloat16
+GEMM with its epilogue in one kernel. Under bfloat16 autocast:
+
+    %y : BFloat16(4, 32) = aten::linear(%x, %w, %b)           (x, w, b: Float)
+                              ->
+    %x.1 : BFloat16(4, 16) = aten::to(%x, 15, False, False, None)
+    %w.1 : BFloat16(32, 16) = nncfuse::autocast_weight(%w, 15, True)
+    %b.1 : BFloat16(32) = nncfuse::autocast_weight(%b, 15, True)
+    %y : BFloat16(4, 32) = aten::linear(%x.1, %w.1, %b.1)
+
+Each cast is typed from the profile: the operand's profiled type with the dtype cast to (its
+strides as `to` gives them). A parameter or buffer (read by `prim::GetAttr`) or a graph input
+that is cast to the autocast dtype is cast by `cast_cache.py`'s op, which makes the copy once
+per version of the tensor. A node whose operands' types the profile does not know is left
+as it is (it stays outside groups, under eager's autocast). Where a graph casts several
+weights that it does not write and sets no attribute, the weights are read first (the
+`prim::GetAttr`s moved to the start, in their order) and cast in one call
+(`nncfuse::autocast_weights`, then a `prim::ListUnpack`): one call of a Python op (about
+8 us), not one per weight.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from ... import log
+from ...tensorexpr.meta import blocks_of, inputs_of
+from . import cast_cache
+
+_log = log.get_logger(__file__)
+
+LOWER, FP32, PROMOTE = "lower_precision_fp", "fp32", "promote"
+
+#: ATen's CPU autocast policy by op name (`autocast_mode.cpp`, `TORCH_LIBRARY_IMPL(aten,
+#: AutocastCPU, m)`); an overload is cast only if it has an AutocastCPU kernel
+_POLICY: dict[str, str] = {
+    **dict.fromkeys((
+        "conv1d", "conv2d", "conv3d", "bmm", "mm", "linalg_vecdot", "baddbmm", "addmm",
+        "_addmm_activation", "addbmm", "linear", "_convolution", "matmul", "conv_tbc",
+        "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu",
+        "scaled_dot_product_attention"), LOWER),
+    **dict.fromkeys((
+        "prod", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss",
+        "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "trace",
+        "cdist", "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
+        "poisson_nll_loss"), FP32),
+    **dict.fromkeys(("cat", "stack", "index_copy"), PROMOTE),
+}
+
+
+@functools.cache
+def has_autocast_kernel(schema: str) -> bool:
+    """Whether eager autocast casts the operands of the op of `schema` (it has a kernel for
+    the AutocastCPU dispatch key)."""
+    parsed = torch._C.parse_schema(schema)
+    name = parsed.name + (f".{parsed.overload_name}" if parsed.overload_name else "")
+    return torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU")
+
+
+def _policy(node: Any) -> str | None:
+    kind = node.kind()
+    policy = _POLICY.get(kind[len("aten::"):]) if kind.startswith("aten::") else None
+    schema = node.schema() if policy else "(no schema)"
+    return policy if schema != "(no schema)" and has_autocast_kernel(schema) else None
+
+
+def _operands(node: Any) -> list[tuple[Any, int, int | None]] | None:
+    """The tensor operands of `node`: (value, input index, index in its list or None); None
+    where one is a tensor list that is not built by a `prim::ListConstruct`."""
+    out: list[tuple[Any, int, int | None]] = []
+    for i, value in enumerate(inputs_of(node)):
+        kind = value.type().kind()
+        if kind == "TensorType":
+            out.append((value, i, None))
+        elif kind == "ListType" and value.type().getElementType().kind() == "TensorType":
+            if value.node().kind() != "prim::ListConstruct":
+                return None
+            out.extend((item, i, k) for k, item in enumerate(inputs_of(value.node())))
+        elif kind == "OptionalType" and value.type().getElementType().kind() == "TensorType":
+            if value.node().kind() != "prim::Constant":
+                return None  # (a tensor or None only at run time)
+    return out
+
+
+def _eligible(dtype: torch.dtype) -> bool:
+    """Whether autocast casts a CPU tensor of `dtype` (`is_eligible`: floating, not double)."""
+    return dtype.is_floating_point and dtype != torch.float64
+
+
+def _targets(node: Any, dtype: torch.dtype) -> list[torch.dtype | None] | None:
+    """The dtype each operand of `node` is cast to under autocast to `dtype` (None: left as
+    it is), or None if the node is not one autocast casts or a dtype is not profiled."""
+    policy = _policy(node)
+    operands = _operands(node) if policy else None
+    if operands is None:
+        return None
+    dtypes = [value.type().dtype() for value, _, _ in operands]
+    if None in dtypes:
+        return None
+    if policy == LOWER:
+        target = dtype
+    elif policy == FP32:
+        target = torch.float32
+    else:
+        target = dtype
+        for d in dtypes:
+            if _eligible(d):
+                target = torch.promote_types(target, d)
+    return [target if _eligible(d) and d != target else None for d in dtypes]
+
+
+def casts_nothing(node: Any) -> bool:
+    """Whether, under the live autocast, eager's autocast leaves the operands of `node` as
+    they are (their profiled dtypes): the op then means the same under autocast and outside.
+    False for an op autocast casts by a policy not known here."""
+    targets = _targets(node, torch.get_autocast_dtype("cpu"))
+    return targets is not None and not any(targets)
+
+
+def _cast_type(value: Any, dtype: torch.dtype) -> Any:
+    """The profiled type of `value.to(dtype)`, or None if `value`'s is not complete."""
+    t = value.type()
+    sizes, strides = t.sizes(), t.strides()
+    if sizes is None or strides is None or None in sizes or None in strides:
+        return None
+    meta = torch.empty_strided(sizes, strides, dtype=t.dtype(), device="meta").to(dtype)
+    return torch._C.TensorType.create_from_tensor(meta).with_device(t.device())
+
+
+def _is_weight(value: Any) -> bool:
+    """Whether `value` is module state (read by `prim::GetAttr`) or an input of the graph
+    (a weight passed as an argument: `cast_cache` caches only leaves that require grad)."""
+    return value.node().kind() in ("prim::GetAttr", "prim::Param")
+
+
+def _cast(graph: Any, value: Any, dtype: torch.dtype, autocast_dtype: torch.dtype) -> Any:
+    """A node casting `value` to `dtype`, inserted at the insert point; None if untyped."""
+    typ = _cast_type(value, dtype)
+    if typ is None:
+        return None
+    if dtype == autocast_dtype and value.type().dtype() == torch.float32 and _is_weight(value):
+        module_state = value.node().kind() == "prim::GetAttr"
+        args = [value, graph.insertConstant(dtype), graph.insertConstant(module_state)]
+        node = graph.create(cast_cache.KIND, args, 1)
+    else:
+        args = [value, graph.insertConstant(dtype), *map(graph.insertConstant, (False, False)),
+                graph.insertConstant(None)]
+        node = graph.create("aten::to", args, 1)
+    graph.insertNode(node)
+    node.output().setType(typ)
+    return node.output()
+
+
+def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None], dtype: Any) -> bool:
+    operands = _operands(node)
+    assert operands is not None
+    casts: list[Any] = []
+    with graph.insert_point_guard(node):
+        for (value, _, _), target in zip(operands, targets):
+            cast = None if target is None else _cast(graph, value, target, dtype)
+            if target is not None and cast is None:
+                return False  # (the casts made so far are dead: DCE removes them)
+            casts.append(cast)
+        lists: dict[int, list[Any]] = {}
+        for (value, i, k), cast in zip(operands, casts):
+            if k is None:
+                if cast is not None:
+                    node.replaceInput(i, cast)
+            else:
+                lists.setdefault(i, list(inputs_of(node.inputsAt(i).node())))[k] = (
+                    cast if cast is not None else value)
+        for i, items in lists.items():
+            old = node.inputsAt(i)
+            if items == inputs_of(old.node()):
+                continue
+            built = graph.insertNode(graph.create("prim::ListConstruct", items, 1))
+            built.output().setType(old.type())
+            node.replaceInput(i, built.output())
+    return True
+
+
+def _rewrite_block(graph: Any, block: Any, dtype: torch.dtype) -> int:
+    count = 0
+    for node in list(block.nodes()):
+        for sub in blocks_of(node):
+            count += _rewrite_block(graph, sub, dtype)
+        targets = _targets(node, dtype)
+        if targets and any(targets) and _rewrite(graph, node, targets, dtype):
+            count += 1
+    return count
+
+
+def _sets_attributes(block: Any) -> bool:
+    return any(n.kind() == "prim::SetAttr" or any(_sets_attributes(b) for b in blocks_of(n))
+               for n in block.nodes())
+
+
+def _batch_weight_casts(graph: Any) -> None:
+    """The top-level block's casts of module weights as one `autocast_weights` call, after
+    the block's `prim::GetAttr`s, moved to its start (nothing sets an attribute)."""
+    block = graph.block()
+    aliases = graph.alias_db()  # (a weight the graph writes is cast where it was)
+    casts = [n for n in block.nodes() if n.kind() == cast_cache.KIND
+             and n.inputsAt(0).node().kind() in ("prim::GetAttr", "prim::Param")
+             and not aliases.has_writers(n.inputsAt(0))]
+    if len(casts) < 2 or _sets_attributes(block):
+        return
+    reads = [n for n in block.nodes() if n.kind() == "prim::GetAttr"]
+    previous = None
+    for node in reads:  # (in their order: each reads %self or one before it)
+        if previous is None:
+            start = next(iter(block.nodes()))
+            if node != start:
+                node.moveBefore(start)
+        else:
+            node.moveAfter(previous)
+        previous = node
+    nodes = list(block.nodes())  # (the block's return node ends it: there is a next one)
+    after = nodes[nodes.index(previous) + 1] if previous is not None else nodes[0]
+    dtype = casts[0].inputsAt(1)
+    with graph.insert_point_guard(after):
+        weights = graph.insertNode(graph.create(
+            "prim::ListConstruct", [n.inputsAt(0) for n in casts], 1)).output()
+        weights.setType(torch._C.ListType.ofTensors())
+        states = graph.insertConstant([bool(n.inputsAt(2).toIValue()) for n in casts])
+        dtype = graph.insertConstant(dtype.toIValue())
+        call = graph.insertNode(graph.create(cast_cache.BATCH_KIND, [weights, dtype, states], 1))
+        call.output().setType(weights.type())
+        unpack = graph.insertNode(graph.create("prim::ListUnpack", [call.output()], len(casts)))
+    for node, value in zip(casts, unpack.outputs()):
+        value.setType(node.output().type())
+        node.output().replaceAllUsesWith(value)
+        node.destroy()
+
+
+def make_autocast_casts_explicit(graph: torch._C.Graph) -> None:
+    """Under the live CPU autocast, write the casts eager's autocast makes as nodes of
+    `graph` (in place), before the ops that autocast casts; outside autocast, nothing."""
+    if not torch.is_autocast_enabled("cpu"):
+        return
+    count = _rewrite_block(graph, graph.block(), torch.get_autocast_dtype("cpu"))
+    if count:
+        _batch_weight_casts(graph)
+        torch._C._jit_pass_dce(graph)
+        _log.dump(f"After making {count} ops' autocast casts explicit:\n", graph)

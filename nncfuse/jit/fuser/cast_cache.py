@@ -1,0 +1,73 @@
+"""cast_cache: a weight's reduced-precision copy, made once per version of the weight.
+
+Under autocast, eager casts a float32 parameter to the autocast dtype for every GEMM that
+reads it, and keeps the copy only until the autocast region ends. The graph op
+`nncfuse::autocast_weight(w, dtype, module_state)` (`autocast_casts.py` puts it where a
+parameter or buffer is cast) returns `w.to(dtype)` from a cache kept across calls:
+
+    %wb = aten::to(%w, 15, False, False, None)    ->    %wb = nncfuse::autocast_weight(%w, 15, True)
+
+An entry is keyed by the tensor's identity (a weak key: it goes with the tensor) and
+remembers the tensor's `_version` and data pointer, so an in-place update (an optimizer's
+step, `load_state_dict`'s `copy_`) or new storage (`p.data = t`) makes a new copy. (An
+update through `.data`'s alias bumps no version: eager's own cache has the same blind spot
+only within one region, this one across calls; `.data` writes are outside the contract.)
+What may be cached is what eager caches (a float32 leaf that requires grad, not a view) and
+a module's own state (`module_state`: read by `prim::GetAttr`); anything else is cast anew.
+A copy is made without autograd; a tensor that needs autograd here is cast anew.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+KIND = "nncfuse::autocast_weight"
+#: the casts of many weights in one call (a call of a Python op costs about 8 us)
+BATCH_KIND = "nncfuse::autocast_weights"
+
+#: tensor -> {dtype: (version, data pointer, copy)}
+_copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_lock = threading.Lock()
+
+
+def cached_cast(tensor: torch.Tensor, dtype: torch.dtype, module_state: bool) -> torch.Tensor:
+    """`tensor.to(dtype)`, from the cache where `tensor` is a weight that has not changed."""
+    if tensor.dtype == dtype:
+        return tensor  # (as `to`: the tensor itself)
+    if (torch.is_grad_enabled() and tensor.requires_grad) or tensor.is_inference() or not (
+            module_state or (tensor.is_leaf and tensor.requires_grad)) or tensor._is_view():
+        return tensor.to(dtype)
+    key = (tensor._version, tensor.data_ptr())
+    with _lock:
+        entry = _copies.get(tensor)
+        hit = entry is not None and entry.get(dtype)
+    if hit and hit[:2] == key:
+        return hit[2]
+    with torch.no_grad():
+        copy = tensor.to(dtype)
+    with _lock:
+        _copies.setdefault(tensor, {})[dtype] = (*key, copy)
+    return copy
+
+
+def cached_casts(tensors: list[torch.Tensor], dtype: torch.dtype,
+                 module_state: list[bool]) -> list[torch.Tensor]:
+    """`cached_cast` of each of `tensors`."""
+    return [cached_cast(t, dtype, m) for t, m in zip(tensors, module_state)]
+
+
+def clear() -> None:
+    """Forget every copy (tests)."""
+    with _lock:
+        _copies.clear()
+
+
+_library = torch.library.Library("nncfuse", "FRAGMENT")
+_library.define("autocast_weight(Tensor weight, ScalarType dtype, bool module_state) -> Tensor")
+_library.impl("autocast_weight", cached_cast, "CompositeExplicitAutograd")
+_library.define("autocast_weights(Tensor[] weights, ScalarType dtype, bool[] module_state) "
+                "-> Tensor[]")
+_library.impl("autocast_weights", cached_casts, "CompositeExplicitAutograd")
