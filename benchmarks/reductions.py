@@ -1,6 +1,6 @@
 """Reductions (issue #10) against eager and torch.compile, side by side in one process.
 
-    python benchmarks/reductions.py [--threads 1,2] [--clock cpu] [-k SUBSTRING]
+    python benchmarks/reductions.py [--threads 1,2] [--clock cpu] [-k SUBSTRING] [--quick]
 
 nncfuse runs with `min_group_size=1`, so that a lone reduction (softmax,
 layer_norm, sum) is a group of its own; with the default (2, as NNC) a lone
@@ -27,7 +27,8 @@ from workloads import Workload, _randn, select
 import nncfuse
 
 NAMES = ["softmax_rows", "layer_norm_affine", "residual_layer_norm", "sum_rows", "sum_cols",
-         "rms_norm"]
+         "rms_norm", "layer_norm_8192", "residual_layer_norm_8192", "masked_softmax",
+         "instance_norm", "heads_merge"]
 
 
 # -- workloads of the issue that the suite does not have -----------------------------------------
@@ -76,14 +77,14 @@ def workloads(patterns: list[str] | None) -> list[Workload]:
     return [w for w in chosen if any(p in w.name for p in patterns)]
 
 
-def run(threads: int, chosen: list[Workload], rounds: int, clock: str) -> None:
+def run(threads: int, chosen: list[Workload], rounds: int, clock: str, quick: bool) -> None:
     torch.set_num_threads(threads)
     print(f"threads={threads} clock={clock}")
-    print(f"{'workload':22} {'shape':>14} {'eager':>10} {'compile':>10} {'nncfuse':>10}"
+    print(f"{'workload':24} {'shape':>15} {'eager':>10} {'compile':>10} {'nncfuse':>10}"
           f" {'vs eager':>9} {'vs compile':>10} groups")
     vs_eager, vs_compile = [], []
     for w in chosen:
-        inputs = w.inputs()
+        inputs = w.inputs(quick)
         fused = nncfuse.jit(w.fn, min_group_size=1)
         compiled = torch.compile(w.fn)
         want = w.fn(*inputs)
@@ -97,11 +98,11 @@ def run(threads: int, chosen: list[Workload], rounds: int, clock: str) -> None:
         t = {k: v.median for k, v in t.items()}
         vs_eager.append(t["eager"] / t["nncfuse"])
         vs_compile.append(t["compile"] / t["nncfuse"])
-        shape = "x".join(map(str, w.shape))
-        print(f"{w.name:22} {shape:>14} {fmt_time(t['eager']):>10} {fmt_time(t['compile']):>10}"
+        shape = "x".join(map(str, w.quick_shape if quick else w.shape))
+        print(f"{w.name:24} {shape:>15} {fmt_time(t['eager']):>10} {fmt_time(t['compile']):>10}"
               f" {fmt_time(t['nncfuse']):>10} {vs_eager[-1]:8.2f}x"
               f" {vs_compile[-1]:9.2f}x {groups}", flush=True)
-    print(f"{'geomean':22} {'':>14} {'':>10} {'':>10} {'':>10} {geomean(vs_eager):8.2f}x"
+    print(f"{'geomean':24} {'':>15} {'':>10} {'':>10} {'':>10} {geomean(vs_eager):8.2f}x"
           f" {geomean(vs_compile):9.2f}x  (min vs compile {min(vs_compile):.2f}x)\n")
 
 
@@ -112,11 +113,15 @@ def main() -> None:
     p.add_argument("-k", dest="patterns", action="append")
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: each workload's quick shape, 3 rounds")
     args = p.parse_args()
+    if args.quick:
+        args.rounds = 3
     warnings.simplefilter("ignore")
     chosen = workloads(args.patterns)
     for threads in (int(t) for t in args.threads.split(",")):
-        run(threads, chosen, args.rounds, args.clock)
+        run(threads, chosen, args.rounds, args.clock, args.quick)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,22 @@ def residual_layer_norm(x, r, w, b):
     return torch.nn.functional.layer_norm(x + r, (768,), w, b, 1e-5)
 
 
+def masked_softmax(x, mask):
+    # Attention's scores plus a broadcast mask (padding: batch x 1 x 1 x keys; causal:
+    # 1 x 1 x queries x keys), then the softmax over the keys.
+    return torch.softmax(x + mask, -1)
+
+
+def instance_norm(x):
+    return torch.nn.functional.instance_norm(x, eps=1e-5)
+
+
+def heads_merge(x):
+    # Attention's output (batch, heads, seq, head_dim) back to (batch, seq, hidden).
+    b, h, s, d = x.shape
+    return x.transpose(1, 2).reshape(b, s, h * d)
+
+
 def sum_rows(x):
     return x.sum(-1)
 
@@ -237,6 +253,17 @@ def _affine(shape: tuple[int, ...]) -> Inputs:
 
 def _residual_affine(shape: tuple[int, ...]) -> Inputs:
     return torch.randn(shape), torch.randn(shape), torch.randn(shape[-1]), torch.randn(shape[-1])
+
+
+def _padding_mask(shape: tuple[int, ...]) -> Inputs:
+    b, _, _, k = shape
+    return torch.randn(shape), torch.randn(b, 1, 1, k)
+
+
+def _causal_mask(shape: tuple[int, ...]) -> Inputs:
+    _, _, q, k = shape
+    mask = torch.full((q, k), -1e4).triu(1)  # finite, as HF's masks: no all -inf rows
+    return torch.randn(shape), mask.reshape(1, 1, q, k)
 
 
 def _row_col(shape: tuple[int, ...]) -> Inputs:
@@ -355,6 +382,15 @@ WORKLOADS: list[Workload] = [
     Workload("layer_norm_affine", layer_norm_affine, _affine, (4096, 768), (64, 768)),
     Workload("residual_layer_norm", residual_layer_norm, _residual_affine, (4096, 768),
              (64, 768)),
+    Workload("layer_norm_8192", layer_norm_affine, _affine, (8192, 768), (64, 768)),
+    Workload("residual_layer_norm_8192", residual_layer_norm, _residual_affine, (8192, 768),
+             (64, 768)),
+    Workload("masked_softmax_pad", masked_softmax, _padding_mask, (8, 12, 128, 128),
+             (2, 2, 16, 16)),
+    Workload("masked_softmax_causal", masked_softmax, _causal_mask, (8, 12, 128, 128),
+             (2, 2, 16, 16)),
+    Workload("instance_norm", instance_norm, _randn, (32, 32, 64, 64), (2, 4, 8, 8)),
+    Workload("heads_merge", heads_merge, _randn, (8, 12, 512, 64), (2, 2, 16, 8)),
     Workload("sum_rows", sum_rows, _randn, (4096, 1024), _Q2),
     Workload("sum_cols", sum_cols, _randn, (4096, 1024), _Q2),
     Workload("rms_norm", rms_norm, _bias, (4096, 768), _Q2),

@@ -48,6 +48,8 @@ _PASS = ("prim::NumToTensor", "aten::Int")
 SIZE_KINDS = frozenset({"aten::size", "prim::ListConstruct", *_ARITHMETIC.values()})
 
 _MAX_DEPTH = 32
+#: The kinds that read one size of a tensor (`_size_read`).
+_SIZE_READS = ("aten::size", "aten::__getitem__", "prim::ListUnpack")
 
 
 def is_size_node(node: Any) -> bool:
@@ -72,14 +74,19 @@ def _int_constant(value: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _size_read(node: Any) -> tuple[Any, int] | None:
-    """(%t, d) for `aten::size(%t, d)` (or `size(%t)[d]`), d normalized; None if d is not a
-    constant in range."""
+def _size_read(value: Any) -> tuple[Any, int] | None:
+    """(%t, d) for `aten::size(%t, d)` (or `size(%t)[d]`, or output d of the unpacked
+    `size(%t)`: `b, h, s, d = x.shape`), d normalized; None if d is not a constant in range."""
+    node = value.node()
+    of_sizes = node.inputsSize() >= 1 and node.inputsAt(0).node().kind() == "aten::size" \
+        and node.inputsAt(0).node().inputsSize() == 1
     if node.kind() == "aten::size" and node.inputsSize() == 2:
         source, d = node.inputsAt(0), _int_constant(node.inputsAt(1))
-    elif node.kind() == "aten::__getitem__" and node.inputsAt(0).node().kind() == "aten::size" \
-            and node.inputsAt(0).node().inputsSize() == 1:
+    elif node.kind() == "aten::__getitem__" and of_sizes:
         source, d = node.inputsAt(0).node().inputsAt(0), _int_constant(node.inputsAt(1))
+    elif node.kind() == "prim::ListUnpack" and of_sizes:
+        source = node.inputsAt(0).node().inputsAt(0)
+        d = [v.unique() for v in node.outputs()].index(value.unique())
     else:
         return None
     meta = TensorMeta.from_type(source.type()) if is_tensor(source) else None
@@ -104,8 +111,8 @@ def _walk(value: Any, sources: list[Any], depth: int) -> str | None:
     if node_kind == "prim::Constant":
         known = _int_constant(value) is not None or _tensor_int(value) is not None
         return None if known or _int_list(value) else f"%{value.debugName()} is not an int"
-    if node_kind in ("aten::size", "aten::__getitem__"):
-        read = _size_read(node)
+    if node_kind in _SIZE_READS:
+        read = _size_read(value)
         if read is None:
             return f"%{value.debugName()} is not a size along a constant dim of a typed tensor"
         sources.append(read[0])
@@ -187,8 +194,8 @@ def copy_into(graph: Any, value: Any, lookup: Callable[[Any], Any],
         return _int_constant_in(graph, place, _tensor_int(value))
     if kind == "prim::Constant":
         return place(graph.createClone(node, lambda x: x)).output()
-    if kind in ("aten::size", "aten::__getitem__"):
-        source, d = _size_read(node)
+    if kind in _SIZE_READS:
+        source, d = _size_read(value)  # type: ignore[misc]
         dim = _int_constant_in(graph, place, d)
         return _int_node(graph, place, "aten::size", [lookup(source), dim])
     if kind in _PASS:
@@ -224,6 +231,8 @@ def drop_unused(value: Any) -> None:
     kind = node.kind()
     if kind == "aten::size":
         node.destroy()
+    elif kind == "prim::ListUnpack":
+        return  # its sibling outputs may be on this walk: the fuser's DCE removes it
     elif kind == "aten::__getitem__":
         inputs = inputs_of(node)
         node.destroy()

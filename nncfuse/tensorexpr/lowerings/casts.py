@@ -149,10 +149,36 @@ def _keeps_layout(value: Any, memory_format: int | None) -> bool:
     return meta.to(memory_format=_MEMORY_FORMATS[memory_format]) is meta
 
 
+#: Views that copy where the input's strides cannot be viewed in the result's shape.
+_MAY_COPY = ("aten::reshape", "aten::reshape_as", "aten::flatten", "aten::contiguous")
+
+
+def _copies(node: Any) -> bool:
+    """Whether eager's `node` (one of `_MAY_COPY`) returns a fresh tensor for inputs of its
+    input's type: a reshape whose strides no view of the result's shape has (`x.transpose(1,
+    2).reshape(b, s, h * d)`), a contiguous of a tensor that is not. False where a size or
+    stride is unknown."""
+    x, y = node.inputsAt(0).type(), node.output().type()
+    if not isinstance(x, torch._C.TensorType) or not isinstance(y, torch._C.TensorType):
+        return False
+    sizes, strides, shape = x.sizes(), x.strides(), y.sizes()
+    if None in (sizes, strides, shape, x.dtype()) or None in (*sizes, *strides, *shape):
+        return False
+    meta = torch.empty_strided(sizes, strides, dtype=x.dtype(), device="meta")
+    if node.kind() == "aten::contiguous":
+        fmt = _constant_inputs(node).get("memory_format", 0)
+        return fmt is not None and meta.contiguous(memory_format=_MEMORY_FORMATS[fmt]) is not meta
+    try:
+        meta.view(shape)  # what reshape returns where ATen's computeStride finds strides
+    except RuntimeError:
+        return True
+    return False
+
+
 def aliases(node: Any) -> bool:
     """Whether eager's result of `node` is (or may be) its first input, or a view of it."""
     if node.kind() in VIEWS:
-        return True
+        return not (node.kind() in _MAY_COPY and _copies(node))
     if node.kind() not in _CONVERSIONS:
         return False
     dtypes = {node.inputsAt(0).type().dtype(), node.output().type().dtype()}
@@ -175,8 +201,8 @@ def require_private_alias(node: Any) -> None:
     (The fuser moves the other returned aliases out of its groups:
     `subgraph.move_aliases_out`.)
     """
-    if not _returned(node.output()):
-        return
+    if not _returned(node.output()) or not aliases(node):
+        return  # (a reshape that copies in eager as well)
     source = node.inputsAt(0)
     while source.node().kind() != "prim::Param" and aliases(source.node()):
         source = source.node().inputsAt(0)

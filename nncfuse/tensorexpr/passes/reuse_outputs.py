@@ -5,11 +5,14 @@
       s[i] = 1.f / reduce_add(e[i, r] for r);   ->     s[i] = 1.f / reduce_add(out[i, r] for r);
       for j: out[i, j] = e[i, j] * s[i];               for j: out[i, j] = out[i, j] * s[i];
     }                                                }
-A temporary `e` of the same type and dims as a buffer `out` whose one store
+A temporary `e` of the same type and dims as a buffer `out` whose first store
 reads `e` only at the element it writes, and after which nothing reads `e`,
 can live in `out`'s memory: each element of `e` is dead once `out`'s store
-has read it. Softmax then computes each exponential once, as ATen does
-(exp into the output, sum, scale in place), and needs no temporary. When
+has read it. Later stores of `out` (softmax's scaling in place) are fine
+where they write the row the first one writes in the loops they share: so a
+masked softmax's `x + mask` lives in its output too, as the exponentials
+do. Softmax then computes each exponential once, as ATen does (exp into the
+output, sum, scale in place), and needs no temporary. When
 the two stores sit in common loops (a row-fused nest), every access to `e`
 must stay in the current iteration's row (the outer loops' variables at the
 positions where the store of `e` has them), so no row reads another row's
@@ -80,8 +83,16 @@ def _candidate(leaves: list, temp: Buf, keep: set[Buf]) -> Buf | None:
     out_stores = [k for k, (s, _) in enumerate(leaves) if isinstance(s, S.Store)
                   and s.buf.root is out]
     out_reads = [k for k, (s, _) in enumerate(leaves) for ld in _loads(s) if ld.buf.root is out]
-    if out_stores != [b] or any(k < b for k in out_reads):
+    if out_stores[0] != b or any(k < b for k in out_reads):
         return None
+    for k in out_stores[1:]:
+        # A later store of `out` (softmax's scaling in place, after its exponentials moved
+        # into `out`) in loops it shares with the last read of `e` writes that read's row:
+        # another row may be one of `e` that a later iteration still reads.
+        shared = _common(leaves[k][1], loops_b)
+        now = [(p, i) for p, i in enumerate(store_b.indices) if any(i is v for v in shared)]
+        if any(leaves[k][0].indices[p] is not v for p, v in now):
+            return None
     outer = _common(loops_a, loops_b)
     rows = [(p, i) for p, i in enumerate(store_a.indices) if any(i is v for v in outer)]
     for k in range(a, b + 1):

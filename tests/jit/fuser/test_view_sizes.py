@@ -256,3 +256,32 @@ def test_a_head_merge_reads_rows_not_gathers():
     check(f, head_merge, h, p, v)
     [(kernel, _)] = kernels(graph)
     assert not [n for n in walk(kernel.stmt) if isinstance(n, (E.Div, E.Mod))], kernel.stmt
+
+
+def unpacked_heads_merge(x):
+    b, h, s, d = x.shape  # prim::ListUnpack of aten::size(x)
+    return x.transpose(1, 2).reshape(b, s, h * d)
+
+
+def unpacked_partly(x, y):
+    b, h, s, d = x.shape  # `h` and `d` only: the unpacking's other outputs unused
+    return (y + 1).view(h * d, -1)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_sizes_unpacked_from_a_shape(dynamic):
+    """`b, h, s, d = x.shape` gives size expressions (one per output of the unpacking): the
+    heads merge after attention (a copy in eager: no view has its strides) fuses, and other
+    sizes take the fallback or another kernel, never the old sizes."""
+    f = nncfuse.jit(unpacked_heads_merge, dynamic=dynamic)
+    for shape in [(2, 3, 8, 4), (2, 3, 8, 4), (2, 3, 8, 4), (1, 4, 5, 6), (2, 3, 8, 4),
+                  (3, 2, 1, 4)]:
+        x = torch.randn(*shape)
+        x.view(-1)[:3] = torch.tensor([float("nan"), -float("inf"), -0.0])
+        got = f(x)
+        assert_exact(got, unpacked_heads_merge(x))
+    x = torch.randn(2, 3, 8, 4)
+    assert {"aten::transpose", "aten::reshape"} <= fused_kinds(f.graph_for(x))
+    g, graph = optimized(unpacked_partly, x, torch.randn(24, 8))
+    check(g, unpacked_partly, x, torch.randn(24, 8))
+    assert {"aten::view", "aten::add"} <= fused_kinds(graph)

@@ -547,6 +547,36 @@ def test_instance_norm(use_llvm):
           use_llvm=use_llvm)
 
 
+def _default_fused(fn, x):
+    """`fn(x)` through nncfuse with the default `min_group_size`, and its fusion groups."""
+    f = nncfuse.jit(torch.jit.trace(fn, (x,)))
+    f(x)
+    return f(x), nncfuse.fusion_groups(f.graph_for(x))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
+def test_instance_norm_alone_is_a_kernel_with_eagers_values(layout):
+    """A lone instance_norm (from 4096 elements) is a group of its own at the default
+    min_group_size: NaN, infinities and signed zeros in their (sample, channel) planes as eager's,
+    whatever the input's layout."""
+    x = randn(2, 16, 12, 12) * 3 + 10
+    x[0, 1, 2, 3] = float("nan")
+    x[0, 2, 0, 0] = float("inf")
+    x[1, 3, 5, 5] = -float("inf")
+    x[1, 4] = -0.0
+    x[1, 5] = 0.5  # a constant plane: variance 0, rstd 1/sqrt(eps)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = x.transpose(2, 3)
+    fn = lambda x: F.instance_norm(x, eps=1e-5)  # noqa: E731
+    got, groups = _default_fused(fn, x)
+    assert groups, "a lone instance_norm of 4608 elements did not fuse"
+    torch.testing.assert_close(got, fn(x), equal_nan=True)
+    _, groups = _default_fused(fn, randn(2, 4, 8, 8))  # 512 elements: eager's op is as fast
+    assert not groups
+
+
 def test_float_max_min_vectors_keep_nans_with_avx512_max_min():
     """vmaxps/vminps for the compare-and-select of max/min (AVX-512 hosts): NaN in either
     operand gives NaN, as eager; the row max of a softmax too. Of two equal zeros, the

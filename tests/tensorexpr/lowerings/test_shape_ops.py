@@ -423,6 +423,63 @@ def test_writes_to_a_views_base(fn):
     same(got, fn(x.clone()))
 
 
+def heads_merge(x):
+    return x.transpose(1, 2).reshape(2, 6, 12)
+
+
+def transposed_contiguous(x):
+    return x.t().contiguous()
+
+
+def permuted_flatten(x):
+    return x.permute(0, 2, 1).flatten(1)
+
+
+def copy_then_write(x):
+    y = x.transpose(1, 2).reshape(2, 6, 12)  # a copy in eager: writing it leaves x alone
+    y.add_(1)
+    return y, x * 2
+
+
+def copy_then_view(x):
+    y = x.transpose(1, 2).reshape(2, 6, 12)
+    return y.view(12, 12), y  # two views of the fresh copy: they share its memory
+
+
+def still_a_view(x):
+    return x.reshape(2, 6, 12), x.contiguous()  # the input's layout: eager's views
+
+
+COPYING_VIEWS = [heads_merge, transposed_contiguous, permuted_flatten, copy_then_write,
+                 copy_then_view, still_a_view]
+
+
+@pytest.mark.parametrize("fn", COPYING_VIEWS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_views_that_copy_in_eager_are_a_kernel(fn, use_llvm):
+    """A reshape, flatten or contiguous whose input's strides no view of its result has is a
+    fresh tensor in eager too: a group of views that copies (a transpose feeding one) fuses at
+    the default `min_group_size`, with eager's bits (NaN, infinities, -0.0), and the outputs
+    share memory with the input and each other as eager's do."""
+    x = {transposed_contiguous: rand(12, 12), permuted_flatten: rand(2, 12, 6),
+         still_a_view: rand(2, 6, 12)}.get(fn, rand(2, 3, 6, 4))
+    x.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    f = nncfuse.jit(fn, use_llvm=use_llvm)
+    f(x.clone())
+    xs, xe = x.clone(), x.clone()
+    got, want = f(xs), fn(xe)
+    same(got, want)
+    same(xs, xe)
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert [shares_memory(g, xs) for g in got] == [shares_memory(w, xe) for w in want]
+    assert shares_memory(got[0], got[-1]) == shares_memory(want[0], want[-1])
+    groups = nncfuse.fusion_groups(f.graph_for(x.clone()))
+    assert bool(groups) == (fn in (heads_merge, transposed_contiguous, permuted_flatten,
+                                   copy_then_view)), \
+        fn.__name__
+
+
 def view_by_number(x, n: int):
     return x.view(n, -1) * 2
 

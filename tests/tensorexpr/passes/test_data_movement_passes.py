@@ -1,5 +1,7 @@
 """partition_loops (cat's loops, one per part) and tile_transposes (2-D tiles for transposes)."""
 
+import math
+
 import pytest
 import torch
 
@@ -184,3 +186,43 @@ def test_split_loops_leaves_short_divisors_and_other_loops():
     _, nest = compute("out", FLOAT32, [16, 64], lambda i, j: E.Load(a, (i, j)) + 1.0, out=out)
     flat = simplify(flatten_indices(nest))
     assert split_loops(flat) is flat
+
+
+def masked_softmax(x, mask):
+    return torch.softmax(x + mask, -1)
+
+
+def _masked_inputs(mask_shape, layout):
+    x = torch.randn(2, 3, 8, 40) * 4
+    x[0, 0, 0, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0])
+    x[0, 1, 2] = -float("inf")  # a row of -inf: NaN, as eager
+    x[1, 2, 3, 7] = float("inf")
+    if layout == "transposed":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    mask = torch.randn(mask_shape).masked_fill(torch.rand(mask_shape) < 0.3, -1e4)
+    mask.view(-1)[1] = -float("inf")
+    return x, mask
+
+
+@pytest.mark.parametrize("use_llvm", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 40), (1, 1, 8, 40), (40,)],
+                         ids=["padding", "causal", "row"])
+def test_reuse_outputs_a_masked_softmax_adds_the_mask_into_its_output(
+        mask_shape, layout, use_llvm):
+    """`softmax(x + mask)`: the sum lives in the output, as the exponentials do (its first
+    store reads the sum where it writes; the scaling after it stores in place, the same row),
+    so the kernel allocates no temporary of the output's size."""
+    import nncfuse
+    from nncfuse.jit.fuser import runtime
+
+    x, mask = _masked_inputs(mask_shape, layout)
+    f = nncfuse.jit(masked_softmax, use_llvm=use_llvm)
+    f(x, mask)
+    torch.testing.assert_close(f(x, mask), masked_softmax(x, mask), equal_nan=True)
+    [group] = nncfuse.fusion_groups(f.graph_for(x, mask))
+    stmt = runtime.kernel_of(group).stmt
+    big = [s for s in walk(stmt) if isinstance(s, S.Allocate)
+           and all(isinstance(d, E.Imm) for d in s.buf.dims)
+           and math.prod(d.value for d in s.buf.dims) >= x.numel()]
+    assert not big, stmt
