@@ -4,7 +4,8 @@ compiled by `torch.compile(..., backend="nncfuse")` (benchmarks/generate.py meas
 Decoding calls the forward once per token, each with a longer cache: a compile per token
 would make generation unusable. Prefill and decode compile once each (Dynamo's automatic
 dynamic shapes make the decode graph's cache length symbolic, nncfuse gives it dynamic
-kernels), and later generates reuse them. Greedy decoding must pick eager's tokens.
+kernels), later generates reuse them, and every graph runs through nncfuse. Greedy
+decoding must pick eager's tokens.
 """
 
 import copy
@@ -20,9 +21,10 @@ NEW_TOKENS = 12
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    import nncfuse.backend  # noqa: F401 - registers the backend
+    import nncfuse.backend
 
     torch._dynamo.reset()
+    nncfuse.backend.clear_compiled_graphs()
     yield
     torch._dynamo.reset()
 
@@ -83,3 +85,9 @@ def test_generate_compiles_once_per_phase_and_matches_eager(build, extra, bound)
     assert counted.calls == after_second  # steady state: nothing compiles any more
     for out in (first, second, third):
         assert torch.equal(out, expected)
+    # Every graph runs through nncfuse: one left to the FX graph (a decode graph whose
+    # symbolic sizes TorchScript could not take) runs op by op, slower than eager.
+    from nncfuse.backend import compiled_graphs
+
+    assert all(g.program is not None for g in compiled_graphs()), [
+        g.reason for g in compiled_graphs()]
