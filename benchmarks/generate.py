@@ -2,10 +2,12 @@
 (Inductor) vs nncfuse, side by side in one process.
 
     pip install -e ".[models]"                          # transformers
-    python benchmarks/generate.py                       # every model, 1 and 2 threads
-    python benchmarks/generate.py --quick               # smoke run: fewer tokens and rounds
-    python benchmarks/generate.py --models llama-static --threads 2 --contenders eager,nncfuse
+    PYTHONPATH=. python benchmarks/generate.py          # every model, 1 and 2 threads
+    PYTHONPATH=. python benchmarks/generate.py --quick  # smoke run: fewer tokens and rounds
+    PYTHONPATH=. python benchmarks/generate.py --models llama-static --threads 2 \
+        --contenders eager,nncfuse
 
+(`PYTHONPATH=.`: the checkout's nncfuse, not an installed one; the header says which ran.)
 Models are built from small configs with random weights (nothing is downloaded), in
 `eval()` and under `torch.no_grad()`: Llama (hidden 256, intermediate 688, 4 layers, 4
 heads, 2 key-value heads) with transformers' dynamic cache and with
@@ -53,6 +55,8 @@ from typing import Any
 import torch
 from harness import Timing, measure, timed_call
 from report import LABELS, machine_info
+
+import nncfuse
 
 CONTENDERS = ("eager", "compile", "nncfuse")
 WARM_CACHE = Path(__file__).resolve().parent / "results" / "inductor-cache"  # models.py's
@@ -276,7 +280,8 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(initial)
     machine = machine_info(args.thread_settings, None)
     print(f"\n{machine['cpu_model']}, {machine['cpus_available']} CPUs, torch {machine['torch']}, "
-          f"transformers {transformers.__version__}, nncfuse {machine['nncfuse_revision']}; "
+          f"transformers {transformers.__version__}, nncfuse {machine['nncfuse_revision']} "
+          f"(imported from {Path(nncfuse.__file__).parent}); "
           f"{args.new_tokens} new tokens after {PROMPT}; 1-minute load average "
           f"{min(r.load_before for r in results):.2f} to "
           f"{max(r.load_before for r in results):.2f} before each model")
