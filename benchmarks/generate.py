@@ -4,8 +4,7 @@
     pip install -e ".[models]"                          # transformers
     PYTHONPATH=. python benchmarks/generate.py          # every model, 1 and 2 threads
     PYTHONPATH=. python benchmarks/generate.py --quick  # smoke run: fewer tokens and rounds
-    PYTHONPATH=. python benchmarks/generate.py --models llama-static --threads 2 \
-        --contenders eager,nncfuse
+    PYTHONPATH=. python benchmarks/generate.py --models gpt2 --threads 2 --contenders nncfuse
 
 (`PYTHONPATH=.`: the checkout's nncfuse, not an installed one; the header says which ran.)
 Models are built from small configs with random weights (nothing is downloaded), in
