@@ -704,3 +704,21 @@ def test_a_training_graph_autodiff_cannot_take_goes_through_aotautograd(backend,
     torch.testing.assert_close(g, w)
     err = capsys.readouterr().err
     assert "Training graph through AOTAutograd, not autodiff: not converted" in err
+
+
+def test_sym_sum_of_sizes_converts(backend):
+    """Dynamo sums symbolic sizes with `torch.sym_sum` (GPT-2's decode step: the cache
+    length `1 + past`); TorchScript has no such op, so it is written as additions, and the
+    graph runs through nncfuse, not as the FX graph."""
+
+    def f(x, y):
+        n = sum([1, x.shape[0], y.shape[0]])
+        return torch.arange(n, dtype=torch.float32) * 2 + 1
+
+    g = torch.compile(f, backend="nncfuse", dynamic=True)
+    for k in (3, 5):
+        x, y = torch.randn(k), torch.randn(k + 1)
+        torch.testing.assert_close(g(x, y), f(x, y))
+    graphs = backend.compiled_graphs()
+    assert any(torch.sym_sum in (n.target for n in cg.gm.graph.nodes) for cg in graphs)
+    assert all(cg.program is not None for cg in graphs), [cg.reason for cg in graphs]

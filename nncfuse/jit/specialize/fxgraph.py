@@ -368,6 +368,7 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
         if node.type is None:
             node.type = next((t for kind, t in _NUMBER_TYPES if isinstance(example, kind)),
                              torch.Tensor if isinstance(example, torch.Tensor) else None)
+    _sym_sums_as_adds(graph)
     for node in graph.find_nodes(op="call_function", target=aten._to_copy.default):
         if len(node.args) == 1 and list(node.kwargs) == ["dtype"]:
             node.target = aten.to.dtype
@@ -407,6 +408,28 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
             node.target = node.target.overloadpacket
     graph.lint()
     return graph
+
+
+def _sym_sums_as_adds(graph: torch.fx.Graph) -> None:
+    """`torch.sym_sum((a, b, c))` as `a + b + c`: TorchScript has no `aten::sym_sum`, and
+    Dynamo sums sizes with it once they are symbolic (GPT-2's decode graph, its cache length
+    `1 + past`, once automatic dynamic shapes make `past` a size): without this, every decode
+    step after the second ran as the FX graph, op by op, slower than eager."""
+    for node in list(graph.find_nodes(op="call_function", target=torch.sym_sum)):
+        if node.kwargs or len(node.args) != 1 or not isinstance(node.args[0], (list, tuple)):
+            continue
+        terms = list(node.args[0])
+        if not terms:
+            continue
+        total: Any = terms[0]
+        with graph.inserting_before(node):
+            for term in terms[1:]:
+                # (an FX node that adds two numbers is what FX emits as `a + b`)
+                total = graph.call_function(operator.add, (total, term))
+                total.meta = dict(node.meta)
+        if isinstance(total, torch.fx.Node):  # (a number alone: left as it is, never seen)
+            node.replace_all_uses_with(total)
+            graph.erase_node(node)
 
 
 def _module(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
