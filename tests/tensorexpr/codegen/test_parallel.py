@@ -45,7 +45,7 @@ def test_parallel_kernel_equals_serial_and_eager(threads, shape):
 #: team it got, would leave chunks unwritten: outputs are allocated filled with NaN to show them.
 FEWER_THREADS = """
 import ctypes, sys, torch, nncfuse
-from nncfuse.jit.runtime import kernel_of
+from nncfuse.jit.fuser.runtime import kernel_of
 from nncfuse.tensorexpr.codegen import entry, llvm_jit
 entry.EMPTY_STRIDED = lambda sizes, strides, dtype: torch.empty_strided(
     sizes, strides, dtype=dtype).fill_(float("nan"))
