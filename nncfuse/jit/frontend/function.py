@@ -65,11 +65,12 @@ class _Variant:
     defaults: list[tuple[str, Any]]  # (name, default or _MISSING) of each, for `_bind`
 
 
-def _variant(script: Any, receiver: Any) -> _Variant:
+def _variant(script: Any, receiver: Any, module: torch.nn.Module | None = None) -> _Variant:
+    """`script`'s scripted form; `module`: the Python module whose state each call checks."""
     parameters = script.schema.arguments[1 if receiver is not None else 0 :]
     defaults = [(a.name, a.default_value if a.has_default_value() else _MISSING)
                 for a in parameters]
-    return _Variant(program(script.graph, script, receiver), parameters, defaults)
+    return _Variant(program(script.graph, script, receiver, module), parameters, defaults)
 
 
 def _bind(parameters: list[tuple[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -241,7 +242,7 @@ class FusedFunction:
         self._made_states += 1
         for dropped in self._states.add(self._state):
             self._failures += dropped.policy.compile_failures
-        return _variant(script.forward, script._c)
+        return _variant(script.forward, script._c, self.target)
 
     @property
     def graph(self) -> torch._C.Graph | None:

@@ -73,6 +73,7 @@ from ..fuser import runtime
 from ..fuser.guard import STATIC_SIZES, CompileFailure, is_fused_op
 from ..fuser.inplace import written_inputs
 from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
+from ..rewrites.optional_attributes import refine_optional_attributes
 from . import collector, hooks, scripting
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .profiling import Profiler
@@ -122,9 +123,11 @@ _ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType
                        torch._C.BoolType, torch._C.NoneType)
 
 
-def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = None) -> Program:
+def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = None,
+            module: torch.nn.Module | None = None) -> Program:
     """A copy of `graph` prepared for fusion: calls inlined, constants folded, in-place ops
-    rewritten to out-of-place ones."""
+    rewritten to out-of-place ones; with `module` (a Python module whose state every call
+    checks), its optional tensor attributes as what it holds (`optional_attributes`)."""
     graph = graph.copy()
     # Inlining copies each callee's graph as TorchScript preoptimizes it for the ambient
     # autocast: its own casts and op lists (layer norm, gelu in float32) where eager's
@@ -132,6 +135,8 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     # run under the autocast the call has (a signature's `autocast_state`), as eager's do.
     with torch.autocast("cpu", enabled=False):
         torch._C._jit_pass_inline(graph)
+    if module is not None:
+        refine_optional_attributes(graph, module)
     # Folds lists of constants (expand's sizes) into constants, which fuse.
     torch._C._jit_pass_constant_propagation(graph)
     # Before the writes go (after the branches of constant flags): whether one hits a tensor
