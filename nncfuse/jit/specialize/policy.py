@@ -182,9 +182,15 @@ class Policy:
     those of the policies that share its `budget`.
     """
 
-    def __init__(self, options: Options, budget: Budget | None = None):
+    def __init__(self, options: Options, budget: Budget | None = None,
+                 varying: frozenset[tuple[int, int]] | None = None):
+        """`varying`: the (argument, dim) pairs whose sizes may vary between calls, where the
+        caller knows them (Dynamo's symbolic dims): with `dynamic=True`, the sizes of the
+        other dims stay static in the dynamic kernels (the plan is pinned to them, as under
+        automatic dynamic), instead of every size becoming a symbol."""
         self.options = options
         self.budget = budget or Budget()
+        self.varying = varying
         #: signature -> plan; read without a lock, written under it, never rebound (callers
         #: such as FusedFunction keep the dict itself for their fast path)
         self.plans: dict[Signature, Plan] = {}
@@ -265,12 +271,13 @@ class Policy:
         state = self._classes.get(cls)
         seen = state is not None
         if state is None:
-            state = self._classes[cls] = ClassState(now)
+            state = self._classes[cls] = ClassState(now, set(self.varying or ()))
         state.note(now)
         plan: Plan | None = state.plan if state.serves(now) else None
         kind = "reuse" if plan is not None else self._kind(cls, seen)
-        choice = (kind == "dynamic",
-                  frozenset() if self.options.dynamic is True else state.static_sizes(now), now)
+        # (A size shared by a fixed dim and a varying one is a symbol: see `static_sizes`.)
+        everything = self.options.dynamic is True and self.varying is None
+        choice = (kind == "dynamic", frozenset() if everything else state.static_sizes(now), now)
         if plan is not None:
             _log.update("A new signature of a size class with a dynamic plan: reusing it")
             self._profiles.pop(key, None)
