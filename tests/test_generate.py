@@ -98,7 +98,8 @@ def test_decode_lengths_share_a_dynamic_plan(build):
     """Each decode step has a longer cache (a new signature of the decode graph): past the
     first lengths one dynamic plan serves them all, none runs unfused (a static plan per
     length would reach `max_specializations`, 12, and every later length would run the
-    unfused graph). Lengths equal to a model dim are size classes of their own."""
+    unfused graph). Lengths equal to a model dim are size classes of their own, which that
+    plan's kernels admit: they run it too, rather than being profiled and compiled."""
     from nncfuse.backend import compiled_graphs
     from nncfuse.jit.specialize.plans import UnfusedPlan
 
@@ -116,5 +117,5 @@ def test_decode_lengths_share_a_dynamic_plan(build):
     plans = list(decode.policy.plans.values())
     assert len(plans) >= 25
     assert not any(isinstance(p, UnfusedPlan) for p in plans)
-    assert len({id(p) for p in plans}) <= 8
+    assert len({id(p) for p in plans}) <= 2
     assert any(state.plan is not None for state in decode.policy._classes.values())

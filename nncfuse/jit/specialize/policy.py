@@ -274,6 +274,11 @@ class Policy:
             state = self._classes[cls] = ClassState(now, set(self.varying or ()))
         state.note(now)
         plan: Plan | None = state.plan if state.serves(now) else None
+        if plan is None and not seen and self.varying is not None:
+            # Dynamo's symbolic sizes: a new class (a cache length equal to a model dim) that
+            # another's dynamic plan generalizes runs that plan at once, rather than being
+            # profiled (over calls that each decode step makes once) and compiled anew.
+            plan = self._most_general(prog, cls[1], now)
         kind = "reuse" if plan is not None else self._kind(cls, seen)
         # (A size shared by a fixed dim and a varying one is a symbol: see `static_sizes`.)
         everything = self.options.dynamic is True and self.varying is None
