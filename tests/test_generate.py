@@ -91,3 +91,31 @@ def test_generate_compiles_once_per_phase_and_matches_eager(build, extra, bound)
 
     assert all(g.program is not None for g in compiled_graphs()), [
         g.reason for g in compiled_graphs()]
+
+
+@pytest.mark.parametrize("build", [_tiny_gpt2, _tiny_llama], ids=["gpt2", "llama"])
+def test_decode_lengths_share_a_dynamic_plan(build):
+    """Each decode step has a longer cache (a new signature of the decode graph): past the
+    first lengths one dynamic plan serves them all, none runs unfused (a static plan per
+    length would reach `max_specializations`, 12, and every later length would run the
+    unfused graph). Lengths equal to a model dim are size classes of their own, which that
+    plan's kernels admit: they run it too, rather than being profiled and compiled."""
+    from nncfuse.backend import compiled_graphs
+    from nncfuse.jit.specialize.plans import UnfusedPlan
+
+    torch.manual_seed(0)
+    eager = build()
+    compiled = copy.deepcopy(eager)
+    compiled.forward = torch.compile(compiled.forward, backend="nncfuse")
+    ids = torch.randint(0, 97, (1, 5))
+    kwargs = dict(max_new_tokens=30, min_new_tokens=30, do_sample=False, disable_compile=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(compiled.generate(ids, **kwargs), eager.generate(ids, **kwargs))
+    decode = max((g for g in compiled_graphs() if g.program is not None),
+                 key=lambda g: len(g.policy.plans))
+    plans = list(decode.policy.plans.values())
+    assert len(plans) >= 25
+    assert not any(isinstance(p, UnfusedPlan) for p in plans)
+    assert len({id(p) for p in plans}) <= 2
+    assert any(state.plan is not None for state in decode.policy._classes.values())

@@ -49,7 +49,7 @@ from .lowerings import (
     lowering_for,
     scalar_dtype,
 )
-from .lowerings.shapes import product
+from .lowerings.shapes import add_sizes, monomial, product
 from .meta import TensorMeta, infer_types, inputs_of, is_tensor, outputs_of
 from .size_symbols import SizeSymbols
 
@@ -235,18 +235,30 @@ def _lower_size(state: _GraphLowering, node: Any) -> None:
 _CATS = ("aten::cat", "aten::concat", "aten::concatenate")
 
 
-def _check_cat(node: Any, args: Sequence[Arg], sizes: Sequence[int | E.Expr]) -> None:
-    """In a dynamic kernel, a cat's parts must have static lengths along its dim, adding up
-    to the output's (an int: not a symbol that its value happened to equal)."""
+def _cat_sizes(node: Any, args: Sequence[Arg], symbols: SizeSymbols) -> list[int | E.Expr]:
+    """In a dynamic kernel, a cat's output sizes: its parts' (of one rank), their lengths
+    along its dim added up (`derive` checks them against the example and learns a sum:
+    a KV cache's `s0 + 1`). A part whose length is a symbol's must not be empty when the
+    kernel runs (`concat` reads it at a clamped index): its symbols are at least 1."""
     dim = node.inputsAt(1).toIValue()
     parts = args[0].items if isinstance(args[0], ListArg) else ()
     if not isinstance(dim, int) or not parts:
         raise LoweringError("a cat of a list not built in the group")
-    dim %= len(sizes)
-    lengths = [p.shape[dim] for p in parts if isinstance(p, TensorArg) and len(p.shape) > dim]
-    if (len(lengths) != len(parts) or not all(isinstance(n, int) for n in lengths)
-            or sizes[dim] != sum(lengths) or not isinstance(sizes[dim], int)):
-        raise LoweringError("a cat along a dim of symbolic sizes")
+    if not all(isinstance(p, TensorArg) for p in parts):
+        raise LoweringError("a cat of something not a tensor")
+    ndim = len(parts[0].shape)
+    if ndim == 0 or not -ndim <= dim < ndim or any(len(p.shape) != ndim for p in parts):
+        raise LoweringError("a cat of parts of different ranks")
+    dim %= ndim
+    total: int | E.Expr = 0
+    for p in parts:
+        length = p.shape[dim]
+        for var in monomial(length)[1]:  # (a sum: a cat of a cat, not supported)
+            symbols.at_least(var, 1)
+        total = add_sizes(total, length)
+    out = list(parts[0].shape)
+    out[dim] = total
+    return out
 
 
 #: Views with constant sizes or indices whose output sizes `view_sizes` derives from the
@@ -278,9 +290,45 @@ def _inferred(source: Sequence[int | E.Expr], request: Any) -> list[int | E.Expr
     return out
 
 
-def view_sizes(node: Any, args: Sequence[Arg]) -> tuple[int | E.Expr, ...]:
+def _slice_of_symbol(node: Any, const: Any, source: Sequence[int | E.Expr], d: int,
+                     symbols: SizeSymbols | None) -> tuple[int | E.Expr, ...]:
+    """A slice along a dim whose size is one symbol, of constant bounds that give a length of
+    their own once the dim is long enough (`x[:, -1:]`, `x[:, 0:4]`, `x[:, -3:-1]`): that
+    length, the symbol bound from below in the guard; else LoweringError. (A start counted
+    from the end is the symbol's expression: `slice_`.)"""
+    start, end, step = const(2), const(3), const(4)
+    start = 0 if start is None else start
+    end = 2**63 - 1 if end is None else end
+    var, offset = _symbol_plus(source[d])
+    if (node.kind() != "aten::slice" or symbols is None or step not in (1, None)
+            or not isinstance(start, int) or not isinstance(end, int) or var is None):
+        raise LoweringError(f"{node.kind()} along a dim of symbolic size")
+    if start >= 0 and start < end < 2**62:
+        length, least = end - start, end  # from the front
+    elif start < 0 and (end >= 2**62 or start < end < 0):
+        length, least = (-start if end >= 2**62 else end - start), -start  # from the end
+    else:
+        raise LoweringError("a slice along a dim of symbolic size, of a symbolic length")
+    symbols.at_least(var, least - offset)
+    return (*source[:d], length, *source[d + 1:])
+
+
+def _symbol_plus(size: int | E.Expr) -> tuple[E.Var | None, int]:
+    """`size` as a symbol plus an int (`s0`, a cat's `s0 + 1`), else (None, 0)."""
+    if isinstance(size, E.Var):
+        return size, 0
+    if isinstance(size, E.Add):
+        for a, b in ((size.a, size.b), (size.b, size.a)):
+            if isinstance(a, E.Var) and isinstance(b, E.Imm):
+                return a, int(b.value)  # type: ignore[arg-type]
+    return None, 0
+
+
+def view_sizes(node: Any, args: Sequence[Arg], symbols: SizeSymbols | None = None
+               ) -> tuple[int | E.Expr, ...]:
     """In a dynamic kernel, the output sizes of view `node` (of `_SIZED_VIEWS`) as products of
-    its input's sizes and the node's constants; LoweringError where they do not follow."""
+    its input's sizes and the node's constants; LoweringError where they do not follow.
+    `symbols`: the kernel's, which a slice along a symbol's dim bounds (`_slice_of_symbol`)."""
     source = args[0].shape if isinstance(args[0], TensorArg) else None
     if source is None:
         raise LoweringError(f"{node.kind()} of a non-tensor")
@@ -322,7 +370,7 @@ def view_sizes(node: Any, args: Sequence[Arg]) -> tuple[int | E.Expr, ...]:
         if whole:
             return tuple(source)
         if not isinstance(source[d], int):
-            raise LoweringError(f"{kind} along a dim of symbolic size")
+            return _slice_of_symbol(node, const, source, d, symbols)
         out_size = getattr(node.output().type(), "sizes", lambda: None)()
         if kind == "aten::select":
             return (*source[:d], *source[d + 1:])
@@ -507,11 +555,11 @@ def _lower_node(
         if meta is None:
             raise LoweringError(f"no type for the output of {node.kind()}")
         if state.symbols is not None and node.kind() in _SIZED_VIEWS:
-            sizes = state.symbols.derive(meta.sizes, view_sizes(node, args))
+            sizes = state.symbols.derive(meta.sizes, view_sizes(node, args, state.symbols))
+        elif state.symbols is not None and is_cat:
+            sizes = state.symbols.derive(meta.sizes, _cat_sizes(node, args, state.symbols))
         else:
-            sizes = state.sizes(meta, derived=is_cat)
-        if is_cat and state.symbols is not None:
-            _check_cat(node, args, sizes)
+            sizes = state.sizes(meta)
         ctx = Ctx(node, args, from_torch(meta.dtype), sizes, (), kernel_inputs,  # type: ignore
                   state.checks, output=k, shared=shared)
         strides = meta.strides if state.symbols is None or not is_output else (

@@ -137,6 +137,9 @@ class SizeSymbols:
         also a symbol's value, a product whose value is 1, static or another product's."""
         out: list[Size] = []
         for value, size in zip(example, sizes, strict=True):
+            if isinstance(size, E.Add):  # a cat's length along a dim of symbolic lengths
+                out.append(self._sum(value, size))
+                continue
             if not isinstance(size, int) and not monomial(size)[1]:
                 size = monomial(size)[0]  # a product of ints
             if evaluate(size, self.values) != value:
@@ -156,6 +159,27 @@ class SizeSymbols:
                 size = self._by_value[value]  # the same product: the same expression
             out.append(size)
         return tuple(out)
+
+    def _sum(self, value: int, size: E.Add) -> Size:
+        """`size`, a sum of products of symbols whose value at the example is `value`, learnt
+        as `derive` learns a product (the same sum, or a LoweringError where that value
+        already stands for another size)."""
+        if evaluate(size, self.values) != value:
+            raise LoweringError(f"size {size} is not {value} at the example")
+        if value == 1 or value in self.static:
+            raise LoweringError(f"size {size} has the static value {value}")
+        known = self._by_value.setdefault(value, size)  # type: ignore[arg-type]
+        if known != size:
+            raise LoweringError(f"sizes {size} and {known} are equal at the example")
+        return known
+
+    def at_least(self, var: E.Var, minimum: int) -> None:
+        """Make the kernel's entry run the fallback when symbol `var` is below `minimum`
+        (`SizeSymbol.minimum`); LoweringError if the example is."""
+        if self.values[var] < minimum:
+            raise LoweringError(f"size {var} is below {minimum} at the example")
+        self.symbols = [replace(s, minimum=max(s.minimum, minimum)) if s.var is var else s
+                        for s in self.symbols]
 
     def _strides(self, meta: TensorMeta) -> tuple[Size, ...]:
         """An input's strides as expressions: row-major over its non-broadcast dims, or else

@@ -71,7 +71,7 @@ class CompiledGraph:
         if options.dynamic is None and _symbolic(example_inputs):
             options = dataclasses.replace(options, dynamic=True)  # Dynamo's dynamic sizes
         self.options = options
-        self.policy = Policy(options)
+        self.policy = Policy(options, varying=_symbolic_dims(example_inputs))
         self.trains = trains
         self.reason: str | None = None  # why the FX graph runs instead, if it does
         #: whether running the graph twice is harmless (AOTAutograd's graphs are functional)
@@ -197,6 +197,17 @@ def _symbolic(example_inputs: Sequence[Any]) -> bool:
         or isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in x.shape)
         for x in example_inputs
     )
+
+
+def _symbolic_dims(example_inputs: Sequence[Any]) -> frozenset[tuple[int, int]] | None:
+    """The (input, dim) pairs whose sizes Dynamo made symbolic, or None when none is: the
+    other dims' sizes are fixed for this graph (Dynamo guards them), so its dynamic kernels
+    keep them static (a decode step's `view(1, 1, 64)` of the new token) instead of refusing
+    their constant sizes (and the plan with them)."""
+    dims = frozenset(
+        (i, d) for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)
+        for d, s in enumerate(x.shape) if isinstance(s, torch.SymInt))
+    return dims or None
 
 
 def compiled_graphs() -> list[CompiledGraph]:

@@ -187,9 +187,15 @@ class Policy:
     those of the policies that share its `budget`.
     """
 
-    def __init__(self, options: Options, budget: Budget | None = None):
+    def __init__(self, options: Options, budget: Budget | None = None,
+                 varying: frozenset[tuple[int, int]] | None = None):
+        """`varying`: the (argument, dim) pairs whose sizes may vary between calls, where the
+        caller knows them (Dynamo's symbolic dims): with `dynamic=True`, the sizes of the
+        other dims stay static in the dynamic kernels (the plan is pinned to them, as under
+        automatic dynamic), instead of every size becoming a symbol."""
         self.options = options
         self.budget = budget or Budget()
+        self.varying = varying
         #: signature -> plan; read without a lock, written under it, never rebound (callers
         #: such as FusedFunction keep the dict itself for their fast path)
         self.plans: dict[Signature, Plan] = {}
@@ -270,12 +276,18 @@ class Policy:
         state = self._classes.get(cls)
         seen = state is not None
         if state is None:
-            state = self._classes[cls] = ClassState(now)
+            state = self._classes[cls] = ClassState(now, set(self.varying or ()))
         state.note(now)
         plan: Plan | None = state.plan if state.serves(now) else None
+        if plan is None and not seen and self.varying is not None:
+            # Dynamo's symbolic sizes: a new class (a cache length equal to a model dim) that
+            # another's dynamic plan generalizes runs that plan at once, rather than being
+            # profiled (over calls that each decode step makes once) and compiled anew.
+            plan = self._most_general(prog, cls[1], now)
         kind = "reuse" if plan is not None else self._kind(cls, seen)
-        choice = (kind == "dynamic",
-                  frozenset() if self.options.dynamic is True else state.static_sizes(now), now)
+        # (A size shared by a fixed dim and a varying one is a symbol: see `static_sizes`.)
+        everything = self.options.dynamic is True and self.varying is None
+        choice = (kind == "dynamic", frozenset() if everything else state.static_sizes(now), now)
         if plan is not None:
             _log.update("A new signature of a size class with a dynamic plan: reusing it")
             self._profiles.pop(key, None)
@@ -482,14 +494,25 @@ def _dynamic_only(plan: Plan, static: frozenset[int] = frozenset()) -> bool:
 
 
 def _fixed_view(node: Any, static: frozenset[int]) -> bool:
-    """Whether a slice, select or narrow is along a dim whose size `_fixed` shows, or has
-    operands computed when it runs."""
+    """Whether a slice, select or narrow is along a dim whose size `_fixed` shows, has
+    operands computed when it runs, or takes the whole dim."""
     if any(v.node().kind() != "prim::Constant" for v in inputs_of(node)[2:]):
         return True
-    dim = node.inputsAt(1).toIValue()
-    sizes = _dims(node.inputsAt(0))
-    return isinstance(dim, int) and sizes is not None and -len(sizes) <= dim < len(sizes) and (
-        _fixed(node.inputsAt(0), dim % len(sizes), static))
+    if _whole(node):
+        return True
+    dim, rank = node.inputsAt(1).toIValue(), _rank(node.inputsAt(0))
+    return isinstance(dim, int) and rank is not None and -rank <= dim < rank and (
+        _fixed(node.inputsAt(0), dim % rank, static))
+
+
+def _whole(node: Any) -> bool:
+    """Whether `node` is a slice of a whole dim (`x[:, None]` through Dynamo: `slice(x, 1, 0,
+    2**63 - 1)`), the identity at every size: its constants are no profiled length."""
+    if node.kind() != "aten::slice" or node.inputsSize() != 5:
+        return False
+    start, end, step = (node.inputsAt(k).toIValue() for k in (2, 3, 4))
+    return start in (0, None) and step in (1, None) and (
+        end is None or isinstance(end, int) and end >= 2**62)
 
 
 def _dims(value: Any) -> list[int | None] | None:
@@ -498,11 +521,42 @@ def _dims(value: Any) -> list[int | None] | None:
     return t.sizes() if isinstance(t, torch._C.TensorType) and t.dim() is not None else None
 
 
-def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
-    """Whether dim `dim` of graph value `value` has one size at every signature of the plan:
-    a module attribute's; an argument's kept static (the plan serves only that size, or 1:
-    part of the class); the last of a `linear` of a fixed weight. Else not known: False."""
+def _constant_shape(node: Any) -> list[int] | None:
+    """A view's or reshape's sizes when they are a constant list, else None."""
+    if node.kind() not in ("aten::view", "aten::reshape") or node.inputsSize() != 2:
+        return None
+    shape = node.inputsAt(1).toIValue() if node.inputsAt(1).node().kind() == (
+        "prim::Constant") else None
+    return list(shape) if isinstance(shape, (list, tuple)) else None
+
+
+def _rank(value: Any) -> int | None:
+    """`value`'s rank: its type's, or (a value outside the groups, untyped in the plan's
+    graph) a constant view's or a transpose of one's; else None."""
     sizes, node = _dims(value), value.node()
+    if sizes is not None:
+        return len(sizes)
+    if (shape := _constant_shape(node)) is not None:
+        return len(shape)
+    return _rank(node.inputsAt(0)) if node.kind() == "aten::transpose" else None
+
+
+def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
+    """Whether dim `dim` (in range) of graph value `value` has one size at every signature of
+    the plan: a module attribute's; an argument's kept static (the plan serves only that
+    size, or 1: part of the class); the last of a `linear` of a fixed weight; a view's
+    constant size (not -1: the view fails at any other); a transpose's of a fixed dim
+    (rotary embeddings' halves of a head). Else not known: False."""
+    node = value.node()
+    if (shape := _constant_shape(node)) is not None:
+        return len(shape) > dim and shape[dim] != -1
+    if node.kind() == "aten::transpose":
+        rank, pair = _rank(value), [node.inputsAt(k).toIValue() for k in (1, 2)]
+        if rank is None or not all(isinstance(d, int) and -rank <= d < rank for d in pair):
+            return False
+        a, b = (d % rank for d in pair)
+        return _fixed(node.inputsAt(0), {a: b, b: a}.get(dim, dim), static)
+    sizes = _dims(value)
     if sizes is None or sizes[dim] is None:
         return False
     if node.kind() == "prim::GetAttr":

@@ -128,6 +128,10 @@ class SizeSymbol:
     var: E.Var
     position: int
     dim: int
+    #: the least size the kernel is valid for (a cat's part along a dim of symbolic lengths
+    #: is read at an index clamped into it: 1; `x[..., -2:]` is 2 long from 2): below, the
+    #: fallback runs, even where the guard is the caller's (a size class has no such bound)
+    minimum: int = 0
 
 
 @dataclass(frozen=True)
@@ -432,9 +436,15 @@ def _bind_symbols(
     strides) run the fallback."""
     if not kernel.guards:
         return
+    empty = [f"{sym.var.name} < {sym.minimum}" for sym in kernel.symbols if sym.minimum > 0]
     if guarded:
         for sym in kernel.symbols:
             code.line(f"{sym.var.name} = a{sym.position}.shape[{sym.dim}]")
+        if empty:  # (a size class does not bound the sizes)
+            code.bind("fallback", kernel.fallback)
+            code.line(f"if {' or '.join(empty)}:")
+            code.line(f"    r = fallback([{', '.join(f'a{k}' for k in range(n_inputs))}])")
+            _return(code, [f"r[{j}]" for j in range(len(kernel.outputs))], returns, "    ")
         return
     rank = []
     code.bind("grad_enabled", torch.is_grad_enabled)
@@ -462,6 +472,7 @@ def _bind_symbols(
                 layout.append(f"st{g.position}[{d}] != {python(stride)}")  # not 0, not 1 here
         if layout:
             conds.append(f"(a{g.position}.numel() and ({' or '.join(layout)}))")
+    conds += empty
     code.bind("fallback", kernel.fallback)
     names = [f"a{k}" for k in range(n_inputs)]
     for test in (rank, conds):

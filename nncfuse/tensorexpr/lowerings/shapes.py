@@ -83,6 +83,17 @@ def _source(ctx: Ctx) -> TensorArg:
 Monomial = tuple[int, tuple[E.Var, ...]]
 
 
+def add_sizes(a: int | E.Expr, b: int | E.Expr) -> int | E.Expr:
+    """`a + b`, sizes of a dynamic kernel: an int where both are, else an expression."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if isinstance(a, int) and a == 0:
+        return b
+    if isinstance(b, int) and b == 0:
+        return a
+    return E.as_expr(a, INDEX) + E.as_expr(b, INDEX)
+
+
 def monomial(size: int | E.Expr) -> Monomial:
     """`size` (an int, a size symbol or a product of them: a dynamic kernel's sizes) as its
     int factor and its symbols in name order; LoweringError for any other expression."""
@@ -235,12 +246,12 @@ def slice_(ctx: Ctx) -> E.Expr:
         raise LoweringError("slice step must be positive")
     if start < 0:
         start += size
-    if isinstance(size, int) or start != 0:  # (a dynamic kernel's whole slice: a symbol)
+    if isinstance(size, int):  # (symbolic: a whole slice, or bounds its guard admits)
         start = min(max(start, 0), size)
     if not isinstance(ctx.out_shape[dim], int) or ctx.out_shape[dim] > 1:
         index = ctx.indices[dim] * step + start
     else:
-        index = E.imm(start)
+        index = E.as_expr(start, INDEX)
     return _along(ctx, source, dim, index, keep=True)
 
 
@@ -272,29 +283,35 @@ def narrow(ctx: Ctx) -> E.Expr:
 
 
 def concat(
-    ctx: Ctx, parts: Sequence[TensorArg], dim: int, lengths: Sequence[int], stacked: bool
+    ctx: Ctx, parts: Sequence[TensorArg], dim: int, lengths: Sequence[int | E.Expr],
+    stacked: bool,
 ) -> E.Expr:
     """The element of the part whose range along `dim` holds the output's index there.
 
     Part p covers `[offset_p, offset_p + lengths[p])`; it is read at the index
     minus its offset, clamped into its range (the select evaluates every
     branch, and so do vector lanes). With `stacked`, each part lacks `dim`
-    (its length is 1) and is read without it.
+    (its length is 1) and is read without it. In a dynamic kernel a length may
+    be a product of size symbols (a KV cache's past length): its offsets are
+    sums, and the kernel's guard makes sure that such a part is not empty
+    (`graph_lowering._check_cat`), so that its clamped index is one of its own.
     """
     k = ctx.indices[dim]
-    offsets = [0]
+    offsets: list[int | E.Expr] = [0]
     for n in lengths:
-        offsets.append(offsets[-1] + n)
-    present = [p for p, n in enumerate(lengths) if n > 0]
+        offsets.append(add_sizes(offsets[-1], n))
+    present = [p for p, n in enumerate(lengths) if not isinstance(n, int) or n > 0]
     if not present:
         return E.cast(ctx.out_dtype, E.imm(0))  # an empty output: never evaluated
     value: E.Expr | None = None
     for p in reversed(present):
-        local = k - offsets[p] if offsets[p] else k
+        start = offsets[p]
+        local = k if isinstance(start, int) and start == 0 else k - E.as_expr(start, INDEX)
         if p != present[0] and not stacked:
             local = E.Max(local, E.imm(0))
         if p != present[-1] and not stacked:
-            local = E.Min(local, E.imm(offsets[p + 1] - 1 - offsets[p]))
+            last = lengths[p] - 1 if isinstance(lengths[p], int) else lengths[p] - E.imm(1)
+            local = E.Min(local, E.as_expr(last, INDEX))
         indices = list(ctx.indices)
         if stacked:
             del indices[dim]
@@ -304,7 +321,7 @@ def concat(
         if value is None:
             value = element
         else:
-            value = E.Select(E.cmp("<", k, E.imm(offsets[p + 1])), element, value)
+            value = E.Select(E.cmp("<", k, E.as_expr(offsets[p + 1], INDEX)), element, value)
     assert value is not None
     return value
 

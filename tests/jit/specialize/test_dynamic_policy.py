@@ -163,18 +163,82 @@ def test_reductions_and_views_over_dynamic_rows(monkeypatch, fn, make):
     assert len(compiled) <= 3  # the first size, the dynamic kernel, the class with a 1
 
 
-def test_a_cat_along_a_dim_that_changes_gets_static_kernels(monkeypatch):
-    """Its parts' lengths would be symbols, which may be 0 (and a symbol whose value equals
-    the output's length must not stand for it): the group compiles statically, correctly."""
+def test_a_cat_along_a_dim_that_changes_gets_a_dynamic_kernel(monkeypatch):
+    """Its output's length is the sum of its parts' (`s0 + s0`); a part of symbolic length
+    must not be empty (it is read at an index clamped into it): at 0 the kernel runs its
+    fallback. Where the sum's value is a static size (16 rows: 2 * 8, and 16 columns) the
+    group compiles statically."""
     def cat0(x, y):
         return torch.cat([x + 1, y * 2], 0).relu()
 
     compiled = count_compiles(monkeypatch)
     f = nncfuse.jit(cat0)
-    for n in (8, 13, 16, 5, 0):
-        x, y = torch.randn(n, 16), torch.randn(n, 16)  # 16 rows: 2 * 8, the first output's
+    for n in (8, 13, 16, 5, 0, 1, 2):
+        x, y = torch.randn(n, 16), torch.randn(n, 16)
         torch.testing.assert_close(f(x, y), cat0(x, y))
-    assert True not in compiled
+    assert compiled.count(True) == 1
+    assert len(distinct_plans(f)) <= 4  # 8 static, 13 dynamic, 16 (rows 32), 1 (a dim of 1)
+
+
+def tail(x):
+    return x[-3:] * 2
+
+
+def front(x):
+    return x[1:4].exp()
+
+
+def tails(x):
+    return x[-3:-1] + x[-2:-1]
+
+
+def cat_then_tail(x):
+    return torch.cat([x, x[-1:]]).relu()[-2:]
+
+
+@pytest.mark.parametrize("fn", [tail, front, tails, cat_then_tail])
+def test_slices_of_constant_bounds_along_a_symbolic_dim(monkeypatch, fn):
+    """A constant-length slice along a dim of symbolic size is one dynamic kernel whose guard
+    bounds the symbol from below: shorter inputs run the fallback, as eager."""
+    compiled = count_compiles(monkeypatch)
+    f = nncfuse.jit(fn, dynamic=True)
+    for n in (9, 6, 4, 3, 2, 1, 0, 12):
+        x = torch.randn(n, 5)
+        torch.testing.assert_close(f(x), fn(x))
+    assert compiled[0] is True
+
+
+def test_a_kv_cache_cat_serves_every_length_with_one_plan(monkeypatch):
+    """A decode step's shape through the backend: a new token's projection (views of
+    constant sizes: the dims Dynamo keeps static stay static in the dynamic kernels), a cat
+    onto a cache whose length Dynamo made symbolic, a slice of constant bounds along it, a
+    reduction over a fixed dim. Twenty lengths take one dynamic plan, each equal to eager."""
+    import nncfuse.backend  # noqa: F401 - registers the backend
+
+    def step(x, past, w):
+        q = torch.nn.functional.linear(x, w).view(1, 1, 2, 16).transpose(1, 2)
+        k = torch.cat([past, q * 0.5], dim=-2)
+        scores = (q * k).sum(-1).softmax(-1)
+        return scores, k, k[:, :, -1:] + 1
+
+    torch._dynamo.reset()
+    nncfuse.backend.clear_compiled_graphs()
+    compiled = torch.compile(step, backend="nncfuse")
+    x, w = torch.randn(1, 1, 32), torch.randn(32, 32)
+    try:
+        for n in range(3, 23):
+            past = torch.randn(1, 2, n, 16)
+            torch._dynamo.mark_dynamic(past, 2)
+            for got, want in zip(compiled(x, past, w), step(x, past, w), strict=True):
+                torch.testing.assert_close(got, want)
+        graphs = [g for g in nncfuse.backend.compiled_graphs() if g.program is not None]
+        assert len(graphs) == 1
+        plans = graphs[0].policy.plans
+        assert len(plans) == 20
+        assert len({id(p) for p in plans.values()}) <= 3
+        assert not any(isinstance(p, UnfusedPlan) for p in plans.values())
+    finally:
+        torch._dynamo.reset()
 
 
 def test_past_every_bound_a_class_that_a_dynamic_plan_generalizes_runs_fused(monkeypatch):
