@@ -392,9 +392,10 @@ def _chunks_to_slices(graph: Any, block: Any) -> None:
     also run unguarded, outside groups and in the guard's fallback (run when the TypeCheck
     fails), so the input's size must not change while the plan's signature stays: a module
     attribute replaced by one of another shape, `torch.arange(n)` with `n` an int argument
-    (a value, not part of the signature) would be sliced at the old size. Dynamic plans serve
-    other sizes of an argument only where `policy._dynamic_only` finds every constant view
-    along a dim of fixed size, or in kernels that check their sizes.
+    (a value, not part of the signature) would be sliced at the old size. Not done where
+    dynamic kernels are made (they slice along a dim of symbolic size by constant bounds, as
+    `x[:, -1:]` does at every size), and dynamic plans serve other sizes of an argument only
+    where `policy._dynamic_only` finds every constant view along a dim of fixed size.
     """
     for node in list(block.nodes()):
         for sub in blocks_of(node):
@@ -445,7 +446,10 @@ def fuse_tensor_exprs(
     live as long as the graph (`guard_fusion_groups`)."""
     _log.dump("Before TExprFuser:\n", graph)
     make_autocast_casts_explicit(graph)
-    _chunks_to_slices(graph, graph.block())
+    if options.dynamic is not True:
+        # (Not for dynamic kernels: a part's bounds are its profiled size's, and a dynamic
+        # kernel slices along a dim of symbolic size by constant bounds: `x[:, -1:]`.)
+        _chunks_to_slices(graph, graph.block())
     write_backs = frozenset(functionalize_input_writes(graph))
     _Fuser(graph, options, write_backs).run(graph.block())
     _log.dump("After creating fusion groups:\n", graph)
