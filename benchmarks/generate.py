@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Timing, measure, timed_call
+from harness import Timing, measure, select, timed_call
 from report import LABELS, machine_info
 
 import nncfuse
@@ -239,19 +239,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rounds = args.rounds or (5 if args.quick else 15)
     args.new_tokens = args.new_tokens or (16 if args.quick else 32)
     args.warmup = 1 if args.quick else 2
-    args.contenders = [c.strip() for c in args.contenders.split(",")]
-    unknown = set(args.contenders) - set(CONTENDERS)
-    if unknown:
-        p.error(f"unknown contenders {sorted(unknown)}")
-    if "eager" not in args.contenders:
-        args.contenders.insert(0, "eager")  # the reference tokens
-    names = [m.strip() for m in args.models.split(",")] if args.models else None
-    if names and set(names) - {s.name for s in MODELS}:
-        p.error(f"unknown models {sorted(set(names) - {s.name for s in MODELS})}")
-    args.specs = [s for s in MODELS if names is None or s.name in names]
-    available = len(os.sched_getaffinity(0))
-    args.thread_settings = list(dict.fromkeys(
-        available if t.strip() == "all" else int(t) for t in args.threads.split(",")))
+    select(p, args, CONTENDERS, MODELS)
     return args
 
 

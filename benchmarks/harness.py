@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -145,3 +146,25 @@ def fmt_time(seconds: float) -> str:
     if seconds < 1.0:
         return f"{seconds * 1e3:8.2f} ms"
     return f"{seconds:8.2f} s "
+
+
+def select(parser: Any, args: Any, contenders: Iterable[str], models: Iterable[Any]) -> None:
+    """Resolve a models-style command line in place: `args.contenders` (eager first, always:
+    the reference), `args.specs` (the named `models`, each with a `.name`; all by default)
+    and `args.thread_settings` (`all` = the CPUs this process may use); unknown names are
+    the parser's error."""
+    args.contenders = [c.strip() for c in args.contenders.split(",")]
+    unknown = set(args.contenders) - set(contenders)
+    if unknown:
+        parser.error(f"unknown contenders {sorted(unknown)}")
+    if "eager" not in args.contenders:
+        args.contenders.insert(0, "eager")
+    models = list(models)
+    names = [m.strip() for m in args.models.split(",")] if args.models else None
+    if names and set(names) - {s.name for s in models}:
+        parser.error(f"unknown models {sorted(set(names) - {s.name for s in models})}")
+    args.specs = [s for s in models if names is None or s.name in names]
+    available = len(os.sched_getaffinity(0))
+    args.thread_settings = list(dict.fromkeys(
+        available if t.strip() == "all" else int(t) for t in args.threads.split(",")))
+

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Timing, fmt_time, geomean, measure
+from harness import Timing, fmt_time, geomean, measure, select
 from report import LABELS, draw_speedups, machine_info
 
 import nncfuse
@@ -400,19 +400,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 10)
     args.target_ms = args.target_ms or (5.0 if args.quick else 50.0)
-    args.contenders = [c.strip() for c in args.contenders.split(",")]
-    unknown = set(args.contenders) - set(CONTENDERS)
-    if unknown:
-        p.error(f"unknown contenders {sorted(unknown)}")
-    if "eager" not in args.contenders:
-        args.contenders.insert(0, "eager")
-    names = [m.strip() for m in args.models.split(",")] if args.models else None
-    if names and set(names) - {s.name for s in MODELS}:
-        p.error(f"unknown models {sorted(set(names) - {s.name for s in MODELS})}")
-    args.specs = [s for s in MODELS if names is None or s.name in names]
-    available = len(os.sched_getaffinity(0))
-    args.thread_settings = list(dict.fromkeys(
-        available if t.strip() == "all" else int(t) for t in args.threads.split(",")))
+    select(p, args, CONTENDERS, MODELS)
     return args
 
 
