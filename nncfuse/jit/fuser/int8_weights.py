@@ -81,11 +81,14 @@ def _int8_weight(value: Any, dtype: torch.dtype) -> Any | None:
 
 
 def _plain_cast(node: Any, dtype: torch.dtype) -> bool:
-    """Whether `node` is `aten::to(v, dtype, non_blocking, copy, memory_format)`: a dtype
-    cast and nothing else."""
+    """Whether `node` is `aten::to(v, dtype, non_blocking, copy, memory_format)`: a cast to
+    `dtype` (a constant, or the dtype of a value the profile types) and nothing else."""
     if node.inputsSize() != 5 or "ScalarType dtype" not in node.schema():
         return False
-    code = constant(node.inputsAt(1))
+    code, source = constant(node.inputsAt(1)), node.inputsAt(1).node()
+    if source.kind() == "prim::dtype":  # `w.to(x.dtype)`: the profiled dtype of x
+        meta = _meta(source.inputsAt(0))
+        code = meta and _CODES.get(meta.dtype)
     return code == _CODES[dtype] and constant(node.inputsAt(4)) is None
 
 

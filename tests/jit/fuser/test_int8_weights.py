@@ -1,0 +1,128 @@
+"""Matrix products of a weight cast from int8 (weight-only quantization) as reductions that
+read the int8 weight (`jit/fuser/int8_weights.py`): the rewritten graph, and eager's
+results, on hand-written graphs (no torchao needed) and on torchao's quantized linears."""
+
+import pytest
+import torch
+
+import nncfuse
+from nncfuse.jit.fuser.int8_weights import MAX_ROWS
+
+BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
+
+
+def linear_f32(x, w, s):
+    return torch.mm(x, w.t().to(torch.float32)) * s
+
+
+def linear_as_x(x, w, s):
+    return torch.mm(x, w.t().to(x.dtype)) * s
+
+
+def cast_then_t(x, w, s):
+    return torch.mm(x, w.to(torch.float32).t()) * s
+
+
+def _group_ops(f, *args):
+    graph = f.graph_for(*args)
+    groups = nncfuse.fusion_groups(graph)
+    inside = [n.kind() for g in groups for n in g.g("Subgraph").nodes()]
+    outside = [n.kind() for n in graph.nodes()]
+    return inside, outside, graph
+
+
+def _check(fn, x, w, s, use_llvm=True, rewritten=True, **tol):
+    f = nncfuse.jit(fn, use_llvm=use_llvm)
+    for _ in range(3):
+        got = f(x, w, s)
+        torch.testing.assert_close(got, fn(x, w, s), equal_nan=True, **tol)
+    inside, outside, graph = _group_ops(f, x, w, s)
+    assert ("aten::sum" in inside) == rewritten, graph
+    assert ("aten::mm" in inside + outside) != rewritten, graph
+    if rewritten:  # the int8 weight goes into the kernel: no float copy of it is made
+        assert "aten::to" not in outside, graph
+
+
+def _weights(n, k, dtype=torch.int8):
+    lo, hi = (-128, 128) if dtype == torch.int8 else (0, 256)
+    return torch.randint(lo, hi, (n, k), dtype=dtype), torch.rand(n) / 64
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+@pytest.mark.parametrize("m,n,k", [(1, 37, 1000), (1, 64, 1), (3, 19, 129), (MAX_ROWS, 8, 70)])
+def test_rows_as_dot_products(use_llvm, m, n, k):
+    w, s = _weights(n, k)
+    _check(linear_f32, torch.randn(m, k), w, s, use_llvm)
+
+
+@pytest.mark.parametrize("fn", [linear_as_x, cast_then_t])
+def test_spellings(fn):
+    w, s = _weights(33, 65)
+    _check(fn, torch.randn(1, 65), w, s)
+
+
+def test_uint8_weights():
+    w, s = _weights(24, 100, torch.uint8)
+    _check(linear_f32, torch.randn(2, 100), w, s)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision(dtype):
+    """Products in float32, rounded once, as eager's GEMM accumulates: within a rounding of
+    eager's result (the additions' order differs)."""
+    w, s = _weights(40, 200)
+    x, s = torch.randn(2, 200, dtype=dtype), s.to(dtype)
+    _check(linear_as_x, x, w, s, atol=1e-2, rtol=1e-2)
+
+
+def test_extremal_and_strided_inputs():
+    w, s = _weights(16, 48)
+    x = torch.randn(48, 2).t()  # not contiguous
+    x[0, 3], x[1, 5], x[1, 7] = float("nan"), float("inf"), -0.0
+    _check(linear_f32, x, w, s)
+    _check(linear_f32, torch.full((1, 48), float("-inf")), w, s)
+
+
+def test_zero_sizes():
+    w, s = _weights(16, 0)
+    _check(linear_f32, torch.randn(1, 0), w, s)
+    w, s = _weights(16, 8)
+    _check(linear_f32, torch.randn(0, 8), w, s)
+
+
+def test_left_alone():
+    """More rows than MAX_ROWS (a GEMM reuses the weight across rows), a weight whose K axis
+    is strided, a float weight: the matrix product stays."""
+    w, s = _weights(16, 48)
+    _check(linear_f32, torch.randn(MAX_ROWS + 1, 48), w, s, rewritten=False)
+    _check(linear_f32, torch.randn(1, 48), w.t().contiguous().t(), s, rewritten=False)
+    _check(linear_f32, torch.randn(1, 48), w.float(), s, rewritten=False)
+
+
+def _quantized_mlp(config):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 384, bias=False), torch.nn.SiLU(),
+                                torch.nn.Linear(384, 256)).eval()
+    from torchao.quantization import quantize_
+    quantize_(model, config)
+    return model
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_torchao_int8_weight_only(rows):
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    from nncfuse.backend import clear_compiled_graphs, compiled_graphs
+    model = _quantized_mlp(Int8WeightOnlyConfig())
+    torch._dynamo.reset()
+    clear_compiled_graphs()
+    compiled = torch.compile(model, backend="nncfuse")
+    x = torch.randn(1, rows, 256)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+    graphs = [g for c in compiled_graphs() for g in c.graphs()]
+    kinds = [n.kind() for g in graphs for group in nncfuse.fusion_groups(g)
+             for n in group.g("Subgraph").nodes()]
+    assert (kinds.count("aten::sum") == 2) == (rows <= MAX_ROWS), graphs
