@@ -213,7 +213,8 @@ def run_model(spec: Spec, threads: int, args: argparse.Namespace,
                 traceback.print_exc()
             result.errors[contender] = f"{type(e).__name__}: {str(e)[:200]}"
     # One generate per sample (target 0): a generate takes tens of milliseconds already.
-    result.timings = measure(runs, rounds=args.rounds, target_s=0.0, warmup=args.warmup)
+    result.timings = measure(runs, rounds=args.rounds, target_s=0.0, warmup=args.warmup,
+                             clock=args.clock)
     for contender, counted in counters.items():
         result.compiles[contender] = counted.calls
     return result
@@ -263,6 +264,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated weight quantizations of every contender's model, "
                         "of " + ",".join(QUANT) + ' (default none; int8 and int4 need '
                         'torchao: pip install -e ".[quant]")')
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="the clock tok/s is timed on (cpu: steadier on a loaded machine, "
+                        "for one thread only)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: fewer tokens and rounds, a warm Inductor cache")
     p.add_argument("--inductor-cache", choices=["cold", "warm"],
