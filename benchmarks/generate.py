@@ -81,9 +81,10 @@ def _llama() -> torch.nn.Module:
 
 
 def _llama1024() -> torch.nn.Module:
-    """A Llama whose weights decide the decode time (27M parameters, 109 MB in float32)."""
+    """A Llama whose weights decide the decode time (27M parameters, 109 MB in float32; a
+    vocabulary of 1024: ATen packs int4 weights of a multiple of 16 rows only)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=1000, hidden_size=1024, intermediate_size=2816,
+    config = LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2816,
                          num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16,
                          max_position_embeddings=256)
     return LlamaForCausalLM(config)

@@ -1,12 +1,12 @@
 """Matrix products of a weight cast from int8 (weight-only quantization) as reductions that
-read the int8 weight (`jit/fuser/int8_weights.py`): the rewritten graph, and eager's
+read the int8 weight (`jit/fuser/quantized_weights.py`): the rewritten graph, and eager's
 results, on hand-written graphs (no torchao needed) and on torchao's quantized linears."""
 
 import pytest
 import torch
 
 import nncfuse
-from nncfuse.jit.fuser.int8_weights import MAX_ROWS
+from nncfuse.jit.fuser.quantized_weights import MAX_ROWS
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
 
@@ -61,7 +61,7 @@ def test_spellings(fn):
     _check(fn, torch.randn(1, 65), w, s)
 
 
-def test_uint8_weights():
+def test_uquantized_weights():
     w, s = _weights(24, 100, torch.uint8)
     _check(linear_f32, torch.randn(2, 100), w, s)
 
