@@ -1,12 +1,13 @@
-"""Matrix products of a weight cast from int8 (weight-only quantization) as reductions that
-read the int8 weight (`jit/fuser/quantized_weights.py`): the rewritten graph, and eager's
-results, on hand-written graphs (no torchao needed) and on torchao's quantized linears."""
+"""Matrix products over int8 and packed int4 weights (weight-only quantization) as reductions
+that read the quantized weight (`jit/fuser/quantized_weights.py`): the rewritten graph, and
+eager's results, on hand-written graphs (no torchao needed) and on torchao's linears."""
 
 import pytest
 import torch
 
 import nncfuse
 from nncfuse.jit.fuser.quantized_weights import MAX_ROWS
+from nncfuse.tensorexpr.capability import AVX2, AVX512, aten_capability
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
 
@@ -126,3 +127,68 @@ def test_torchao_int8_weight_only(rows):
     kinds = [n.kind() for g in graphs for group in nncfuse.fusion_groups(g)
              for n in group.g("Subgraph").nodes()]
     assert (kinds.count("aten::sum") == 2) == (rows <= MAX_ROWS), graphs
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_torchao_int4_weight_only(rows):
+    pytest.importorskip("torchao")
+    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    model = _quantized_mlp(PrototypeInt4WeightOnlyConfig(group_size=128,
+                                                         set_inductor_config=False))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="nncfuse")
+    x = torch.randn(1, rows, 256)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+# -- int4: ATen's packed layout ----------------------------------------------------------------
+def int4mm(x, p, sz):
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, 32, sz)
+
+
+def _int4(n, k, group=32):
+    """A weight of `n` rows packed by ATen, with scales and zero points per group of `k`."""
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    sz = torch.stack([torch.rand(k // group, n) / 8, torch.randn(k // group, n) / 8], -1)
+    return packed, sz
+
+
+def _check_int4(x, p, sz, rewritten=True):
+    f = nncfuse.jit(int4mm)
+    for _ in range(3):
+        torch.testing.assert_close(f(x, p, sz), int4mm(x, p, sz), equal_nan=True,
+                                   rtol=1e-5, atol=1e-5)
+    inside, outside, graph = _group_ops(f, x, p, sz)
+    rewritten = rewritten and aten_capability() in (AVX512, AVX2)
+    assert ("aten::sum" in inside) == rewritten, graph
+    assert ("aten::_weight_int4pack_mm_for_cpu" in outside) != rewritten, graph
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (3, 192, 96), (MAX_ROWS, 128, 32)])
+def test_int4_rows_as_dot_products(m, n, k):
+    p, sz = _int4(n, k)
+    _check_int4(torch.randn(m, k), p, sz)
+
+
+def test_int4_extremal_inputs():
+    p, sz = _int4(64, 64)
+    x = torch.randn(2, 64)
+    x[0, 3], x[1, 5], x[1, 7] = float("nan"), float("inf"), -0.0
+    _check_int4(x, p, sz)
+
+
+def test_int4_left_alone():
+    """Rows of a block ATen packs otherwise (48 of 64), more rows than MAX_ROWS, bfloat16
+    activations (ATen's kernel is vectorized for them): ATen's kernel runs."""
+    p, sz = _int4(48, 64)
+    _check_int4(torch.randn(1, 64), p, sz, rewritten=False)
+    p, sz = _int4(64, 64)
+    _check_int4(torch.randn(MAX_ROWS + 1, 64), p, sz, rewritten=False)
+    f = nncfuse.jit(int4mm)
+    xb, szb = torch.randn(1, 64, dtype=torch.bfloat16), sz.bfloat16()
+    for _ in range(3):
+        torch.testing.assert_close(f(xb, p, szb), int4mm(xb, p, szb))
+    assert "aten::sum" not in _group_ops(f, xb, p, szb)[0]
