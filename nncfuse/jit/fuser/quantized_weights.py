@@ -49,8 +49,9 @@ and the fuser makes it one kernel that reads the packed bytes once: 0.29 ms for 
 (the int8 reduction: 0.15 ms; the products' dequantization costs more than the bytes save).
 
 Left alone: a weight whose K axis is not contiguous (the reduction would not vectorize), a
-product with more than `MAX_ROWS` rows or rows of unknown count (prefill: there a GEMM
-reuses each weight from the caches across rows, the reduction does not), int4 weights of a
+product with more than `MAX_ROWS` rows (`MAX_INT4_ROWS` for int4) or rows of unknown count
+(an int8 prefill: there a GEMM reuses each weight from the caches across rows, the reduction
+does not), int4 weights of a
 partial row block or packed by the default capability (another layout), int4 products of
 bfloat16 or half activations (ATen's kernel is vectorized for them), and types the profile
 does not state. A rewrite that fails (an op without the overload it needs) leaves the
@@ -76,6 +77,10 @@ _log = log.get_logger(__file__)
 #: reduction reads the int8 weight once per row). The unfused fallback of the reduction
 #: would hold `rows` float copies of the weight.
 MAX_ROWS = 8
+#: the most rows of a float32 int4 product written as a reduction: ATen's float32 kernel is
+#: scalar, the reduction 17-21x faster at 1 to 64 rows (measured as above); the bound is the
+#: unfused fallback's, which would hold two float copies of the weight per row
+MAX_INT4_ROWS = 64
 _WEIGHT_DTYPES = (torch.int8, torch.uint8)
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 #: ScalarType codes of the float dtypes, as TorchScript graphs spell a `to`'s dtype
@@ -191,7 +196,7 @@ def _rewrite_int8(graph: Any, mm: Any) -> bool:
 
 def _int4_layout(x: Any, packed: Any, group: Any, sz: Any) -> tuple[int, int, int, int] | None:
     """(rows, N, K, the block of rows N is packed in) where `_weight_int4pack_mm_for_cpu(x,
-    packed, group, sz)` is one this module rewrites: float32 `x` of at most `MAX_ROWS` rows,
+    packed, group, sz)` is one this module rewrites: float32 `x` of at most `MAX_INT4_ROWS` rows,
     whole blocks packed as ATen's vector kernels pack them, dense operands."""
     metas = [_meta(v) for v in (x, packed, sz)]
     block = {AVX512: 64, AVX2: 32}.get(aten_capability())
@@ -201,7 +206,7 @@ def _int4_layout(x: Any, packed: Any, group: Any, sz: Any) -> tuple[int, int, in
     xm, pm, sm = metas
     if xm.dtype != torch.float32 or sm.dtype != torch.float32 or pm.dtype != torch.uint8:
         return None
-    if len(xm.sizes) != 2 or len(pm.sizes) != 2 or xm.sizes[0] > MAX_ROWS:
+    if len(xm.sizes) != 2 or len(pm.sizes) != 2 or xm.sizes[0] > MAX_INT4_ROWS:
         return None
     (m, k), n = xm.sizes, pm.sizes[0]
     dense = all(meta.strides == _dense(meta.sizes) for meta in (pm, sm))
@@ -250,7 +255,8 @@ def fold_quantized_weights(graph: torch._C.Graph) -> int:
     """Write each matrix product of at most `MAX_ROWS` rows over a quantized weight as a
     reduction that reads the quantized weight (see the module's docstring), in place, in the
     graph's top-level block: `mm(x, w.t().to(x.dtype))` of an int8 `w`, and float32
-    `_weight_int4pack_mm_for_cpu`. Returns the count of products rewritten."""
+    `_weight_int4pack_mm_for_cpu` (of at most `MAX_INT4_ROWS` rows). Returns the count of
+    products rewritten."""
     count = 0
     rewrites = {"aten::mm": _rewrite_int8, "aten::_weight_int4pack_mm_for_cpu": _rewrite_int4}
     for node in list(graph.nodes()):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nncfuse
-from nncfuse.jit.fuser.quantized_weights import MAX_ROWS
+from nncfuse.jit.fuser.quantized_weights import MAX_INT4_ROWS, MAX_ROWS
 from nncfuse.tensorexpr.capability import AVX2, AVX512, aten_capability
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
@@ -129,18 +129,25 @@ def test_torchao_int8_weight_only(rows):
     assert (kinds.count("aten::sum") == 2) == (rows <= MAX_ROWS), graphs
 
 
-@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("rows", [1, 40])
 def test_torchao_int4_weight_only(rows):
     pytest.importorskip("torchao")
     from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
     model = _quantized_mlp(PrototypeInt4WeightOnlyConfig(group_size=128,
                                                          set_inductor_config=False))
+    from nncfuse.backend import clear_compiled_graphs, compiled_graphs
     torch._dynamo.reset()
+    clear_compiled_graphs()
     compiled = torch.compile(model, backend="nncfuse")
     x = torch.randn(1, rows, 256)
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    graphs = [g for c in compiled_graphs() for g in c.graphs()]
+    kinds = [n.kind() for g in graphs for group in nncfuse.fusion_groups(g)
+             for n in group.g("Subgraph").nodes()]
+    # (two sums a linear, the packed bytes' low and high nibbles)
+    assert kinds.count("aten::sum") == 4 * (aten_capability() in (AVX512, AVX2)), graphs
 
 
 # -- int4: ATen's packed layout ----------------------------------------------------------------
@@ -167,7 +174,7 @@ def _check_int4(x, p, sz, rewritten=True):
     assert ("aten::_weight_int4pack_mm_for_cpu" in outside) != rewritten, graph
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (3, 192, 96), (MAX_ROWS, 128, 32)])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (3, 192, 96), (MAX_INT4_ROWS, 128, 32)])
 def test_int4_rows_as_dot_products(m, n, k):
     p, sz = _int4(n, k)
     _check_int4(torch.randn(m, k), p, sz)
@@ -181,12 +188,12 @@ def test_int4_extremal_inputs():
 
 
 def test_int4_left_alone():
-    """Rows of a block ATen packs otherwise (48 of 64), more rows than MAX_ROWS, bfloat16
+    """Rows of a block ATen packs otherwise (48 of 64), more rows than MAX_INT4_ROWS, bfloat16
     activations (ATen's kernel is vectorized for them): ATen's kernel runs."""
     p, sz = _int4(48, 64)
     _check_int4(torch.randn(1, 64), p, sz, rewritten=False)
     p, sz = _int4(64, 64)
-    _check_int4(torch.randn(MAX_ROWS + 1, 64), p, sz, rewritten=False)
+    _check_int4(torch.randn(MAX_INT4_ROWS + 1, 64), p, sz, rewritten=False)
     f = nncfuse.jit(int4mm)
     xb, szb = torch.randn(1, 64, dtype=torch.bfloat16), sz.bfloat16()
     for _ in range(3):
