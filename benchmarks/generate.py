@@ -80,6 +80,16 @@ def _llama() -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
+def _llama1024() -> torch.nn.Module:
+    """A Llama whose weights decide the decode time (27M parameters, 109 MB in float32; a
+    vocabulary of 1024: ATen packs int4 weights of a multiple of 16 rows only)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2816,
+                         num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16,
+                         max_position_embeddings=256)
+    return LlamaForCausalLM(config)
+
+
 def _gpt2() -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
     config = GPT2Config(vocab_size=1000, n_embd=256, n_layer=4, n_head=4, n_positions=256)
@@ -90,7 +100,26 @@ MODELS = [
     Spec("llama", "Llama, dynamic cache", _llama),
     Spec("llama-static", "Llama, static cache", _llama, {"cache_implementation": "static"}),
     Spec("gpt2", "GPT-2, dynamic cache", _gpt2),
+    Spec("llama1024", "Llama (hidden 1024, 2 layers), dynamic cache", _llama1024),
 ]
+QUANT = ("none", "int8", "int4")
+
+
+def quantize(model: torch.nn.Module, quant: str) -> torch.nn.Module:
+    """`model` with its linears' weights quantized by torchao, weight-only, in place: int8
+    per output channel (`Int8WeightOnlyConfig`), or int4 in groups of 128 in the CPU's
+    packed layout (`_weight_int4pack_mm_for_cpu`; torchao 0.18's `Int4WeightOnlyConfig`
+    packs for CUDA only)."""
+    if quant == "none":
+        return model
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    if quant == "int8":
+        config: Any = Int8WeightOnlyConfig()
+    else:
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+        config = PrototypeInt4WeightOnlyConfig(group_size=128, set_inductor_config=False)
+    quantize_(model, config)
+    return model
 
 
 class Counted:
@@ -136,19 +165,22 @@ class Result:
         return self.new_tokens / t.median if t else None
 
 
-def run_model(spec: Spec, threads: int, args: argparse.Namespace) -> Result:
-    """Every contender's first generate, compiles, RSS and tokens, then the timed rounds."""
+def run_model(spec: Spec, threads: int, args: argparse.Namespace,
+              quant: str = "none") -> Result:
+    """Every contender's first generate, compiles, RSS and tokens, then the timed rounds, on
+    the model quantized as `quant` says (eager's tokens on it are the reference)."""
     torch._dynamo.reset()  # no code or guards carried over from another model or thread count
     # A fresh Inductor cache per model and thread setting: its first generate really compiles.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = (
         tempfile.mkdtemp(dir=args.inductor_root) if args.inductor_cache == "cold"
         else str(WARM_CACHE))
     torch.manual_seed(0)
-    base = spec.build().eval()
+    base = quantize(spec.build().eval(), quant)
     ids = torch.randint(0, base.config.vocab_size, (1, PROMPT))
     kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                   do_sample=False, disable_compile=True, **spec.generate_kwargs)
-    result = Result(spec.name, threads, args.new_tokens, os.getloadavg()[0])
+    name = spec.name if quant == "none" else f"{spec.name} {quant}"
+    result = Result(name, threads, args.new_tokens, os.getloadavg()[0])
     runs: dict[str, Callable[[], Any]] = {}
     counters: dict[str, Counted] = {}
     reference = None
@@ -182,7 +214,8 @@ def run_model(spec: Spec, threads: int, args: argparse.Namespace) -> Result:
                 traceback.print_exc()
             result.errors[contender] = f"{type(e).__name__}: {str(e)[:200]}"
     # One generate per sample (target 0): a generate takes tens of milliseconds already.
-    result.timings = measure(runs, rounds=args.rounds, target_s=0.0, warmup=args.warmup)
+    result.timings = measure(runs, rounds=args.rounds, target_s=0.0, warmup=args.warmup,
+                             clock=args.clock)
     for contender, counted in counters.items():
         result.compiles[contender] = counted.calls
     return result
@@ -228,6 +261,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, help="tokens per generate (default 32; quick 16)")
     p.add_argument("--contenders", default=",".join(CONTENDERS),
                    help="comma-separated subset of " + ",".join(CONTENDERS))
+    p.add_argument("--quant", default="none",
+                   help="comma-separated weight quantizations of every contender's model, "
+                        "of " + ",".join(QUANT) + ' (default none; int8 and int4 need '
+                        'torchao: pip install -e ".[quant]")')
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="the clock tok/s is timed on (cpu: steadier on a loaded machine, "
+                        "for one thread only)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: fewer tokens and rounds, a warm Inductor cache")
     p.add_argument("--inductor-cache", choices=["cold", "warm"],
@@ -240,6 +280,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.new_tokens = args.new_tokens or (16 if args.quick else 32)
     args.warmup = 1 if args.quick else 2
     select(p, args, CONTENDERS, MODELS)
+    args.quant = args.quant.split(",")
+    if not set(args.quant) <= set(QUANT):
+        p.error(f"--quant: choose from {','.join(QUANT)}")
     return args
 
 
@@ -260,9 +303,10 @@ def main(argv: list[str] | None = None) -> None:
             for threads in args.thread_settings:
                 torch.set_num_threads(threads)
                 for spec in args.specs:
-                    print(f"[{threads} thread{'s' if threads > 1 else ''}] {spec.name}: "
-                          f"{spec.family}", flush=True)
-                    results.append(run_model(spec, threads, args))
+                    for quant in args.quant:
+                        print(f"[{threads} thread{'s' if threads > 1 else ''}] {spec.name}: "
+                              f"{spec.family}, weights {quant}", flush=True)
+                        results.append(run_model(spec, threads, args, quant))
         finally:
             torch.set_num_threads(initial)
     machine = machine_info(args.thread_settings, None)

@@ -47,6 +47,7 @@ from .inplace import (
     is_write_back,
     only_write_backs,
 )
+from .quantized_weights import fold_quantized_weights
 from .sizes import is_size_node
 from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
 from .supported import (
@@ -446,6 +447,7 @@ def fuse_tensor_exprs(
     live as long as the graph (`guard_fusion_groups`)."""
     _log.dump("Before TExprFuser:\n", graph)
     make_autocast_casts_explicit(graph)
+    fold_quantized_weights(graph)
     if options.dynamic is not True:
         # (Not for dynamic kernels: a part's bounds are its profiled size's, and a dynamic
         # kernel slices along a dim of symbolic size by constant bounds: `x[:, -1:]`.)
