@@ -54,6 +54,14 @@ def var_mean_rows(x):
     return torch.var_mean(x, -1)
 
 
+def group_norm_affine(x, w, b):
+    return F.group_norm(x, 32, w, b, 1e-5)
+
+
+def _channel_affine(shape):
+    return torch.randn(shape), torch.randn(shape[1]), torch.randn(shape[1])
+
+
 def _batch_norm(shape, channels_last=False):
     x = torch.randn(shape)
     if channels_last:
@@ -72,6 +80,7 @@ EXTRA = [
     Workload("batch_norm_relu_nhwc", batch_norm_relu, lambda s: _batch_norm(s, True),
              (8, 64, 56, 56), (1, 8, 8, 8)),
     Workload("var_mean_rows", var_mean_rows, _randn, (4096, 1024), (64, 64)),
+    Workload("group_norm", group_norm_affine, _channel_affine, (16, 256, 32, 32), (2, 64, 4, 4)),
 ]
 
 
