@@ -134,6 +134,46 @@ def timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
+def copy_time(nbytes: int, threads: int, clock: str = "wall", rounds: int = 5) -> float:
+    """Seconds a tensor copy that moves `nbytes` (half read, half written) takes at `threads`
+    threads, the fastest of `rounds`: the memory roofline of a call that moves as much (the
+    same size, so the same caches hold it), on `clock` ("wall" or "cpu", as `measure`). A
+    call's time over it is how far it is from the limit."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.ones(max(1, nbytes // 8))
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # first touch: pages mapped outside the timing
+        t = measure({"copy": lambda: dst.copy_(src)}, rounds, 0.005, 1, clock)["copy"]
+    finally:
+        torch.set_num_threads(before)
+    return t.min
+
+
+def min_bytes(*values: Any) -> int:
+    """The fewest bytes a call can move: every tensor among `values` (its inputs and its
+    outputs; tuples and lists looked into) read or written once: its elements, or its
+    storage where that is smaller (a broadcast); tensors sharing a storage count once."""
+    import torch
+
+    sizes: dict[int, int] = {}
+
+    def add(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            storage = v.untyped_storage()
+            size = min(storage.nbytes(), v.numel() * v.element_size())
+            sizes[storage.data_ptr()] = max(size, sizes.get(storage.data_ptr(), 0))
+        elif isinstance(v, (tuple, list)):
+            for item in v:
+                add(item)
+
+    add(values)
+    return sum(sizes.values())
+
+
 def geomean(values: Iterable[float]) -> float:
     """Geometric mean, the right average for ratios (NaN if there are none)."""
     logs = [math.log(v) for v in values]

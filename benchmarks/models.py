@@ -16,6 +16,9 @@ in one process, interleaved rounds (`harness.measure`), medians:
 - eager:         the model itself;
 - TorchScript:   the traced module run plainly (not frozen; the profiling executor);
 - torch.compile: `torch.compile(model)` (Inductor, default mode);
+- torch.compile frozen: `torch.compile(model, options={"freezing": True})` (Inductor's
+                 `torch._inductor.config.freezing`: weights as constants, batch norm folded,
+                 weights prepacked for oneDNN; nncfuse-frozen's counterpart);
 - nncfuse:       `nncfuse.jit(traced)`;
 - nncfuse-frozen: `nncfuse.jit(traced, freeze=True)` (TorchScript's freezing: batch norm
                  folded into convolutions; guarded by parameter identity, version, value);
@@ -51,13 +54,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Timing, fmt_time, geomean, measure, select
+from harness import Timing, copy_time, fmt_time, geomean, measure, min_bytes, select
 from report import LABELS, draw_speedups, machine_info
 
 import nncfuse
 from nncfuse.explain import EXTERNAL_KINDS
 
-CONTENDERS = ("eager", "script", "compile", "nncfuse", "nncfuse-frozen", "nncfuse-backend")
+CONTENDERS = ("eager", "script", "compile", "compile-frozen", "nncfuse", "nncfuse-frozen",
+              "nncfuse-backend")
 WARM_CACHE = Path(__file__).resolve().parent / "results" / "inductor-cache"
 RTOL, ATOL = 1e-3, 1e-4
 #: under `--dtype bfloat16|float16` (autocast): what Inductor meets against eager autocast
@@ -184,6 +188,12 @@ class Result:
     errors: dict[str, str] = field(default_factory=dict)
     report: Any = None  # nncfuse.explain's
     shares: dict[str, float] = field(default_factory=dict)  # external share, from profiles
+    copy_s: float | None = None  # a copy of the bytes the model must move (the roofline)
+
+    def roofline(self, contender: str) -> float | None:
+        """The copy's time over the contender's: 1.0 would be as fast as memcpy."""
+        t = self.median(contender)
+        return None if t is None or self.copy_s is None else self.copy_s / t
 
     def median(self, contender: str) -> float | None:
         t = self.timings.get(contender)
@@ -206,6 +216,8 @@ def _build(contender: str, model: torch.nn.Module, traced: Any) -> Callable[...,
         return traced
     if contender == "compile":
         return torch.compile(model)
+    if contender == "compile-frozen":
+        return torch.compile(model, options={"freezing": True})
     if contender == "nncfuse-backend":
         importlib.import_module("nncfuse.backend")  # registers "nncfuse" (as the entry point does)
         return torch.compile(model, backend="nncfuse")
@@ -280,6 +292,8 @@ def run_model(spec: Spec, threads: int, args: argparse.Namespace) -> Result:
             result.shares[contender] = external_share(fn, 3 if args.quick else 20)
         result.timings = measure(ready, rounds=args.rounds, target_s=args.target_ms / 1e3,
                                  warmup=1, clock=args.clock)
+        state = [*model.parameters(), *model.buffers()]
+        result.copy_s = copy_time(min_bytes(state, inputs, expected), threads, args.clock)
     torch._dynamo.reset()
     return result
 
@@ -318,16 +332,20 @@ def print_tables(results: list[Result], contenders: list[str], clock: str) -> li
     """Print the tables; return the speed table as Markdown rows (for the README)."""
     others = [c for c in contenders if c != "eager"]
     head = ["model", "thr", "input"] + [LABELS[c] for c in contenders] + [
-        f"{LABELS[c]} vs eager" for c in others] + ["nncfuse coverage", "groups"]
+        f"{LABELS[c]} vs eager" for c in others] + ["nncfuse coverage", "groups",
+                                                     "nncfuse roofline"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r.model, str(r.threads), "x".join(map(str, r.shape))]
         cells += ["FAILED" if c in r.errors else _t(r.median(c)) for c in contenders]
         cells += [_x(r.speedup(c)) for c in others]
         cells += [_coverage(r), "-" if r.report is None else str(len(r.report.groups))]
+        roof = r.roofline("nncfuse")
+        cells.append("-" if roof is None else f"{100 * roof:.1f}%")
         lines.append("| " + " | ".join(cells) + " |")
     print(f"\nmedian {clock} time per call; vs eager = eager / contender (>1: faster); coverage = "
-          "nncfuse's fused / non-external compute nodes (nncfuse.explain)\n")
+          "nncfuse's fused / non-external compute nodes (nncfuse.explain); roofline = a copy of "
+          "the bytes the model must move (weights, inputs, outputs) over nncfuse's time\n")
     print("\n".join(lines))
     for t in sorted({r.threads for r in results}):
         mine = [r for r in results if r.threads == t]

@@ -2,6 +2,11 @@
 
     python benchmarks/reductions.py [--threads 1,2] [--clock cpu] [-k SUBSTRING] [--quick]
 
+The roofline column is nncfuse's distance from the memory limit: the time a tensor copy
+takes to move as many bytes as the workload must (its inputs read once, its outputs written
+once: `harness.min_bytes`), measured at the same size and thread count (`harness.copy_time`),
+over nncfuse's time.
+
 nncfuse runs with `min_group_size=1`, so that a lone reduction (softmax,
 layer_norm, sum) is a group of its own; with the default (2, as NNC) a lone
 node stays eager unless its lowering fuses alone (`Lowering.alone`). Each
@@ -21,7 +26,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from harness import fmt_time, geomean, measure
+from harness import copy_time, fmt_time, geomean, measure, min_bytes
 from workloads import Workload, _randn, select
 
 import nncfuse
@@ -49,6 +54,14 @@ def var_mean_rows(x):
     return torch.var_mean(x, -1)
 
 
+def group_norm_affine(x, w, b):
+    return F.group_norm(x, 32, w, b, 1e-5)
+
+
+def _channel_affine(shape):
+    return torch.randn(shape), torch.randn(shape[1]), torch.randn(shape[1])
+
+
 def _batch_norm(shape, channels_last=False):
     x = torch.randn(shape)
     if channels_last:
@@ -67,6 +80,7 @@ EXTRA = [
     Workload("batch_norm_relu_nhwc", batch_norm_relu, lambda s: _batch_norm(s, True),
              (8, 64, 56, 56), (1, 8, 8, 8)),
     Workload("var_mean_rows", var_mean_rows, _randn, (4096, 1024), (64, 64)),
+    Workload("group_norm", group_norm_affine, _channel_affine, (16, 256, 32, 32), (2, 64, 4, 4)),
 ]
 
 
@@ -81,7 +95,7 @@ def run(threads: int, chosen: list[Workload], rounds: int, clock: str, quick: bo
     torch.set_num_threads(threads)
     print(f"threads={threads} clock={clock}")
     print(f"{'workload':24} {'shape':>15} {'eager':>10} {'compile':>10} {'nncfuse':>10}"
-          f" {'vs eager':>9} {'vs compile':>10} groups")
+          f" {'vs eager':>9} {'vs compile':>10} groups {'roofline':>8}")
     vs_eager, vs_compile = [], []
     for w in chosen:
         inputs = w.inputs(quick)
@@ -99,11 +113,14 @@ def run(threads: int, chosen: list[Workload], rounds: int, clock: str, quick: bo
         vs_eager.append(t["eager"] / t["nncfuse"])
         vs_compile.append(t["compile"] / t["nncfuse"])
         shape = "x".join(map(str, w.quick_shape if quick else w.shape))
+        roof = copy_time(min_bytes(inputs, want), threads, clock) / t["nncfuse"]
         print(f"{w.name:24} {shape:>15} {fmt_time(t['eager']):>10} {fmt_time(t['compile']):>10}"
               f" {fmt_time(t['nncfuse']):>10} {vs_eager[-1]:8.2f}x"
-              f" {vs_compile[-1]:9.2f}x {groups}", flush=True)
+              f" {vs_compile[-1]:9.2f}x {groups:6} {100 * roof:7.0f}%", flush=True)
     print(f"{'geomean':24} {'':>15} {'':>10} {'':>10} {'':>10} {geomean(vs_eager):8.2f}x"
-          f" {geomean(vs_compile):9.2f}x  (min vs compile {min(vs_compile):.2f}x)\n")
+          f" {geomean(vs_compile):9.2f}x  (min vs compile {min(vs_compile):.2f}x)")
+    print("roofline: a copy of as many bytes as the workload reads and writes at least (its"
+          " inputs and outputs once),\nover nncfuse's time: 100% = as fast as memcpy\n")
 
 
 def main() -> None:

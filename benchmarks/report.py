@@ -26,6 +26,7 @@ from nncfuse.config import cpu_info
 
 LARGE = 1 << 20  # workloads at least this big enter the "speedup over eager" average
 LABELS = {"eager": "eager", "script": "TorchScript", "compile": "torch.compile",
+          "compile-frozen": "torch.compile frozen",
           "nncfuse": "nncfuse", "nncfuse-frozen": "nncfuse frozen",
           "nncfuse-backend": "nncfuse backend"}
 
@@ -75,6 +76,12 @@ def _ratio(row: Any, numerator: str) -> float | None:
     """`numerator`'s median over nncfuse's: above 1, nncfuse is faster."""
     a, b = _median(row, numerator), _median(row, "nncfuse")
     return a / b if a and b else None
+
+
+def _roofline(row: Any) -> float | None:
+    """A copy of the bytes the workload must move over nncfuse's time, in percent."""
+    t, copy = _median(row, "nncfuse"), getattr(row, "copy_s", None)
+    return 100 * copy / t if t and copy else None
 
 
 def _spread(row: Any) -> float | None:
@@ -150,17 +157,20 @@ def print_report(
     print("groups = nncfuse fusion groups; spread = the largest slowest/fastest round of any "
           "contender (1.0: steady; >2: a noisy row);")
     print("cpu% = the lowest CPU/wall time of any contender (at 1 thread, below ~90: other "
-          "processes took the CPU)\n")
+          "processes took the CPU);")
+    print("roof% = a copy of the bytes the workload reads and writes at least (inputs, outputs "
+          "once) over nncfuse's time (100: as fast as memcpy)\n")
     head = f"{'workload':<22}{'thr':>4}{'elems':>8}" + "".join(
         f"{LABELS[c]:>14}" for c in contenders)
-    print(head + f"{'vs eager':>10}{'vs compile':>11}{'groups':>7}{'spread':>7}{'cpu%':>6}")
+    print(head + f"{'vs eager':>10}{'vs compile':>11}{'groups':>7}{'spread':>7}{'cpu%':>6}"
+          f"{'roof%':>6}")
     for r in rows:
         times = "".join(f"{_time_cell(r, c):>14}" for c in contenders)
         print(f"{r.workload:<22}{r.threads:>4}{_elements(r.numel):>8}{times}"
               f"{_cell(_ratio(r, 'eager'), '.2f', 9)}x"
               f"{_cell(_ratio(r, 'compile'), '.2f', 10)}x"
               f"{_cell(r.nncfuse_groups, 'd', 7)}{_cell(_spread(r), '.1f', 7)}"
-              f"{_cell(_cpu_share(r), '.0f', 6)}")
+              f"{_cell(_cpu_share(r), '.0f', 6)}{_cell(_roofline(r), '.0f', 6)}")
 
     compilers = [c for c in ("compile", "nncfuse") if c in contenders]
     if compilers:
@@ -216,6 +226,7 @@ def _row_json(r: Any) -> dict[str, Any]:
         }
     return {"workload": r.workload, "threads": r.threads, "shape": list(r.shape),
             "numel": r.numel, "load_avg_1min": r.load_before, "nncfuse_groups": r.nncfuse_groups,
+            "roofline_pct": _roofline(r),
             "nncfuse_vs_eager": _ratio(r, "eager"), "nncfuse_vs_compile": _ratio(r, "compile"),
             "contenders": contenders}
 

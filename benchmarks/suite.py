@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Timing, measure, timed_call
+from harness import Timing, copy_time, measure, min_bytes, timed_call
 from report import machine_info, print_report, write_chart, write_json
 from workloads import Workload, select
 
@@ -75,6 +75,7 @@ class Row:
     load_before: float  # 1-minute load average: other processes' share of the CPUs
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     nncfuse_groups: int | None = None  # fusion groups in nncfuse's optimized graph
+    copy_s: float | None = None  # a copy of the bytes the workload must move: the roofline
 
 
 def _fresh(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -137,6 +138,7 @@ def run_workload(w: Workload, threads: int, args: argparse.Namespace) -> Row:
         ready[contender] = lambda fn=fn, xs=inputs: fn(*xs)
         if contender == "nncfuse":
             row.nncfuse_groups = _nncfuse_groups(fn, inputs)
+    row.copy_s = copy_time(min_bytes(inputs, expected), threads, args.clock)
     del expected
     timings = measure(ready, rounds=args.rounds, target_s=args.target_ms / 1e3, warmup=1,
                       clock=args.clock)

@@ -10,6 +10,7 @@ from nncfuse.tensorexpr import expr as E
 from nncfuse.tensorexpr.ir_visitor import walk
 from nncfuse.tensorexpr.kernel import TensorExprKernel
 from nncfuse.tensorexpr.lowerings import LoweringError, reductions
+from nncfuse.tensorexpr.passes.tile_transposes import TILE
 
 
 def graph_of(fn, *examples):
@@ -219,8 +220,9 @@ def test_transposes_over_symbolic_sizes_are_tiled_with_tails(llvm, static):
     example = (torch.randn(300, 256), torch.randn(256, 300))
     kernel = TensorExprKernel(graph_of(_transpose_add, *example),
                               Options.from_env(use_llvm=llvm), dynamic=True, static_sizes=static)
-    assert "_tile" in str(kernel.stmt) and "s0 / 32" in str(kernel.stmt), kernel.stmt
-    sizes = [(300, 256), (0, 256), (1, 256), (31, 256), (64, 256), (97, 256)]
+    assert "_tile" in str(kernel.stmt) and f"s0 / {TILE}" in str(kernel.stmt), kernel.stmt
+    sizes = [(300, 256), (0, 256), (1, 256), (TILE - 1, 256), (TILE, 256), (TILE + 33, 256),
+             (2 * TILE + 3, 256)]
     if not static:
         sizes += [(70, 2), (2, 70), (65, 0), (100, 67)]
     for rows, cols in sizes:

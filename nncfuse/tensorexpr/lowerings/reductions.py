@@ -24,7 +24,9 @@ Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `ReduceOpsKernel.cpp`,
   eager, so such nodes stay unfused;
 - var/std are two-pass (the mean, then the mean squared deviation), never
   E[x^2] - E[x]^2, in float64 as eager's Welford accumulates; var_mean's mean
-  is NaN where Welford's is (an infinity before the row's last element);
+  is NaN where Welford's is (an infinity before the row's last element: over
+  one dim, the float64 sum of the row but its last element, which the mean
+  adds, is then not finite, so the row is swept twice, not three times);
 - softmax is `exp(x - max) * (1 / sum)`, log_softmax `x - max - log(sum)`
   (over the last dim of float16/bfloat16 with the sum and its log rounded to
   that type, as ATen keeps them); a float32 softmax keeps its exponentials in
@@ -327,7 +329,42 @@ def var_std_mean(ctx: Ctx) -> E.Expr:
     kept = box.kept_indices(ctx.indices)
     mean = E.Load(_mean_of(ctx, box, FLOAT64).buf, kept)
     nan = E.imm(math.nan, FLOAT64)
-    return E.cast(ctx.out_dtype, E.select(_welford_poisoned(box, kept), nan, mean))
+    head = _head_sum(ctx, box)
+    poisoned = (_welford_poisoned(box, kept) if head is None
+                else _nonfinite(E.Load(head.buf, kept)))
+    return E.cast(ctx.out_dtype, E.select(poisoned, nan, mean))
+
+
+def _head_sum(ctx: Ctx, box: _Box) -> TensorArg | None:
+    """var_mean's over one dim of at least two elements: an intermediate, the float64 sum of
+    each row but its last element (None otherwise). The mean is that plus the last element,
+    over the count; and since float64 sums of float values do not overflow, the head is
+    finite exactly when Welford's mean is not poisoned. One sweep then gives both, where
+    `_welford_poisoned` sweeps the row again:
+
+        head[i] = sum(double(x[i, r]) for r < 1023);
+        mean[i] = (head[i] + double(x[i, 1023])) / 1024.;
+        aten_var_mean_1[i] = float(head[i] - head[i] != head[i] - head[i] ? NAN : mean[i]);
+    """
+    if (ctx.node.kind() not in ("aten::var_mean", "aten::std_mean") or len(box.dims) != 1
+            or not isinstance(box.count, int) or box.count < 2):
+        return None
+    key = f"head{box.dims}"
+    if key not in ctx.shared:
+        def head(*kept: E.Expr) -> E.Expr:
+            r = E.Var("r")
+            value = box.load(kept, (r,), FLOAT64)
+            return E.Reduce("Add", _zero(FLOAT64), value, (r,), (E.imm(box.count - 1),))
+
+        shape = [box.x.shape[d] for d in box.kept]
+        ctx.shared[key] = ctx.intermediate("head", FLOAT64, shape, head)
+    return ctx.shared[key]
+
+
+def _nonfinite(value: E.Expr) -> E.Expr:
+    """Whether `value` is an infinity or NaN: `value - value` is NaN exactly then."""
+    d = value - value
+    return E.cmp("!=", d, d)
 
 
 def _welford_poisoned(box: _Box, kept: Index) -> E.Expr:
@@ -363,8 +400,12 @@ def _mean_of(ctx: Ctx, box: _Box, compute: Dtype) -> TensorArg:
     key = f"mean{box.dims}"
     if key in ctx.shared:
         return ctx.shared[key]
+    head = _head_sum(ctx, box) if compute == FLOAT64 else None
 
     def mean(*kept: E.Expr) -> E.Expr:
+        if head is not None:
+            last = box.load(kept, (E.imm(box.count - 1),), compute)
+            return (E.Load(head.buf, kept) + last) / E.imm(float(box.count), compute)
         total = box.reduce("Add", kept, lambda r: box.load(kept, r, compute), _zero(compute))
         return total / E.imm(float(box.count), compute)
 

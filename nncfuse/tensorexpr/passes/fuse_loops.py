@@ -18,6 +18,16 @@ output then run row by row while the row is in cache:
     for i: for j: y[i, j] = exp(x[i, j] - m[i]);  ->   m[i] = reduce_max(x[i, r] for r);
                                                        for j: y[i, j] = exp(x[i, j] - m[i]);
                                                      }
+Where the second's loop is `m` times as long as the first's and reads the
+first's rows at `c / m` (a group norm: statistics per group of `m` channels),
+that loop is split in two, `c_o` and `c_i`, in the same order, to match:
+
+    for b: for g < 32: m[b, g] = reduce_add(x[b, 2 * g + r, s] for r, s);
+    for b: for c < 64: for s: y[b, c, s] = x[b, c, s] - m[b, c / 2];
+->  for b: for g < 32: {
+      m[b, g] = reduce_add(x[b, 2 * g + r, s] for r, s);
+      for c_i < 2: for s: y[b, 2 * g + c_i, s] = x[b, 2 * g + c_i, s] - m[b, g];
+    }
 A nest moves down past nests that do not read what it writes, to reach a
 nest it fuses with. The loads of `y` after the store are then removed by
 `eliminate_common_subexpressions`.
@@ -29,6 +39,7 @@ from .. import expr as E
 from .. import stmt as S
 from ..ir_visitor import substitute, walk
 from ..loopnest import Nest, as_block, loads, stores
+from .simplify import simplify
 
 
 def _same_space(a: Nest, b: Nest) -> bool:
@@ -64,7 +75,37 @@ def _fuse(a: S.Stmt, b: S.Stmt) -> S.Stmt | None:
         if _independent(na, body_b):
             return na.build(S.Block.make(*as_block(na.body).stmts, *as_block(body_b).stmts))
     if _reduces(a) or _reduces(b):
-        return _fuse_rows(na, nb)
+        fused = _fuse_rows(na, nb)
+        if fused is None and (split := _split_to_rows(na, nb)) is not None:
+            fused = _fuse_rows(na, split)
+        return fused
+    return None
+
+
+def _split_to_rows(na: Nest, nb: Nest) -> Nest | None:
+    """`nb` with the first of its outer loops that is `m` times as long as `na`'s loop there
+    split in two (`c` -> `m * c_o + c_i`, the same order), so that `na`'s rows match where
+    `nb` reads them at `c / m` (a group norm's channels, `c / 2`, over its groups' statistics);
+    None where no loop is such a multiple, or `nb` reads nothing `na` writes."""
+    written = {st.buf.root for st in stores(na.body)}
+    if not any(ld.buf.root in written for ld in loads(nb.body)):
+        return None
+    for p in range(min(len(na.loops), len(nb.loops))):
+        la, lb = na.loops[p], nb.loops[p]
+        if la.stop == lb.stop:
+            continue
+        if not (E.is_const(la.start, 0) and E.is_const(lb.start, 0)
+                and isinstance(la.stop, E.Imm) and isinstance(lb.stop, E.Imm)):
+            return None
+        a, b = int(la.stop.value), int(lb.stop.value)
+        if a <= 0 or b <= a or b % a:
+            return None
+        m = E.imm(b // a)
+        outer, inner = E.Var(f"{lb.var.name}_o"), E.Var(f"{lb.var.name}_i")
+        loops = (*nb.loops[:p], S.For(outer, E.imm(0), la.stop, S.Block(()), lb.parallel),
+                 S.For(inner, E.imm(0), m, S.Block(())), *nb.loops[p + 1:])
+        body = substitute(Nest(nb.loops[p + 1:], nb.body).build(), {lb.var: outer * m + inner})
+        return Nest.of(simplify(Nest(loops[:p + 2], body).build()))
     return None
 
 

@@ -215,6 +215,21 @@ def test_var_mean_mean_is_welfords_with_infinities(use_llvm):
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_var_mean_of_long_rows_sums_the_head_once(use_llvm):
+    # Vectorized rows (the head sum's vector part and its tail): an infinity at the last
+    # element only gives an infinite mean; one before it (in either part) a NaN, as Welford.
+    x = randn(6, 1024)
+    x[0, 1023] = x[1, 1022] = x[2, 0] = float("inf")
+    x[3, :] = 3e38  # the float64 head does not overflow, as eager's Welford does not
+    x[4, 1000] = float("nan")
+    got = both(lambda x: torch.var_mean(x, 1), x, use_llvm=use_llvm)
+    assert got[1].isinf().tolist() == [True, False, False, False, False, False]
+    assert got[1][3] == 3e38 and got[1][1:3].isnan().all()
+    both(lambda x: torch.var_mean(x.t(), 0), x, use_llvm=use_llvm)  # strided rows
+    both(lambda x: torch.std_mean(x, -1, keepdim=True), randn(3, 7, 65), use_llvm=use_llvm)
+
+
+@pytest.mark.parametrize("use_llvm", BACKENDS)
 @pytest.mark.parametrize("dtype", REDUCED)
 def test_logsumexp_of_reduced_floats_rounds_as_eagers_tensor_ops(dtype, use_llvm):
     x = torch.log_softmax(randn(8, 7), 1).to(dtype)  # each row's answer is about 0

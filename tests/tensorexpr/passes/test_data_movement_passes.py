@@ -15,7 +15,7 @@ from nncfuse.tensorexpr.passes.insert_allocations import insert_allocations
 from nncfuse.tensorexpr.passes.partition_loops import partition_loops
 from nncfuse.tensorexpr.passes.simplify import simplify
 from nncfuse.tensorexpr.passes.split_loops import MIN_INNER, split_loops
-from nncfuse.tensorexpr.passes.tile_transposes import TILE, tile_transposes
+from nncfuse.tensorexpr.passes.tile_transposes import MIN_STRIDE, TILE, tile_transposes
 from tests.tensorexpr.helpers import buf, same_results, text
 
 
@@ -53,7 +53,7 @@ def transposed_sum(n):
 
 
 def test_tile_transposes_tiles_a_transposed_read():
-    n = 8 * TILE  # rows of 256 elements: y's stride in the inner loop is MIN_STRIDE
+    n = 4 * TILE  # y's stride in the inner loop is n, at least MIN_STRIDE
     flat, params = transposed_sum(n)
     tiled = tile_transposes(flat)
     loops = [line.strip() for line in text(tiled).splitlines() if "for" in line]
@@ -69,8 +69,8 @@ def test_tile_transposes_tiles_a_transposed_read():
     copy, _ = (s for s in walk(tiled) if isinstance(s, S.Store))
     assert copy.buf.name == "y_tile"
     assert f"= y[{TILE * n} * jo + {n} * ji_r + {TILE} * io + ii_c];" in text(copy), text(copy)
-    assert "y_tile[1024 * io + 32 * ji + ii]" in text(tiled) and "y[" not in text(tiled).split(
-        "out[")[1], text(tiled)
+    assert f"y_tile[{TILE * TILE} * io + {TILE} * ji + ii]" in text(tiled), text(tiled)
+    assert "y[" not in text(tiled).split("out[")[1], text(tiled)
     same_results(flat, insert_allocations(tiled, params), params,
                  lambda: [torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)])
 
@@ -87,7 +87,7 @@ def test_tile_transposes_copies_no_tile_of_a_buffer_the_nest_writes():
 
 
 def test_tile_transposes_leaves_short_strides_and_short_extents():
-    flat, _ = transposed_sum(4 * TILE)  # a stride of 128: rows stay in cache
+    flat, _ = transposed_sum(MIN_STRIDE // 2)  # a short stride: rows stay in cache
     assert tile_transposes(flat) is flat
     x, y, out = buf("x", [8 * TILE, 2 * TILE - 1]), buf("y", [2 * TILE - 1, 8 * TILE]), \
         buf("out", [8 * TILE, 2 * TILE - 1])
@@ -97,7 +97,7 @@ def test_tile_transposes_leaves_short_strides_and_short_extents():
     assert tile_transposes(flat) is flat  # fewer than two tiles across
 
 
-@pytest.mark.parametrize("n", [8 * TILE + 3, 9 * TILE - 1])
+@pytest.mark.parametrize("n", [4 * TILE + 3, 5 * TILE - 1])
 def test_tile_transposes_runs_the_rows_and_columns_past_the_last_whole_tile(n):
     flat, params = transposed_sum(n)
     tiled = tile_transposes(flat)
@@ -118,11 +118,11 @@ def symbolic_transposed_sum(cols):
     return simplify(flatten_indices(nest)), [x, y, out, s0]
 
 
-@pytest.mark.parametrize("cols", [8 * TILE, 8 * TILE + 5])
+@pytest.mark.parametrize("cols", [4 * TILE, 4 * TILE + 5])
 def test_tile_transposes_tiles_symbolic_extents_with_tails(cols):
     flat, params = symbolic_transposed_sum(cols)
     tiled = tile_transposes(flat)
-    assert "y_tile" in text(tiled) and "s0 / 32" in text(tiled), text(tiled)
+    assert "y_tile" in text(tiled) and f"s0 / {TILE}" in text(tiled), text(tiled)
     # the sum reads y through its tile, at a constant stride
     sums = [s for s in walk(tiled) if isinstance(s, S.Store) and s.buf.name == "out"]
     assert any("y_tile[" in text(s) for s in sums), text(tiled)

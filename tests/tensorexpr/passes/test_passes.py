@@ -1,5 +1,7 @@
 """Each schedule pass: its text before and after on a small nest, and same interpreter results."""
 
+from collections.abc import Callable
+
 import torch
 
 from nncfuse.tensorexpr import expr as E
@@ -142,6 +144,44 @@ def test_fuse_loops_refuses_reads_of_other_iterations():
     z, s2 = compute("z", FLOAT32, [8], lambda i: E.Load(y, (E.imm(7) - i,)))
     prog = S.Block((s1, s2))
     assert fuse_loops(prog) is prog
+
+
+def _group_stats_then_output(channel: Callable[[E.Expr], E.Expr]) -> tuple[S.Block, list[Buf]]:
+    """A group norm's shape: a sum per (sample, group of 2 channels), then every element
+    reads its group's sum at `channel(c)`."""
+    x = buf("x", [2, 6, 4])
+
+    def total(b: E.Expr, g: E.Expr) -> E.Expr:
+        r, s = E.Var("r"), E.Var("s")
+        return E.Reduce("Add", E.imm(0.0, FLOAT32), E.Load(x, (b, 2 * g + r, s)), (r, s),
+                        (E.imm(2), E.imm(4)))
+
+    m, s1 = compute("m", FLOAT32, [2, 3], total)
+    out, s2 = compute("out", FLOAT32, [2, 6, 4],
+                      lambda b, c, k: E.Load(x, (b, c, k)) - E.Load(m, (b, channel(c))))
+    return S.Block((s1, s2)), [x, m, out]
+
+
+def test_fuse_loops_splits_a_loop_to_sweep_each_group_once():
+    prog, bufs = _group_stats_then_output(lambda c: c / 2)
+    fused = fuse_loops(prog)
+    assert_expected_inline(text(fused), """\
+{
+  for (int64_t i = 0; i < 2; i++) {
+    for (int64_t j = 0; j < 3; j++) {
+      m[i, j] = reduce_add(0.f, x[i, 2 * j + r, s] for r < 2, s < 4);
+      for (int64_t j_i = 0; j_i < 2; j_i++) {
+        for (int64_t k = 0; k < 4; k++) {
+          out[i, 2 * j + j_i, k] = x[i, 2 * j + j_i, k] - m[i, j];
+        }
+      }
+    }
+  }
+}""")
+    same_results(prog, fused, bufs, rand_args((2, 6, 4), (2, 3), (2, 6, 4)))
+    # A group read at another channel than the loop's own (c % 3): not one group per row.
+    other, _ = _group_stats_then_output(lambda c: c % 3)
+    assert fuse_loops(other) is other
 
 
 def test_cse_forwards_stores_and_binds_repeats():
