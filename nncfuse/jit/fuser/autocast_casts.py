@@ -129,12 +129,15 @@ def casts_nothing(node: Any) -> bool:
 
 
 def _cast_type(value: Any, dtype: torch.dtype) -> Any:
-    """The profiled type of `value.to(dtype)`, or None if `value`'s is not complete."""
+    """The profiled type of `value.to(dtype)`, or None if `value`'s is not complete. It
+    requires grad where `value` does and grad mode is on (autodiff reads it)."""
     t = value.type()
     sizes, strides = t.sizes(), t.strides()
     if sizes is None or strides is None or None in sizes or None in strides:
         return None
-    meta = torch.empty_strided(sizes, strides, dtype=t.dtype(), device="meta").to(dtype)
+    grad = bool(t.requires_grad()) and torch.is_grad_enabled()
+    meta = torch.empty_strided(sizes, strides, dtype=t.dtype(), device="meta",
+                               requires_grad=grad).to(dtype)
     return torch._C.TensorType.create_from_tensor(meta).with_device(t.device())
 
 
@@ -144,8 +147,9 @@ def _is_weight(value: Any) -> bool:
     return value.node().kind() in ("prim::GetAttr", "prim::Param")
 
 
-def _cast(graph: Any, value: Any, dtype: torch.dtype, autocast_dtype: torch.dtype) -> Any:
-    """A node casting `value` to `dtype`, inserted at the insert point; None if untyped."""
+def _cast(graph: Any, value: Any, dtype: torch.dtype, autocast_dtype: torch.dtype | None) -> Any:
+    """A node casting `value` to `dtype`, inserted at the insert point; None if untyped. A
+    weight cast to `autocast_dtype` goes through the cache (None: no cache)."""
     typ = _cast_type(value, dtype)
     if typ is None:
         return None
@@ -162,7 +166,8 @@ def _cast(graph: Any, value: Any, dtype: torch.dtype, autocast_dtype: torch.dtyp
     return node.output()
 
 
-def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None], dtype: Any) -> bool:
+def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None],
+             dtype: torch.dtype | None) -> bool:
     operands = _operands(node)
     assert operands is not None
     casts: list[Any] = []
@@ -190,13 +195,14 @@ def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None], dtype: An
     return True
 
 
-def _rewrite_block(graph: Any, block: Any, dtype: torch.dtype) -> int:
+def _rewrite_block(graph: Any, block: Any, dtype: torch.dtype, cached: bool) -> int:
     count = 0
     for node in list(block.nodes()):
         for sub in blocks_of(node):
-            count += _rewrite_block(graph, sub, dtype)
+            count += _rewrite_block(graph, sub, dtype, cached)
         targets = _targets(node, dtype)
-        if targets and any(targets) and _rewrite(graph, node, targets, dtype):
+        if targets and any(targets) and _rewrite(graph, node, targets,
+                                                 dtype if cached else None):
             count += 1
     return count
 
@@ -244,13 +250,16 @@ def _batch_weight_casts(graph: Any) -> None:
         node.destroy()
 
 
-def make_autocast_casts_explicit(graph: torch._C.Graph) -> None:
+def make_autocast_casts_explicit(graph: torch._C.Graph, cached: bool = True) -> None:
     """Under the live CPU autocast, write the casts eager's autocast makes as nodes of
-    `graph` (in place), before the ops that autocast casts; outside autocast, nothing."""
+    `graph` (in place), before the ops that autocast casts; outside autocast, nothing.
+    `cached=False` (training: autodiff differentiates the graph) casts weights with
+    `aten::to` too, not through `cast_cache` (whose op has no derivative)."""
     if not torch.is_autocast_enabled("cpu"):
         return
-    count = _rewrite_block(graph, graph.block(), torch.get_autocast_dtype("cpu"))
-    if count:
+    count = _rewrite_block(graph, graph.block(), torch.get_autocast_dtype("cpu"), cached)
+    if count and cached:
         _batch_weight_casts(graph)
+    if count:
         torch._C._jit_pass_dce(graph)
         _log.dump(f"After making {count} ops' autocast casts explicit:\n", graph)
