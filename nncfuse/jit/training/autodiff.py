@@ -642,17 +642,21 @@ def _zeros(shapes: Any) -> Any:
 
 _ZERO, _NONZERO, _UNKNOWN = "zero", "nonzero", "unknown"
 #: producers of a gradient that may be None (linear's bias gradient when there is no bias),
-#: besides an `If` of an optional type (`_maybe_none`)
-_MAYBE_NONE = ("prim::unchecked_unwrap_optional", "prim::AutogradAdd")
+#: besides an `If` of an optional type and an unwrap of what may be None (`_maybe_none`)
+_MAYBE_NONE = ("prim::AutogradAdd",)
 
 
 def _maybe_none(value: Any) -> bool:
     """Whether a gradient a `GradOf` block returns may be None at run time: an `If` of an
-    optional type, an unchecked unwrap of one, an `AutogradAdd` (of two that may be). An
-    `If` typed Tensor has a tensor on both branches (pow's backward: zeros or the formula)."""
+    optional type, an unchecked unwrap of one (not of a tensor: a bias's gradient once its
+    branch folded), an `AutogradAdd` (of two that may be). An `If` typed Tensor has a tensor
+    on both branches (pow's backward: zeros or the formula)."""
     kind = value.node().kind()
     if kind == "prim::If":
         return isinstance(value.type(), torch._C.OptionalType)
+    if kind == "prim::unchecked_unwrap_optional":
+        inner = value.node().inputsAt(0)
+        return isinstance(inner.type(), torch._C.OptionalType) or _maybe_none(inner)
     return kind in _MAYBE_NONE
 
 
@@ -684,6 +688,10 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
     for k in reversed(range(len(values))):
         if k in constants or (k < len(given) and not given[k]):
             graph.eraseInput(k)
+    # (a bias's gradient is a branch on `bias is not None`, which its tensor type folds: a
+    # gradient that a GradOf then reads, a cast's under autocast, is known defined)
+    torch._C._jit_pass_peephole(graph, False)
+    torch._C._jit_pass_constant_propagation(graph)
     _fold_zeros(graph, list(graph.nodes()), status)
     torch._C._jit_pass_dce(graph)
     torch._C._jit_pass_peephole(graph, False)

@@ -5,14 +5,15 @@ bfloat16 operand to float32, the engine casts the float32 gradient back to bfloa
 the op that made the operand (a bfloat16 GEMM under autocast) sees it. TorchScript's autodiff
 formulas do not: `add`'s gives the float32 gradient, and the GEMM's backward then multiplies
 float32 by bfloat16 (eager raises; under autocast its cast hides it). Written out, the cast is
-differentiated as a cast (the gradient cast back, as eager's engine does), and the op reads
-operands of one dtype. The rule, for any op: a floating operand of another dtype than the
+differentiated as a cast (the gradient cast back, as eager's engine does: autocast's own cast
+ops, which autodiff differentiates, where they cast so), and the op reads operands of one
+dtype. The rule, for any op: a floating operand of another dtype than the
 op's floating result, where the result's dtype is the promotion of the operands', is cast to
 it first (exact: the op computed in that dtype anyway). Under bfloat16 autocast:
 
     %y : Float = aten::add(%x : Float, %h : BFloat16, 1)
                           ->
-    %h.1 : Float = aten::to(%h, 6, False, False, None)
+    %h.1 : Float = aten::_autocast_to_full_precision(%h, False, True)
     %y : Float = aten::add(%x, %h.1, 1)
 
 An op that mixes floating dtypes otherwise and reads a value that requires grad (a layer norm
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from ...tensorexpr.meta import blocks_of, inputs_of, outputs_of
+from ..fuser.autocast_casts import differentiable_cast
 
 #: ops whose job is to change the dtype: their formulas cast the gradient back
 _CASTS = ("aten::to", "aten::type_as", "aten::_autocast_to_reduced_precision",
@@ -45,14 +47,6 @@ def _floating(value: Any) -> torch.dtype | None:
 
 def _requires_grad(value: Any) -> bool:
     return value.type().requires_grad() is not False  # (unknown: it may)
-
-
-def _cast(graph: Any, value: Any, dtype: torch.dtype) -> Any:
-    args = [value, graph.insertConstant(dtype), *map(graph.insertConstant, (False, False)),
-            graph.insertConstant(None)]
-    node = graph.insertNode(graph.create("aten::to", args, 1))
-    node.output().setType(value.type().with_dtype(dtype))
-    return node.output()
 
 
 def _promote(graph: Any, node: Any) -> None:
@@ -73,7 +67,7 @@ def _promote(graph: Any, node: Any) -> None:
         with graph.insert_point_guard(node):
             for k, value, d in operands:
                 if d != promoted:
-                    node.replaceInput(k, _cast(graph, value, promoted))
+                    node.replaceInput(k, differentiable_cast(graph, value, promoted))
         return
     if any(_requires_grad(v) for _, v, _ in operands):
         raise ValueError(f"{node.kind()} mixes floating dtypes {sorted(map(str, dtypes))}: "

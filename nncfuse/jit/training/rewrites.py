@@ -6,8 +6,8 @@ it to a typed, specialized graph in place and logs the graph after each rewrite 
 `>>rewrites` (a rewrite that changed nothing is marked so). Each rule is stated for the
 pattern it rewrites:
 
-    autocast_casts         under autocast, the casts eager's autocast makes as `aten::to`
-                           nodes (differentiated as any cast: the gradient cast back), so
+    autocast_casts         under autocast, the casts eager's autocast makes as autocast's
+                           cast ops (differentiated: the gradient cast back), so
                            `f` and `df` mean the same under autocast and outside
     explicit_promotions    an op's promotion of floating operands as casts before it (their
                            gradients then come back in the operands' dtypes, as eager's)
@@ -55,15 +55,16 @@ THRESHOLD = 2
 
 
 def autocast_casts(graph: torch._C.Graph) -> None:
-    """Under the live CPU autocast, its casts written out, weights' too (`aten::to`, which
-    autodiff differentiates; the cast cache's op has no derivative), as eager makes them:
+    """Under the live CPU autocast, its casts written out as eager makes them, weights' too,
+    as autocast's own cast ops (which autodiff differentiates; `backward_ops` makes them
+    `aten::to` in f):
 
-        %y : BFloat16 = aten::linear(%x, %w, %b)   ==>   %x.1 = aten::to(%x, 15, ...)
-                                                         %w.1 = aten::to(%w, 15, ...)
-                                                         %b.1 = aten::to(%b, 15, ...)
-                                                         %y = aten::linear(%x.1, %w.1, %b.1)
+        %y : BFloat16 = aten::linear(%x, %w, %b)
+                     ==>
+        %x.1 = aten::_autocast_to_reduced_precision(%x, False, True, 5, 15)   (w, b: alike)
+        %y = aten::linear(%x.1, %w.1, %b.1)
     """
-    make_autocast_casts_explicit(graph, cached=False)
+    make_autocast_casts_explicit(graph, training=True)
 
 
 def fold_sizes(graph: torch._C.Graph) -> None:
