@@ -653,11 +653,32 @@ def _maybe_none(value: Any) -> bool:
     on both branches (pow's backward: zeros or the formula)."""
     kind = value.node().kind()
     if kind == "prim::If":
+        taken = _taken(value.node())
+        if taken is not None:
+            k = [v.unique() for v in outputs_of(value.node())].index(value.unique())
+            returned = taken.returnNode().inputsAt(k)
+            return isinstance(returned.type(), (torch._C.NoneType, torch._C.OptionalType)) or (
+                _maybe_none(returned))
         return isinstance(value.type(), torch._C.OptionalType)
     if kind == "prim::unchecked_unwrap_optional":
         inner = value.node().inputsAt(0)
+        if inner.node().kind() == "prim::If":
+            return _maybe_none(inner)
         return isinstance(inner.type(), torch._C.OptionalType) or _maybe_none(inner)
     return kind in _MAYBE_NONE
+
+
+def _taken(node: Any) -> Any:
+    """The block an `If` takes where its condition is `t is not None` (or `is`) of a value
+    typed as a tensor (a bias's gradient in linear's formula), else None."""
+    cond = node.inputsAt(0).node()
+    if cond.kind() not in ("aten::__isnot__", "aten::__is__"):
+        return None
+    kinds = {type(v.type()) for v in inputs_of(cond)}
+    if kinds != {torch._C.TensorType, torch._C.NoneType}:
+        return None
+    blocks = list(node.blocks())
+    return blocks[0] if cond.kind() == "aten::__isnot__" else blocks[1]
 
 
 def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
@@ -688,10 +709,6 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
     for k in reversed(range(len(values))):
         if k in constants or (k < len(given) and not given[k]):
             graph.eraseInput(k)
-    # (a bias's gradient is a branch on `bias is not None`, which its tensor type folds: a
-    # gradient that a GradOf then reads, a cast's under autocast, is known defined)
-    torch._C._jit_pass_peephole(graph, False)
-    torch._C._jit_pass_constant_propagation(graph)
     _fold_zeros(graph, list(graph.nodes()), status)
     torch._C._jit_pass_dce(graph)
     torch._C._jit_pass_peephole(graph, False)
