@@ -5,6 +5,7 @@
     python benchmarks/training.py --models bert,gpt2       # also models.py's (transformers)
     python benchmarks/training.py --quick                  # smoke run: small shapes, few rounds
     python benchmarks/training.py --phases                 # also where each step's time goes
+    python benchmarks/training.py --dtype bfloat16 --models bert,resnet   # under autocast
 
 Workloads: an MLP with GELU (`MLP`), a pre-norm transformer block (`Block`: layer norm,
 attention with softmax, GELU MLP, residuals), and with `--models` the models of
@@ -48,6 +49,13 @@ is reported and not timed; torch.compile, the baseline, is timed and its differe
 7.15e-8). Then steps are timed in interleaved rounds (`harness.measure`), medians. The summary
 gives, per contender, the geometric mean over workloads of its step time over torch.compile's,
 and of its first-step time over torch.compile's.
+
+`--dtype bfloat16|float16`: every contender's whole step but the optimizer (forward, loss,
+`loss.backward()`) runs under `torch.autocast("cpu", dtype=...)`, as users write it. Gradients
+then differ from eager autocast's by its rounding (a bfloat16 ulp is 0.4%): where they differ
+by more than the tolerances above, they are compared with float64 eager's, each parameter's at
+most `MULTIPLIER` times as far (root mean square) as eager autocast's own, the rule above;
+Inductor's distance is shown for scale.
 
 `--overhead` then times each contender's step again with the bodies of its compiled graphs
 replayed (`replayed_graphs`: nncfuse's and Inductor's graphs return their last results instead
@@ -94,6 +102,15 @@ REFERENCES = ("aot-eager", "nncfuse-jit-aot", "nncfuse-jit-autodiff",
 JIT_OPTIONS = {"nncfuse-jit": {}, "nncfuse-jit-aot": {"autograd": "aot"},
                "nncfuse-jit-autodiff": {"autograd": "autodiff"}}
 RTOL, ATOL = 1e-3, 1e-4
+#: the dtype of `--dtype`'s autocast (None: float32, no autocast); set by `main`
+AUTOCAST: torch.dtype | None = None
+
+
+def autocast() -> Any:
+    """The step's autocast region (`--dtype`), or none."""
+    if AUTOCAST is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=AUTOCAST)
 MULTIPLIER = 3.0  # against float64 eager: at most this many times float32 eager's error
 
 
@@ -222,17 +239,19 @@ class Step:
 
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        loss(self.fn(*self.inputs)).backward()
+        with autocast():
+            loss(self.fn(*self.inputs)).backward()
         self.optimizer.step()
 
     def phased(self) -> list[tuple[float, float, int]]:
         marks = [resource.getrusage(resource.RUSAGE_SELF)]
         self.optimizer.zero_grad(set_to_none=True)
-        out = self.fn(*self.inputs)
-        marks.append(resource.getrusage(resource.RUSAGE_SELF))
-        value = loss(out)
-        marks.append(resource.getrusage(resource.RUSAGE_SELF))
-        value.backward()
+        with autocast():
+            out = self.fn(*self.inputs)
+            marks.append(resource.getrusage(resource.RUSAGE_SELF))
+            value = loss(out)
+            marks.append(resource.getrusage(resource.RUSAGE_SELF))
+            value.backward()
         marks.append(resource.getrusage(resource.RUSAGE_SELF))
         self.optimizer.step()
         marks.append(resource.getrusage(resource.RUSAGE_SELF))
@@ -320,7 +339,8 @@ def gradients_after_one_step(contender: str, base: torch.nn.Module,
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     for _ in range(first_steps):
         optimizer.zero_grad(set_to_none=True)
-        loss(fn(*inputs)).backward()
+        with autocast():
+            loss(fn(*inputs)).backward()
     first = time.perf_counter() - start
     grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     optimizer.step()
@@ -507,6 +527,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="'first step': the time of the first N steps (default 3: to the "
                         "steady state of nncfuse-jit, whose first step profiles)")
     p.add_argument("--quick", action="store_true", help="smoke run: small shapes, few rounds")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="bfloat16|float16: forward, loss and backward under torch.autocast")
     p.add_argument("--verbose", action="store_true", help="tracebacks of failures")
     args = p.parse_args(argv)
     if args.rounds is None:
@@ -516,6 +538,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    global AUTOCAST
+    AUTOCAST = None if args.dtype == "float32" else getattr(torch, args.dtype)
     if args.inductor_cache == "cold":
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
     torch.set_num_threads(args.threads)
@@ -528,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
         chosen.update(model_workloads(args.models.split(","), args.quick))
     _warm_up()
     print(f"training steps, {args.threads} thread(s), torch {torch.__version__}, Inductor cache "
-          f"{args.inductor_cache}, step: median {args.clock} time; 1-minute load average "
+          f"{args.inductor_cache}, step: median {args.clock} time, {args.dtype}; 1-minute load average "
           f"{os.getloadavg()[0]:.2f}\n")
     results = {name: run(name, model, inputs, args, contenders)
                for name, (model, inputs) in chosen.items()}

@@ -148,7 +148,7 @@ def _trains(example_inputs: Sequence[Any]) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     plain = (torch.Tensor, torch.nn.Parameter, FakeTensor)
-    return (torch.is_grad_enabled() and not torch.is_autocast_enabled()
+    return (torch.is_grad_enabled()
             and all(type(x) in plain for x in example_inputs)
             and any(x.requires_grad for x in example_inputs))
 

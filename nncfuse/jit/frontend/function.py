@@ -306,11 +306,9 @@ class FusedFunction:
             # Eager Python (or TorchScript, for a script) runs these arguments.
             return self.policy.call_unfused(self.target, key, values)
         if autograd.requires_grad(values, self.target):
-            if key[1]:  # (`autocast_state`) Training under autocast runs unfused: autodiff's
-                # formulas and AOTAutograd's trace would miss the casts eager autocast makes.
-                return self.policy.call_unfused(self.target, key, values)
             # Fused forward and backward: TorchScript's autodiff graphs (autodiff.py), or
-            # AOTAutograd's joint graph (autograd.py).
+            # AOTAutograd's joint graph (autograd.py). Under autocast, both write out its
+            # casts (the rewrite `autocast_casts`; AOTAutograd's trace records them).
             prog = variant.program
             make = (autodiff.AutodiffPlan if self.options.autograd == "autodiff"
                     else autograd.AutogradPlan)

@@ -41,6 +41,7 @@ from . import cast_cache
 _log = log.get_logger(__file__)
 
 LOWER, FP32, PROMOTE = "lower_precision_fp", "fp32", "promote"
+_REDUCED = (torch.bfloat16, torch.float16)
 
 #: ATen's CPU autocast policy by op name (`autocast_mode.cpp`, `TORCH_LIBRARY_IMPL(aten,
 #: AutocastCPU, m)`); an overload is cast only if it has an AutocastCPU kernel
@@ -129,12 +130,15 @@ def casts_nothing(node: Any) -> bool:
 
 
 def _cast_type(value: Any, dtype: torch.dtype) -> Any:
-    """The profiled type of `value.to(dtype)`, or None if `value`'s is not complete."""
+    """The profiled type of `value.to(dtype)`, or None if `value`'s is not complete. It
+    requires grad where `value` does and grad mode is on (autodiff reads it)."""
     t = value.type()
     sizes, strides = t.sizes(), t.strides()
     if sizes is None or strides is None or None in sizes or None in strides:
         return None
-    meta = torch.empty_strided(sizes, strides, dtype=t.dtype(), device="meta").to(dtype)
+    grad = bool(t.requires_grad()) and torch.is_grad_enabled()
+    meta = torch.empty_strided(sizes, strides, dtype=t.dtype(), device="meta",
+                               requires_grad=grad).to(dtype)
     return torch._C.TensorType.create_from_tensor(meta).with_device(t.device())
 
 
@@ -144,31 +148,70 @@ def _is_weight(value: Any) -> bool:
     return value.node().kind() in ("prim::GetAttr", "prim::Param")
 
 
-def _cast(graph: Any, value: Any, dtype: torch.dtype, autocast_dtype: torch.dtype) -> Any:
-    """A node casting `value` to `dtype`, inserted at the insert point; None if untyped."""
+def _to(graph: Any, value: Any, dtype: torch.dtype) -> Any:
+    """A node (not inserted) `aten::to(value, dtype)`."""
+    args = [value, graph.insertConstant(dtype), *map(graph.insertConstant, (False, False)),
+            graph.insertConstant(None)]
+    return graph.create("aten::to", args, 1)
+
+
+def _differentiable_cast(graph: Any, value: Any, dtype: torch.dtype) -> Any:
+    """A node (not inserted) casting `value` to `dtype`: from float32 to a reduced dtype or
+    back with autocast's own cast ops, which TorchScript's autodiff differentiates (`aten::to`
+    it does not), else `aten::to` (also for a value that does not require grad: a GradOf
+    of its cast would have a gradient that may be undefined)."""
+    source = value.type().dtype()
+    if value.type().requires_grad() is False:
+        return _to(graph, value, dtype)
+    if source == torch.float32 and dtype in _REDUCED:
+        args = [value, *map(graph.insertConstant, (False, True, torch.float16, dtype))]
+        return graph.create("aten::_autocast_to_reduced_precision", args, 1)
+    if source in _REDUCED and dtype == torch.float32:
+        args = [value, *map(graph.insertConstant, (False, True))]
+        return graph.create("aten::_autocast_to_full_precision", args, 1)
+    return _to(graph, value, dtype)
+
+
+def differentiable_cast(graph: torch._C.Graph, value: Any, dtype: torch.dtype) -> Any:
+    """`value` cast to `dtype` by a node inserted at the insert point, typed as `value`
+    with `dtype`: autocast's own cast op where one casts so (TorchScript's autodiff
+    differentiates it), else `aten::to`.
+
+        %h.1 : Float(...) = aten::_autocast_to_full_precision(%h, False, True)
+    """
+    node = graph.insertNode(_differentiable_cast(graph, value, dtype))
+    node.output().setType(value.type().with_dtype(dtype))
+    return node.output()
+
+
+def _cast(graph: Any, value: Any, dtype: torch.dtype, autocast_dtype: torch.dtype,
+          training: bool) -> Any:
+    """A node casting `value` to `dtype`, inserted at the insert point; None if untyped.
+    Training: one autodiff differentiates; else a weight's to the autocast dtype cached."""
     typ = _cast_type(value, dtype)
     if typ is None:
         return None
-    if dtype == autocast_dtype and value.type().dtype() == torch.float32 and _is_weight(value):
+    if training:
+        node = _differentiable_cast(graph, value, dtype)
+    elif dtype == autocast_dtype and value.type().dtype() == torch.float32 and _is_weight(value):
         module_state = value.node().kind() == "prim::GetAttr"
         args = [value, graph.insertConstant(dtype), graph.insertConstant(module_state)]
         node = graph.create(cast_cache.KIND, args, 1)
     else:
-        args = [value, graph.insertConstant(dtype), *map(graph.insertConstant, (False, False)),
-                graph.insertConstant(None)]
-        node = graph.create("aten::to", args, 1)
+        node = _to(graph, value, dtype)
     graph.insertNode(node)
     node.output().setType(typ)
     return node.output()
 
 
-def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None], dtype: Any) -> bool:
+def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None], dtype: torch.dtype,
+             training: bool) -> bool:
     operands = _operands(node)
     assert operands is not None
     casts: list[Any] = []
     with graph.insert_point_guard(node):
         for (value, _, _), target in zip(operands, targets):
-            cast = None if target is None else _cast(graph, value, target, dtype)
+            cast = None if target is None else _cast(graph, value, target, dtype, training)
             if target is not None and cast is None:
                 return False  # (the casts made so far are dead: DCE removes them)
             casts.append(cast)
@@ -190,13 +233,13 @@ def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None], dtype: An
     return True
 
 
-def _rewrite_block(graph: Any, block: Any, dtype: torch.dtype) -> int:
+def _rewrite_block(graph: Any, block: Any, dtype: torch.dtype, training: bool) -> int:
     count = 0
     for node in list(block.nodes()):
         for sub in blocks_of(node):
-            count += _rewrite_block(graph, sub, dtype)
+            count += _rewrite_block(graph, sub, dtype, training)
         targets = _targets(node, dtype)
-        if targets and any(targets) and _rewrite(graph, node, targets, dtype):
+        if targets and any(targets) and _rewrite(graph, node, targets, dtype, training):
             count += 1
     return count
 
@@ -244,13 +287,18 @@ def _batch_weight_casts(graph: Any) -> None:
         node.destroy()
 
 
-def make_autocast_casts_explicit(graph: torch._C.Graph) -> None:
+def make_autocast_casts_explicit(graph: torch._C.Graph, training: bool = False) -> None:
     """Under the live CPU autocast, write the casts eager's autocast makes as nodes of
-    `graph` (in place), before the ops that autocast casts; outside autocast, nothing."""
+    `graph` (in place), before the ops that autocast casts; outside autocast, nothing.
+    `training` (TorchScript's autodiff then differentiates the graph): float32 to the
+    autocast dtype and back as `aten::_autocast_to_reduced_precision` and
+    `_autocast_to_full_precision` (autodiff's formulas cast the gradient back), weights'
+    too, not through `cast_cache` (whose op has no derivative)."""
     if not torch.is_autocast_enabled("cpu"):
         return
-    count = _rewrite_block(graph, graph.block(), torch.get_autocast_dtype("cpu"))
-    if count:
+    count = _rewrite_block(graph, graph.block(), torch.get_autocast_dtype("cpu"), training)
+    if count and not training:
         _batch_weight_casts(graph)
+    if count:
         torch._C._jit_pass_dce(graph)
         _log.dump(f"After making {count} ops' autocast casts explicit:\n", graph)

@@ -642,18 +642,43 @@ def _zeros(shapes: Any) -> Any:
 
 _ZERO, _NONZERO, _UNKNOWN = "zero", "nonzero", "unknown"
 #: producers of a gradient that may be None (linear's bias gradient when there is no bias),
-#: besides an `If` of an optional type (`_maybe_none`)
-_MAYBE_NONE = ("prim::unchecked_unwrap_optional", "prim::AutogradAdd")
+#: besides an `If` of an optional type and an unwrap of what may be None (`_maybe_none`)
+_MAYBE_NONE = ("prim::AutogradAdd",)
 
 
 def _maybe_none(value: Any) -> bool:
     """Whether a gradient a `GradOf` block returns may be None at run time: an `If` of an
-    optional type, an unchecked unwrap of one, an `AutogradAdd` (of two that may be). An
-    `If` typed Tensor has a tensor on both branches (pow's backward: zeros or the formula)."""
+    optional type, an unchecked unwrap of one (not of a tensor: a bias's gradient once its
+    branch folded), an `AutogradAdd` (of two that may be). An `If` typed Tensor has a tensor
+    on both branches (pow's backward: zeros or the formula)."""
     kind = value.node().kind()
     if kind == "prim::If":
+        taken = _taken(value.node())
+        if taken is not None:
+            k = [v.unique() for v in outputs_of(value.node())].index(value.unique())
+            returned = taken.returnNode().inputsAt(k)
+            return isinstance(returned.type(), (torch._C.NoneType, torch._C.OptionalType)) or (
+                _maybe_none(returned))
         return isinstance(value.type(), torch._C.OptionalType)
+    if kind == "prim::unchecked_unwrap_optional":
+        inner = value.node().inputsAt(0)
+        if inner.node().kind() == "prim::If":
+            return _maybe_none(inner)
+        return isinstance(inner.type(), torch._C.OptionalType) or _maybe_none(inner)
     return kind in _MAYBE_NONE
+
+
+def _taken(node: Any) -> Any:
+    """The block an `If` takes where its condition is `t is not None` (or `is`) of a value
+    typed as a tensor (a bias's gradient in linear's formula), else None."""
+    cond = node.inputsAt(0).node()
+    if cond.kind() not in ("aten::__isnot__", "aten::__is__"):
+        return None
+    kinds = {type(v.type()) for v in inputs_of(cond)}
+    if kinds != {torch._C.TensorType, torch._C.NoneType}:
+        return None
+    blocks = list(node.blocks())
+    return blocks[0] if cond.kind() == "aten::__isnot__" else blocks[1]
 
 
 def _specialized(df: torch._C.Graph, given: tuple[bool, ...],

@@ -192,6 +192,31 @@ def sum_leading(x: Tensor, dims: list[int]) -> Tensor:
     return x.sum(dims)
 
 
+def cast(x: Tensor, dtype: int) -> Tensor:
+    return x.to(dtype)
+
+
+def _autocast_to_reduced(node: Any) -> tuple[Any, list[Any]]:
+    """Autocast's cast (`autocast_casts.differentiable_cast`) as the `to` it is on a typed
+    CPU tensor: to the CPU dtype if float32 and enabled on the CPU, else the tensor."""
+    x, _cuda, cpu, _cuda_dtype, dtype = node.inputs()
+    if x.type().scalarType() is None or x.type().device() != torch.device("cpu"):
+        raise KeyError(node)
+    if x.type().dtype() != torch.float32 or not _constant(cpu):
+        return None, [x]
+    return cast, [x, _constant(dtype)]
+
+
+def _autocast_to_full(node: Any) -> tuple[Any, list[Any]]:
+    """Autocast's cast back: to float32 if float16 or bfloat16 and enabled on the CPU."""
+    x, _cuda, cpu = node.inputs()
+    if x.type().scalarType() is None or x.type().device() != torch.device("cpu"):
+        raise KeyError(node)
+    if x.type().dtype() not in (torch.float16, torch.bfloat16) or not _constant(cpu):
+        return None, [x]
+    return cast, [x, torch.float32]
+
+
 @functools.cache
 def _scripted(fn: Callable[..., Any]) -> torch._C.Graph:
     return torch.jit.script(fn).graph
@@ -374,6 +399,8 @@ _RULES: dict[str, Callable[[Any], tuple[Any, list[Any]]]] = {
     "aten::matmul": _matmul,
     "aten::linear": _linear,
     "aten::t": _t,
+    "aten::_autocast_to_reduced_precision": _autocast_to_reduced,
+    "aten::_autocast_to_full_precision": _autocast_to_full,
 }
 
 

@@ -6,6 +6,11 @@ it to a typed, specialized graph in place and logs the graph after each rewrite 
 `>>rewrites` (a rewrite that changed nothing is marked so). Each rule is stated for the
 pattern it rewrites:
 
+    autocast_casts         under autocast, the casts eager's autocast makes as autocast's
+                           cast ops (differentiated: the gradient cast back), so
+                           `f` and `df` mean the same under autocast and outside
+    explicit_promotions    an op's promotion of floating operands as casts before it (their
+                           gradients then come back in the operands' dtypes, as eager's)
     fold_sizes             sizes the signature fixes as constants (peephole, constant
                            propagation): a layer norm's normalized shape, a view's sizes
     drop_identities        a cast to a value's own type, a slice of all of it: the value
@@ -34,17 +39,32 @@ from functools import partial
 import torch
 
 from ... import log
+from ..fuser.autocast_casts import make_autocast_casts_explicit
 from ..rewrites.conv_pads import fold_conv_pads
 from .autodiff_views import absorb_views
 from .flat_linear import flat_linears
 from .fold_tuples import fold_tuples
 from .identities import drop_identities
+from .promotions import explicit_promotions
 
 _log = log.get_logger(__file__)
 Rewrite = Callable[[torch._C.Graph], object]
 #: nodes in a differentiable graph, as the profiling executor's default: smaller ones are
 #: taken apart (their kernel would be one op, their autograd node pure overhead)
 THRESHOLD = 2
+
+
+def autocast_casts(graph: torch._C.Graph) -> None:
+    """Under the live CPU autocast, its casts written out as eager makes them, weights' too,
+    as autocast's own cast ops (which autodiff differentiates; `backward_ops` makes them
+    `aten::to` in f):
+
+        %y : BFloat16 = aten::linear(%x, %w, %b)
+                     ==>
+        %x.1 = aten::_autocast_to_reduced_precision(%x, False, True, 5, 15)   (w, b: alike)
+        %y = aten::linear(%x.1, %w.1, %b.1)
+    """
+    make_autocast_casts_explicit(graph, training=True)
 
 
 def fold_sizes(graph: torch._C.Graph) -> None:
@@ -66,6 +86,8 @@ def rewrites(shapes_fixed: bool) -> list[tuple[str, Rewrite]]:
         ("drop_identities", drop_identities),
     ]
     return [
+        ("autocast_casts", autocast_casts),
+        ("explicit_promotions", explicit_promotions),
         *(sized if shapes_fixed else []),
         ("fold_tuples", fold_tuples),
         ("flat_linears", flat_linears),
