@@ -6,6 +6,7 @@ torch.compile vs nncfuse, with what nncfuse fuses and where eager's time goes.
     python benchmarks/models.py --quick             # smoke run: small shapes, few rounds
     python benchmarks/models.py --models bert,resnet --threads 1,all --chart docs/models.png
     python benchmarks/models.py --models bert --dtype bfloat16   # under torch.autocast
+    python benchmarks/models.py --models bert --dtype bfloat16 --cast   # model.to(bfloat16)
 
 Models are built from small configs with random weights (nothing is downloaded),
 in `eval()` and under `torch.no_grad()`, and traced with
@@ -264,12 +265,16 @@ def run_model(spec: Spec, threads: int, args: argparse.Namespace) -> Result:
     torch.manual_seed(0)
     model, inputs = spec.build(args.quick)
     model.eval()
+    if args.cast:  # (the model and its floating inputs in the dtype; no autocast)
+        dtype = getattr(torch, args.dtype)
+        model = model.to(dtype)
+        inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
     result = Result(spec.name, threads, tuple(inputs[0].shape), os.getloadavg()[0])
     torch._dynamo.reset()
     rtol, atol = (RTOL, ATOL) if args.dtype == "float32" else (AUTOCAST_TOL, AUTOCAST_TOL)
     with torch.no_grad(), contextlib.ExitStack() as stack:
         traced = torch.jit.trace(model, inputs, strict=False)  # (float32: no casts baked in)
-        if args.dtype != "float32":
+        if args.dtype != "float32" and not args.cast:
             stack.enter_context(torch.autocast("cpu", dtype=getattr(torch, args.dtype)))
         expected = model(*inputs)
         ready: dict[str, Callable[[], Any]] = {}
@@ -411,11 +416,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bfloat16 / float16: every contender runs under torch.autocast('cpu') "
                         "of that dtype (traced in float32); outputs checked to "
                         f"rtol = atol = {AUTOCAST_TOL}")
+    p.add_argument("--cast", action="store_true",
+                   help="with --dtype bfloat16 / float16: the models cast to it "
+                        "(`model.to(dtype)`, floating inputs too) instead of autocast")
     p.add_argument("--inductor-cache", choices=["cold", "warm"], default="warm",
                    help=f"warm: reuse {WARM_CACHE} (default; the run is about steady state); "
                         "cold: the environment's own")
     p.add_argument("--chart", type=Path, help="also draw a PNG chart (needs matplotlib)")
     args = p.parse_args(argv)
+    if args.cast and args.dtype == "float32":
+        p.error("--cast needs --dtype bfloat16 or float16")
     args.rounds = args.rounds or (3 if args.quick else 10)
     args.target_ms = args.target_ms or (5.0 if args.quick else 50.0)
     select(p, args, CONTENDERS, MODELS)

@@ -92,6 +92,9 @@ _BOOKKEEPING = frozenset({
     "prim::RaiseException", "prim::device", "prim::dtype", "aten::size", "aten::dim",
     "aten::Int", "aten::Float", "aten::ScalarImplicit", "aten::__getitem__", "aten::len",
     "prim::If", "prim::Loop",
+    # a weight's reduced-precision or channels-last copy, made once per version of the weight
+    # (`jit/fuser/cast_cache.py`): a cache, not work of every call
+    "nncfuse::autocast_weight", "nncfuse::autocast_weights", "nncfuse::channels_last_weight",
 })
 
 #: Why a compute node stayed outside, as the report groups them.

@@ -27,6 +27,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 KIND = "nncfuse::autocast_weight"
 #: the casts of many weights in one call (a call of a Python op costs about 8 us)
 BATCH_KIND = "nncfuse::autocast_weights"
+#: a 4-d weight in channels-last memory, once per version
+LAYOUT_KIND = "nncfuse::channels_last_weight"
 
 #: tensor -> {dtype: (version, data pointer, copy)}
 _copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -53,6 +55,30 @@ def cached_cast(tensor: torch.Tensor, dtype: torch.dtype, module_state: bool) ->
     return copy
 
 
+#: tensor -> (version, data pointer, its channels-last copy)
+_layouts: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def cached_channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor.contiguous(memory_format=torch.channels_last)`, made once per version of a
+    4-d weight (a parameter, a buffer, or a copy this cache made) that autograd does not
+    track here (`channels_last.py` puts it before a channels-last convolution's weight: ATen
+    would convert the weight on every call)."""
+    if (torch.is_grad_enabled() and tensor.requires_grad) or tensor.is_inference() \
+            or tensor._is_view() or tensor.dim() != 4:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    key = (tensor._version, tensor.data_ptr())
+    with _lock:
+        hit = _layouts.get(tensor)
+    if hit is not None and hit[:2] == key:
+        return hit[2]
+    with torch.no_grad():
+        copy = tensor.contiguous(memory_format=torch.channels_last)
+    with _lock:
+        _layouts[tensor] = (*key, copy)
+    return copy
+
+
 def cached_casts(tensors: list[torch.Tensor], dtype: torch.dtype,
                  module_state: list[bool]) -> list[torch.Tensor]:
     """`cached_cast` of each of `tensors`."""
@@ -63,6 +89,7 @@ def clear() -> None:
     """Forget every copy (tests)."""
     with _lock:
         _copies.clear()
+        _layouts.clear()
 
 
 _library = torch.library.Library("nncfuse", "FRAGMENT")
@@ -71,3 +98,5 @@ _library.impl("autocast_weight", cached_cast, "CompositeExplicitAutograd")
 _library.define("autocast_weights(Tensor[] weights, ScalarType dtype, bool[] module_state) "
                 "-> Tensor[]")
 _library.impl("autocast_weights", cached_casts, "CompositeExplicitAutograd")
+_library.define("channels_last_weight(Tensor weight) -> Tensor")
+_library.impl("channels_last_weight", cached_channels_last, "CompositeExplicitAutograd")

@@ -40,6 +40,7 @@ from ...tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
 from ...tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import guard, runtime
 from .autocast_casts import make_autocast_casts_explicit
+from .channels_last import convolutions_to_channels_last
 from .inplace import (
     chain_root,
     functionalize_input_writes,
@@ -448,6 +449,7 @@ def fuse_tensor_exprs(
     _log.dump("Before TExprFuser:\n", graph)
     make_autocast_casts_explicit(graph)
     fold_quantized_weights(graph)
+    convolutions_to_channels_last(graph)
     if options.dynamic is not True:
         # (Not for dynamic kernels: a part's bounds are its profiled size's, and a dynamic
         # kernel slices along a dim of symbolic size by constant bounds: `x[:, -1:]`.)

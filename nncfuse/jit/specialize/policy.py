@@ -74,6 +74,7 @@ from ..fuser.guard import STATIC_SIZES, CompileFailure, is_fused_op
 from ..fuser.inplace import written_inputs
 from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
 from ..rewrites.optional_attributes import refine_optional_attributes
+from ..rewrites.traced_convolutions import untrace_convolutions
 from . import collector, hooks, scripting
 from .container_writes import caller_container_written
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
@@ -377,6 +378,8 @@ class Policy:
         entry = self._profiles.get(key)
         if entry is None:
             graph = prog.graph.copy()
+            if torch.is_autocast_enabled("cpu"):  # (a trace's convolutions, cast as eager's)
+                untrace_convolutions(graph)
             fn = torch._C._create_function_from_graph("nncfuse_profile", graph)
             self._profiles[key] = entry = (Profiler(graph), fn)
         profiler, fn = entry

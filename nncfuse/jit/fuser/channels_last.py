@@ -1,0 +1,160 @@
+"""channels_last: reduced-precision convolutions, and what they feed, in channels-last memory.
+
+oneDNN's bfloat16 convolutions run in channels-last (NHWC); given an NCHW input, ATen's
+reorders it, and the output back, on every call: a depthwise 3x3 of 144 channels at 8x8
+(1 thread) takes 59 us from NCHW against 36 from NHWC, a 1x1 of 96 -> 192 at 16x16 123 us
+against 82 (torch.compile's layout optimization makes the same choice). So the profiled
+graph is retyped: a bfloat16 convolution of an NCHW-contiguous input reads it converted once
+to channels-last, its output and the values computed from it by ops that keep the layout
+(activations, batch norm, elementwise arithmetic, zero padding: `_KEEPS`) are typed
+channels-last (the kernels, whose buffers follow the types, compute them so), and any other
+reader (a view, a pooling, the graph's return) reads it converted back to the profiled
+NCHW-contiguous layout:
+
+    %c : BFloat16(1, 8, 6, 6, strides=[288, 36, 6, 1]) = aten::conv2d(%x, %w, ...)
+    %r : BFloat16(1, 8, 6, 6, strides=[288, 36, 6, 1]) = aten::relu(%c)
+    return (%r)
+                              ->
+    %x.1 : BFloat16(1, 4, 6, 6, strides=[144, 1, 24, 4]) = aten::contiguous(%x, 2)
+    %c : BFloat16(1, 8, 6, 6, strides=[288, 1, 48, 8]) = aten::conv2d(%x.1, %w, ...)
+    %r : BFloat16(1, 8, 6, 6, strides=[288, 1, 48, 8]) = aten::relu(%c)
+    %r.1 : BFloat16(1, 8, 6, 6, strides=[288, 36, 6, 1]) = aten::contiguous(%r, 0)
+    return (%r.1)
+
+Exact: only where elements are stored changes, and what the graph returns or hands to
+another op has eager's layout. (A value computed unfused, by the guard's fallback, has
+eager's layout instead: the next kernel's type check fails and its fallback runs, which is
+exact too.) Only the top-level block; float32 convolutions are left as they are (not
+measured faster: their weights reorder either way).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ... import log
+from ...tensorexpr.meta import inputs_of
+from . import cast_cache
+
+_log = log.get_logger(__file__)
+
+_CONVOLUTIONS = ("aten::conv2d", "aten::_convolution")
+#: ops whose result eager lays out as their (channels-last) input, computed by a kernel
+#: in whatever layout its type says
+_KEEPS = frozenset((
+    "aten::relu", "aten::relu6", "aten::hardtanh", "aten::silu", "aten::gelu", "aten::sigmoid",
+    "aten::tanh", "aten::hardswish", "aten::hardsigmoid", "aten::add", "aten::sub",
+    "aten::mul", "aten::div", "aten::clamp", "aten::batch_norm", "aten::constant_pad_nd",
+    "aten::to",
+    "aten::max_pool2d",  # (unfused: eager's kernel keeps a channels-last input's layout)
+))
+_REDUCED = (torch.bfloat16,)
+_CONTIGUOUS, _CHANNELS_LAST = 0, 2  # (memory_format constants, as TorchScript passes them)
+
+
+def _meta(t: Any) -> torch.Tensor | None:
+    """A meta tensor of the complete 4-d tensor type `t`, else None."""
+    if not isinstance(t, torch._C.TensorType):
+        return None
+    sizes, strides, dtype = t.sizes(), t.strides(), t.dtype()
+    if sizes is None or strides is None or dtype is None or None in (*sizes, *strides):
+        return None
+    if len(sizes) != 4:
+        return None
+    return torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
+
+
+def _nchw(value: Any) -> bool:
+    """Whether `value` is a 4-d NCHW-contiguous tensor that is not channels-last as well."""
+    meta = _meta(value.type())
+    return meta is not None and meta.is_contiguous() and not meta.is_contiguous(
+        memory_format=torch.channels_last)
+
+
+def _typed(t: Any, memory_format: torch.memory_format) -> Any:
+    meta = _meta(t)
+    assert meta is not None
+    return torch._C.TensorType.create_from_tensor(
+        meta.contiguous(memory_format=memory_format)).with_device(t.device())
+
+
+def _seed(node: Any) -> bool:
+    """Whether `node` is a 2-d convolution (not transposed) of reduced precision whose input
+    and output are NCHW-contiguous."""
+    if node.kind() not in _CONVOLUTIONS or not node.outputsSize() == 1:
+        return False
+    if node.kind() == "aten::_convolution" and node.inputsAt(6).toIValue() is not False:
+        return False
+    out = node.output()
+    return (_nchw(out) and _nchw(node.inputsAt(0))
+            and out.type().dtype() in _REDUCED and node.inputsAt(1).type().dtype() in _REDUCED)
+
+
+def _keeps(node: Any, retyped: set[Any]) -> bool:
+    """Whether `node` computes a 4-d value from a retyped one in the same layout."""
+    if node.kind() not in _KEEPS or node.outputsSize() != 1 or not _nchw(node.output()):
+        return False
+    return any(v.unique() in retyped for v in inputs_of(node))
+
+
+def _convert(graph: Any, value: Any, at: Any, memory_format: int, typ: Any,
+             after: bool = False) -> Any:
+    """`aten::contiguous(value, memory_format)` of type `typ`, before (or after) node `at`."""
+    with graph.insert_point_guard(at):
+        fmt = graph.insertConstant(memory_format)
+    node = graph.create("aten::contiguous", [value, fmt], 1)
+    if after:
+        node.insertAfter(at)
+    else:
+        node.insertBefore(at)
+    node.output().setType(typ)
+    return node.output()
+
+
+def _reads_retyped(use: Any, graph: Any, seeds: set[int], retyped: set[int]) -> bool:
+    """Whether the reader of `use` takes a channels-last operand: a convolution's input, or
+    an op retyped with it (`seeds`, `retyped`: the uniques of their outputs)."""
+    user = use.user
+    if user.owningBlock() != graph.block() or user.outputsSize() != 1:
+        return False
+    out = user.output().unique()
+    return (out in seeds and use.offset == 0) or out in retyped
+
+
+def convolutions_to_channels_last(graph: torch._C.Graph) -> int:
+    """Retype, in place, the reduced-precision convolutions of `graph` and what they feed to
+    channels-last, converting at the edges; the count of convolutions."""
+    nodes = list(graph.block().nodes())
+    seeds = {n.output().unique() for n in nodes if _seed(n)}
+    if not seeds:
+        return 0
+    retyped: set[int] = set()  # the uniques of values now typed channels-last
+    originals: dict[int, tuple[Any, Any]] = {}  # unique -> (the value, its profiled type)
+    for node in nodes:  # (in order: a node's inputs are decided before it)
+        if node.outputsSize() == 1 and node.output().unique() in seeds:
+            x = node.inputsAt(0)
+            if x.unique() not in retyped:
+                node.replaceInput(0, _convert(graph, x, node, _CHANNELS_LAST,
+                                              _typed(x.type(), torch.channels_last)))
+            w = node.inputsAt(1)
+            if _nchw(w):  # (else ATen converts the weight on every call)
+                with graph.insert_point_guard(node):
+                    cl = graph.insertNode(graph.create(cast_cache.LAYOUT_KIND, [w], 1))
+                cl.output().setType(_typed(w.type(), torch.channels_last))
+                node.replaceInput(1, cl.output())
+        elif not _keeps(node, retyped):
+            continue
+        out = node.output()
+        originals[out.unique()] = (out, out.type())
+        out.setType(_typed(out.type(), torch.channels_last))
+        retyped.add(out.unique())
+    for value, typ in originals.values():  # readers that do not keep the layout read eager's
+        readers = [u for u in value.uses() if not _reads_retyped(u, graph, seeds, retyped)]
+        if readers:
+            back = _convert(graph, value, value.node(), _CONTIGUOUS, typ, after=True)
+            for use in readers:
+                use.user.replaceInput(use.offset, back)
+    _log.dump(f"After typing {len(seeds)} convolutions channels-last:\n", graph)
+    return len(seeds)

@@ -1,0 +1,113 @@
+"""bfloat16 convolutions and the layout-keeping ops after them typed channels-last inside the
+optimized graph: results, and the strides of what the graph returns, are eager's; a weight's
+channels-last copy is made once per version; float32 and channels-last inputs are left alone."""
+
+import pytest
+import torch
+from torch import nn
+
+import nncfuse
+from nncfuse.jit.fuser import cast_cache
+
+
+class _Block(nn.Module):
+    """Convolutions (3x3, depthwise, 1x1), batch norm, a zero pad, a residual add, a max pool,
+    and a reader that does not keep the layout (a flatten)."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.dw = nn.Conv2d(c, c, 3, groups=c)
+        self.pw = nn.Conv2d(c, c, 1)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        z = self.dw(nn.functional.pad(y, [1, 1, 1, 1]))
+        z = nn.functional.hardtanh(self.pw(z) + y, 0.0, 6.0)
+        return nn.functional.max_pool2d(z, 2), z.flatten(1)
+
+
+def _fused(model, x):
+    with torch.no_grad():
+        return nncfuse.jit(torch.jit.trace(model, x, check_trace=False))
+
+
+def _kinds(graph) -> list[str]:
+    kinds = [n.kind() for n in graph.nodes()]
+    for g in nncfuse.fusion_groups(graph):
+        kinds += [n.kind() for n in g.g("Subgraph").nodes()]
+    return kinds
+
+
+def _as_eager(results, expected, tol):
+    for r, e in zip(results, expected):
+        assert r.dtype == e.dtype and r.stride() == e.stride()
+        torch.testing.assert_close(r, e, rtol=tol, atol=tol, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", ["autocast", "cast"])
+def test_bfloat16_convolutions_run_channels_last_and_return_eagers_layout(mode):
+    model = _Block().eval()
+    x = torch.randn(2, 3, 10, 10)
+    x[0, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    if mode == "cast":
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    fused = _fused(model, x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        for _ in range(3):
+            _as_eager(fused(x), model(x), 2e-2)
+        graph = fused.graph_for(x)
+    kinds = _kinds(graph)
+    # (the 3x3's weight: the depthwise and 1x1 weights are laid out channels-last already)
+    assert kinds.count("nncfuse::channels_last_weight") == 1
+    nodes = [*graph.nodes(), *(n for g in nncfuse.fusion_groups(graph)
+                               for n in g.g("Subgraph").nodes())]
+    convs = [n for n in nodes if n.kind() in ("aten::conv2d", "aten::_convolution")]
+    assert len(convs) == 3
+    for conv in convs:
+        strides = conv.output().type().strides()
+        assert strides[1] == 1, strides  # (NHWC: the channel dim is the innermost)
+
+
+def test_float32_and_channels_last_inputs_are_left_alone():
+    model = _Block().eval()
+    x = torch.randn(2, 3, 10, 10)
+    fused = _fused(model, x)
+    with torch.no_grad():
+        for _ in range(3):
+            _as_eager(fused(x), model(x), 1e-4)
+        assert "nncfuse::channels_last_weight" not in _kinds(fused.graph_for(x))
+        bf16 = model.to(torch.bfloat16)
+        nhwc = x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        fused = _fused(bf16, nhwc)
+        for _ in range(3):
+            _as_eager(fused(nhwc), bf16(nhwc), 2e-2)
+
+
+def test_a_weight_updated_in_place_between_calls_is_seen():
+    model = _Block().eval().to(torch.bfloat16)
+    x = torch.randn(2, 3, 10, 10, dtype=torch.bfloat16)
+    fused = _fused(model, x)
+    with torch.no_grad():
+        for _ in range(4):
+            _as_eager(fused(x), model(x), 2e-2)
+            model.pw.weight.mul_(-1.5)
+
+
+def test_a_weights_channels_last_copy_is_made_once_per_version():
+    weight = nn.Parameter(torch.randn(4, 3, 3, 3))
+    with torch.no_grad():
+        first = cast_cache.cached_channels_last(weight)
+        assert first.is_contiguous(memory_format=torch.channels_last)
+        assert cast_cache.cached_channels_last(weight) is first
+        weight.add_(1)
+        second = cast_cache.cached_channels_last(weight)
+        assert second is not first
+        torch.testing.assert_close(second, weight.detach(), rtol=0, atol=0)
+    with torch.enable_grad():  # (autograd tracks it: a fresh copy, which it differentiates)
+        assert cast_cache.cached_channels_last(weight).requires_grad
