@@ -76,6 +76,7 @@ from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
 from ..rewrites.optional_attributes import refine_optional_attributes
 from . import collector, hooks, scripting
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
+from .plans import all_nodes as _all_nodes
 from .profiling import Profiler
 from .saved_writes import saved_then_written
 from .size_classes import ClassState, Shapes, autocast_state, generalizes, shapes, size_class
@@ -566,12 +567,6 @@ def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
     return (node.kind() == "aten::linear" and dim == len(sizes) - 1
             and _fixed(node.inputsAt(1), 0, static))
 
-
-def _all_nodes(nodes: Any) -> Any:
-    for n in nodes:
-        yield n
-        for block in blocks_of(n):
-            yield from _all_nodes(block.nodes())
 
 
 def _all_contiguous(args: tuple[Any, ...]) -> bool:
