@@ -43,10 +43,11 @@ def test_extremal_values_and_other_layouts_as_eager():
 
 
 def test_a_failed_type_check_takes_the_unfused_branch():
-    graph = torch._C.parse_ir("""
+    typ = "Float(4, strides=[1], requires_grad=0, device=cpu)"
+    graph = torch._C.parse_ir(f"""
 graph(%x : Tensor):
   %one : int = prim::Constant[value=1]()
-  %y : Float(4, strides=[1], requires_grad=0, device=cpu), %ok : bool = prim::TypeCheck[types=[Float(4, strides=[1], requires_grad=0, device=cpu)]](%x)
+  %y : {typ}, %ok : bool = prim::TypeCheck[types=[{typ}]](%x)
   %r : Tensor = prim::If(%ok)
     block0():
       %a : Tensor = aten::mul(%y, %y)
