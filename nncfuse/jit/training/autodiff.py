@@ -33,9 +33,9 @@ Anything this cannot build runs through the AOTAutograd plan. A second derivativ
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
