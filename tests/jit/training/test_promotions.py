@@ -41,8 +41,8 @@ def test_an_op_mixing_dtypes_otherwise_is_refused_where_grad_is_needed():
     body = """%s : int[] = prim::Constant[value=[4]]()
           %eps : float = prim::Constant[value=1e-05]()
           %on : bool = prim::Constant[value=1]()
-          %y : BFloat16(4, strides=[1], requires_grad=1, device=cpu) =
-            aten::layer_norm(%b, %s, %a, %a, %eps, %on)"""
+          %y : BFloat16(4, strides=[1], requires_grad=1, device=cpu) = """ + (
+        "aten::layer_norm(%b, %s, %a, %a, %eps, %on)")
     with pytest.raises(ValueError, match="mixes floating dtypes"):
         explicit_promotions(_graph(body))
     # Nothing requires grad: nothing to refuse.
