@@ -552,8 +552,8 @@ def main(argv: list[str] | None = None) -> None:
         chosen.update(model_workloads(args.models.split(","), args.quick))
     _warm_up()
     print(f"training steps, {args.threads} thread(s), torch {torch.__version__}, Inductor cache "
-          f"{args.inductor_cache}, step: median {args.clock} time, {args.dtype}; 1-minute load average "
-          f"{os.getloadavg()[0]:.2f}\n")
+          f"{args.inductor_cache}, step: median {args.clock} time, {args.dtype}; 1-minute load "
+          f"average {os.getloadavg()[0]:.2f}\n")
     results = {name: run(name, model, inputs, args, contenders)
                for name, (model, inputs) in chosen.items()}
     report(results, contenders)

@@ -306,14 +306,21 @@ class FusedFunction:
             # Eager Python (or TorchScript, for a script) runs these arguments.
             return self.policy.call_unfused(self.target, key, values)
         if autograd.requires_grad(values, self.target):
+            if key[1] and self.options.autograd == "aot":  # (`autocast_state`) AOTAutograd's
+                # trace of the program does not keep eager autocast's dtypes where an op
+                # mixes them (`AutodiffPlan._fallback`): unfused, as eager.
+                return self.policy.call_unfused(self.target, key, values)
             # Fused forward and backward: TorchScript's autodiff graphs (autodiff.py), or
-            # AOTAutograd's joint graph (autograd.py). Under autocast, both write out its
-            # casts (the rewrite `autocast_casts`; AOTAutograd's trace records them).
+            # AOTAutograd's joint graph (autograd.py). Under autocast, autodiff's graphs with
+            # its casts written out (the rewrite `autocast_casts`).
             prog = variant.program
-            make = (autodiff.AutodiffPlan if self.options.autograd == "autodiff"
-                    else autograd.AutogradPlan)
-            return self.policy.call_with(
-                key, lambda: make(prog, self.options), values, prog.unfused)
+            if self.options.autograd == "autodiff":
+                def make() -> Any:
+                    return autodiff.AutodiffPlan(prog, self.options, self.target)
+            else:
+                def make() -> Any:
+                    return autograd.AutogradPlan(prog, self.options)
+            return self.policy.call_with(key, make, values, prog.unfused)
         return self.policy.call(variant.program, key, values)
 
     def graph_for(self, *args: Any, **kwargs: Any) -> torch._C.Graph | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,6 +54,7 @@ from ..specialize import collector
 from ..specialize.plans import run_as_built
 from ..specialize.policy import Policy, Program, program, signature
 from ..specialize.profiling import Profiler
+from ..specialize.size_classes import autocast_state
 from . import rewrites
 from .autodiff_views import DIFFERENTIABLE_GRAPH
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
@@ -77,9 +79,13 @@ class AutodiffPlan:
     `_Outer` program per pattern of input types (attributes included); AOTAutograd's plan
     where one cannot be built."""
 
-    def __init__(self, prog: Program, options: Options):
+    def __init__(self, prog: Program, options: Options,
+                 eager: Callable[..., Any] | None = None):
+        """`eager`: what runs a call unfused under autocast (the Python function or module;
+        `prog.unfused` without)."""
         self.prog = prog
         self.options = options
+        self.eager = eager or prog.unfused
         self.aot = AutogradPlan(prog, options)  # its lifted function, and the fallback
         self._variants: dict[Any, _Outer | None] = {}
         self._lock = threading.Lock()
@@ -122,16 +128,24 @@ class AutodiffPlan:
                 [*backward, *(g for e in entries for d in list(e._dfs.values())
                               if d is not _FAILED for g in d.policy.graphs())])
 
+    def _fallback(self, args: tuple[Any, ...]) -> Any:
+        """AOTAutograd's plan; under autocast, eager's (unfused): its trace of the program
+        does not keep eager's dtypes where an op mixes them (a layer norm of a bfloat16
+        input with a float32 weight returns float32 there, bfloat16 in eager)."""
+        if autocast_state():
+            return self.eager(*args)
+        return self.aot.run(args)
+
     def run(self, args: tuple[Any, ...]) -> Any:
         fn = self.aot._fn
         if fn is None:
-            return self.aot.run(args)
+            return self._fallback(args)
         inputs = (*args, *(obj.getattr(name) for obj, name in self.aot._attributes))
         try:
             key = signature(inputs) + tuple(
                 None if isinstance(v, torch.Tensor) else _frozen(v) for v in inputs)
         except TypeError:
-            return self.aot.run(args)
+            return self._fallback(args)
         outer = self._variants.get(key, _MISSING)
         if outer is _MISSING:
             with self._lock:
@@ -139,7 +153,7 @@ class AutodiffPlan:
                 if outer is _MISSING:
                     if len(self._variants) >= _MAX_VARIANTS:
                         self._variants[key] = None
-                        return self.aot.run(args)
+                        return self._fallback(args)
                     # A profiling run: eager's result and autograd; then the build.
                     graph = self.prog.graph if fn is self.prog.unfused else fn.graph
                     with collector.paused():
@@ -147,7 +161,7 @@ class AutodiffPlan:
                     self._variants[key] = built
                     return result
         if outer is None:
-            return self.aot.run(args)
+            return self._fallback(args)
         return outer.run(inputs)
 
 

@@ -1,0 +1,50 @@
+"""`explicit_promotions`: an op's promotion of floating operands written out as casts before it
+(so that autodiff's gradients keep each operand's dtype), and ops that mix dtypes otherwise
+refused."""
+
+import pytest
+import torch
+
+from nncfuse.jit.training.promotions import explicit_promotions
+
+
+def _graph(body: str, b: str = "BFloat16(4, strides=[1], requires_grad=1, device=cpu)"):
+    return torch._C.parse_ir(f"""
+        graph(%a : Float(4, strides=[1], requires_grad=1, device=cpu), %b : {b}):
+          %one : int = prim::Constant[value=1]()
+          {body}
+          return (%y)""")
+
+
+def test_a_promoted_operand_is_cast_to_the_result_dtype_first():
+    graph = _graph("%y : Float(4, strides=[1], requires_grad=1, device=cpu) = "
+                   "aten::add(%a, %b, %one)")
+    explicit_promotions(graph)
+    add = graph.findNode("aten::add")
+    cast = add.inputsAt(1).node()
+    assert cast.kind() == "aten::_autocast_to_full_precision"
+    assert cast.inputsAt(0).debugName() == "b"
+    assert add.inputsAt(1).type().dtype() == torch.float32
+    assert add.inputsAt(0).debugName() == "a"  # (already the result's dtype)
+
+
+def test_operands_of_one_dtype_are_left_alone():
+    graph = _graph("%y : Float(4, strides=[1], requires_grad=1, device=cpu) = "
+                   "aten::mul(%a, %b)", b="Float(4, strides=[1], requires_grad=1, device=cpu)")
+    before = str(graph)
+    explicit_promotions(graph)
+    assert str(graph) == before
+
+
+def test_an_op_mixing_dtypes_otherwise_is_refused_where_grad_is_needed():
+    # A layer norm of a bfloat16 input with float32 weights gives bfloat16 in eager.
+    body = """%s : int[] = prim::Constant[value=[4]]()
+          %eps : float = prim::Constant[value=1e-05]()
+          %on : bool = prim::Constant[value=1]()
+          %y : BFloat16(4, strides=[1], requires_grad=1, device=cpu) = """ + (
+        "aten::layer_norm(%b, %s, %a, %a, %eps, %on)")
+    with pytest.raises(ValueError, match="mixes floating dtypes"):
+        explicit_promotions(_graph(body))
+    # Nothing requires grad: nothing to refuse.
+    graph = torch._C.parse_ir(str(_graph(body)).replace("requires_grad=1", "requires_grad=0"))
+    explicit_promotions(graph)
