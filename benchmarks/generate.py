@@ -189,6 +189,10 @@ def run_model(spec: Spec, threads: int, args: argparse.Namespace,
         try:
             model = copy.deepcopy(base)
             if contender != "eager":
+                # Dynamo's automatic-dynamic sizes of a fresh process: the sizes an earlier
+                # contender's compiles saw of the same code would mark this one's dims dynamic
+                # (its decode graph then has a symbolic row count).
+                torch._dynamo.pgo.reset_code_state()
                 counters[contender] = Counted(_backend(contender))
                 model.forward = torch.compile(model.forward, backend=counters[contender])
 

@@ -100,54 +100,46 @@ def test_left_alone():
     _check(linear_f32, torch.randn(1, 48), w.float(), s, rewritten=False)
 
 
-def _quantized_mlp(config):
+def _compiled_sums(config, rows, **tol):
+    """Through the backend, torchao's `config` on a two-linear MLP against eager, on `rows`
+    rows: the count of reductions in the fusion groups."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import quantize_
+
+    from nncfuse.backend import clear_compiled_graphs, compiled_graphs
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 384, bias=False), torch.nn.SiLU(),
                                 torch.nn.Linear(384, 256)).eval()
-    from torchao.quantization import quantize_
-    quantize_(model, config)
-    return model
+    quantize_(model, config())
+    torch._dynamo.reset()
+    clear_compiled_graphs()
+    compiled = torch.compile(model, backend="nncfuse")
+    x = torch.randn(1, rows, 256)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), **tol)
+    graphs = [g for c in compiled_graphs() for g in c.graphs()]
+    kinds = [n.kind() for g in graphs for group in nncfuse.fusion_groups(g)
+             for n in group.g("Subgraph").nodes()]
+    return kinds.count("aten::sum")
 
 
 @pytest.mark.parametrize("rows", [1, 7])
 def test_torchao_int8_weight_only(rows):
-    pytest.importorskip("torchao")
-    from torchao.quantization import Int8WeightOnlyConfig
-
-    from nncfuse.backend import clear_compiled_graphs, compiled_graphs
-    model = _quantized_mlp(Int8WeightOnlyConfig())
-    torch._dynamo.reset()
-    clear_compiled_graphs()
-    compiled = torch.compile(model, backend="nncfuse")
-    x = torch.randn(1, rows, 256)
-    with torch.no_grad():
-        for _ in range(3):
-            torch.testing.assert_close(compiled(x), model(x))
-    graphs = [g for c in compiled_graphs() for g in c.graphs()]
-    kinds = [n.kind() for g in graphs for group in nncfuse.fusion_groups(g)
-             for n in group.g("Subgraph").nodes()]
-    assert (kinds.count("aten::sum") == 2) == (rows <= MAX_ROWS), graphs
+    def config():
+        from torchao.quantization import Int8WeightOnlyConfig
+        return Int8WeightOnlyConfig()
+    assert (_compiled_sums(config, rows) == 2) == (rows <= MAX_ROWS)
 
 
 @pytest.mark.parametrize("rows", [1, 40])
 def test_torchao_int4_weight_only(rows):
-    pytest.importorskip("torchao")
-    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
-    model = _quantized_mlp(PrototypeInt4WeightOnlyConfig(group_size=128,
-                                                         set_inductor_config=False))
-    from nncfuse.backend import clear_compiled_graphs, compiled_graphs
-    torch._dynamo.reset()
-    clear_compiled_graphs()
-    compiled = torch.compile(model, backend="nncfuse")
-    x = torch.randn(1, rows, 256)
-    with torch.no_grad():
-        for _ in range(3):
-            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
-    graphs = [g for c in compiled_graphs() for g in c.graphs()]
-    kinds = [n.kind() for g in graphs for group in nncfuse.fusion_groups(g)
-             for n in group.g("Subgraph").nodes()]
+    def config():
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+        return PrototypeInt4WeightOnlyConfig(group_size=128, set_inductor_config=False)
     # (two sums a linear, the packed bytes' low and high nibbles)
-    assert kinds.count("aten::sum") == 4 * (aten_capability() in (AVX512, AVX2)), graphs
+    sums = _compiled_sums(config, rows, rtol=1e-4, atol=1e-4)
+    assert sums == 4 * (aten_capability() in (AVX512, AVX2))
 
 
 # -- int4: ATen's packed layout ----------------------------------------------------------------
