@@ -40,7 +40,8 @@ from . import cast_cache
 
 _log = log.get_logger(__file__)
 
-_CONVOLUTIONS = ("aten::conv2d", "aten::_convolution")
+#: (`convolution`: what AOTAutograd's graphs hold, under the backend)
+_CONVOLUTIONS = ("aten::conv2d", "aten::_convolution", "aten::convolution")
 #: ops whose result eager lays out as their (channels-last) input, computed by a kernel
 #: in whatever layout its type says
 _KEEPS = frozenset((
@@ -85,7 +86,7 @@ def _seed(node: Any) -> bool:
     and output are NCHW-contiguous."""
     if node.kind() not in _CONVOLUTIONS or not node.outputsSize() == 1:
         return False
-    if node.kind() == "aten::_convolution" and node.inputsAt(6).toIValue() is not False:
+    if node.kind() != "aten::conv2d" and node.inputsAt(6).toIValue() is not False:
         return False
     out = node.output()
     return (_nchw(out) and _nchw(node.inputsAt(0))

@@ -111,3 +111,17 @@ def test_a_weights_channels_last_copy_is_made_once_per_version():
         torch.testing.assert_close(second, weight.detach(), rtol=0, atol=0)
     with torch.enable_grad():  # (autograd tracks it: a fresh copy, which it differentiates)
         assert cast_cache.cached_channels_last(weight).requires_grad
+
+
+@pytest.mark.parametrize("mode", ["autocast", "cast"])
+def test_the_backends_convolutions_too(mode):
+    torch._dynamo.reset()
+    model = _Block().eval()
+    x = torch.randn(2, 3, 10, 10)
+    if mode == "cast":
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    compiled = torch.compile(model, backend="nncfuse")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        for _ in range(3):
+            _as_eager(compiled(x), model(x), 2e-2)
+    torch._dynamo.reset()
