@@ -48,6 +48,7 @@ _KEEPS = frozenset((
     "aten::relu", "aten::relu6", "aten::hardtanh", "aten::silu", "aten::gelu", "aten::sigmoid",
     "aten::tanh", "aten::hardswish", "aten::hardsigmoid", "aten::add", "aten::sub",
     "aten::mul", "aten::div", "aten::clamp", "aten::batch_norm", "aten::constant_pad_nd",
+    "aten::pad",
     "aten::to",
     "aten::max_pool2d",  # (unfused: eager's kernel keeps a channels-last input's layout)
 ))
@@ -96,6 +97,10 @@ def _seed(node: Any) -> bool:
 def _keeps(node: Any, retyped: set[Any]) -> bool:
     """Whether `node` computes a 4-d value from a retyped one in the same layout."""
     if node.kind() not in _KEEPS or node.outputsSize() != 1 or not _nchw(node.output()):
+        return False
+    if node.kind() == "aten::pad" and not (  # (a zero pad: `F.pad(x, p)`, as traced)
+            node.inputsAt(2).node().kind() == "prim::Constant"
+            and node.inputsAt(2).toIValue() == "constant"):
         return False
     return any(v.unique() in retyped for v in inputs_of(node))
 
