@@ -231,3 +231,25 @@ def test_a_weight_the_function_writes_is_cast_after_the_write():
         for _ in range(3):
             _close(fused(x, w, v), f(x, ws, v), reduced=True)
             torch.testing.assert_close(w, ws)
+
+
+def test_a_batch_of_weights_takes_its_copies_until_one_changes_or_goes():
+    from nncfuse.jit.fuser import cast_cache
+
+    weights = [nn.Parameter(torch.randn(4, 4)) for _ in range(3)]
+    states = [True] * 3
+    with torch.no_grad():
+        first = cast_cache.cached_casts(weights, torch.bfloat16, states)
+        again = cast_cache.cached_casts(weights, torch.bfloat16, states)
+        assert all(a is b for a, b in zip(first, again))
+        weights[1].mul_(2)  # (a new version: that copy is made anew, the others kept)
+        second = cast_cache.cached_casts(weights, torch.bfloat16, states)
+        assert second[0] is first[0] and second[1] is not first[1]
+        torch.testing.assert_close(second[1], weights[1].to(torch.bfloat16), rtol=0, atol=0)
+        weights[2] = nn.Parameter(torch.randn(4, 4))  # (another tensor: cast, not the old copy)
+        third = cast_cache.cached_casts(weights, torch.bfloat16, states)
+        torch.testing.assert_close(third[2], weights[2].to(torch.bfloat16), rtol=0, atol=0)
+        inference = torch.randn(4, 4)  # (not a weight: cast every time)
+        mixed = [weights[0], inference]
+        assert cast_cache.cached_casts(mixed, torch.bfloat16, [True, False])[1] is not (
+            cast_cache.cached_casts(mixed, torch.bfloat16, [True, False])[1])
