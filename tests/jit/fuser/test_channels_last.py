@@ -65,6 +65,9 @@ def test_bfloat16_convolutions_run_channels_last_and_return_eagers_layout(mode):
     kinds = _kinds(graph)
     # (the 3x3's weight: the depthwise and 1x1 weights are laid out channels-last already)
     assert kinds.count("nncfuse::channels_last_weight") == 1
+    # conversions only at the edges: the input, the max pool's result, the flatten's operand
+    # (the zero pad, batch norm, activations and the add keep the layout)
+    assert kinds.count("aten::contiguous") == 3, kinds
     nodes = [*graph.nodes(), *(n for g in nncfuse.fusion_groups(graph)
                                for n in g.g("Subgraph").nodes())]
     convs = [n for n in nodes if n.kind() in ("aten::conv2d", "aten::_convolution")]
