@@ -128,3 +128,19 @@ def test_the_backends_convolutions_too(mode):
         for _ in range(3):
             _as_eager(compiled(x), model(x), 2e-2)
     torch._dynamo.reset()
+
+
+def test_float16_only_ungrouped_convolutions_go_channels_last():
+    model = _Block().eval()
+    x = torch.randn(2, 3, 10, 10)
+    fused = _fused(model, x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        for _ in range(3):
+            _as_eager(fused(x), model(x), 2e-2)
+        graph = fused.graph_for(x)
+    nodes = [*graph.nodes(), *(n for g in nncfuse.fusion_groups(graph)
+                               for n in g.g("Subgraph").nodes())]
+    layouts = sorted((n.inputsAt(8 if n.kind() != "aten::conv2d" else 6).toIValue(),
+                      n.output().type().strides()[1] == 1) for n in nodes
+                     if n.kind() in ("aten::conv2d", "aten::_convolution"))
+    assert layouts == [(1, True), (1, True), (8, False)]  # ((groups, channels-last))
