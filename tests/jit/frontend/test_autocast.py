@@ -82,8 +82,13 @@ def test_training_under_autocast_gives_eagers_dtypes_and_gradients(autograd):
             _close(result, expected, reduced=enabled)
             result.float().square().sum().backward()
             expected.float().square().sum().backward()
+            # (Under autocast, fused: bfloat16 rounding, relative to the largest gradient;
+            # tests/jit/training/test_autocast_training.py measures it against Inductor's.)
+            scale = max(float(q.grad.abs().max()) for q in reference.parameters())
+            rtol, atol = (1.6e-2, 1.6e-2 * scale) if enabled else (1e-4, 1e-5)
             for p, q in zip(model.parameters(), reference.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+                assert p.grad.dtype == q.grad.dtype == torch.float32
+                torch.testing.assert_close(p.grad, q.grad, rtol=rtol, atol=atol)
             model.zero_grad()
             reference.zero_grad()
 
