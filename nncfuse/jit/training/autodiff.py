@@ -662,9 +662,10 @@ _MAYBE_NONE = ("prim::AutogradAdd",)
 
 def _maybe_none(value: Any) -> bool:
     """Whether a gradient a `GradOf` block returns may be None at run time: an `If` of an
-    optional type, an unchecked unwrap of one (not of a tensor: a bias's gradient once its
-    branch folded), an `AutogradAdd` (of two that may be). An `If` typed Tensor has a tensor
-    on both branches (pow's backward: zeros or the formula)."""
+    optional type (but where its condition, `t is not None` of a tensor, picks a branch that
+    returns a tensor: linear's bias gradient, which a cast's `GradOf` reads under autocast),
+    an unchecked unwrap of one, an `AutogradAdd` (of two that may be). An `If` typed Tensor
+    has a tensor on both branches (pow's backward: zeros or the formula)."""
     kind = value.node().kind()
     if kind == "prim::If":
         taken = _taken(value.node())

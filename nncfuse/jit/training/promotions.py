@@ -16,10 +16,19 @@ it first (exact: the op computed in that dtype anyway). Under bfloat16 autocast:
     %h.1 : Float = aten::_autocast_to_full_precision(%h, False, True)
     %y : Float = aten::add(%x, %h.1, 1)
 
-An op that mixes floating dtypes otherwise and reads a value that requires grad (a layer norm
-of a bfloat16 input with a float32 weight, giving bfloat16; a sum with `dtype=`) raises
-`ValueError`: autodiff's formulas would give gradients of the wrong dtype, and the program
-trains through AOTAutograd's plan (whose trace records eager's casts) instead.
+An op of one reduced-precision result that reads it and float32 operands (a layer or batch
+norm of a bfloat16 input with float32 weights: eager's kernel computes in float32 and rounds
+once) computes in float32, its reduced operands cast up and its result cast down:
+
+    %y : BFloat16 = aten::layer_norm(%h : BFloat16, %s, %w : Float, %b : Float, ...)
+                          ->
+    %h.1 : Float = aten::_autocast_to_full_precision(%h, False, True)
+    %y.1 : Float = aten::layer_norm(%h.1, %s, %w, %b, ...)
+    %y : BFloat16 = aten::_autocast_to_reduced_precision(%y.1, False, True, 5, 15)
+
+An op that mixes floating dtypes otherwise and reads a value that requires grad (a sum with
+`dtype=`) raises `ValueError`: autodiff's formulas would give gradients of the wrong dtype,
+and the program runs as eager instead.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import torch
 from ...tensorexpr.meta import blocks_of, inputs_of, outputs_of
 from ..fuser.autocast_casts import differentiable_cast
 
+_REDUCED = (torch.bfloat16, torch.float16)
 #: ops whose job is to change the dtype: their formulas cast the gradient back
 _CASTS = ("aten::to", "aten::type_as", "aten::_autocast_to_reduced_precision",
           "aten::_autocast_to_full_precision")
@@ -69,9 +79,32 @@ def _promote(graph: Any, node: Any) -> None:
                 if d != promoted:
                     node.replaceInput(k, differentiable_cast(graph, value, promoted))
         return
+    outs = outputs_of(node)
+    (reduced,) = results if len(results) == 1 else (None,)
+    if (reduced in _REDUCED and len(outs) == 1 and _floating(outs[0]) == reduced
+            and {d for _, _, d in operands} == {reduced, torch.float32}):
+        _in_float32(graph, node, operands, reduced)
+        return
     if any(_requires_grad(v) for _, v, _ in operands):
         raise ValueError(f"{node.kind()} mixes floating dtypes {sorted(map(str, dtypes))}: "
                          "autodiff's formulas would give gradients of other dtypes")
+
+
+def _in_float32(graph: Any, node: Any, operands: list[Any], reduced: torch.dtype) -> None:
+    """`node`, which reads float32 and `reduced` operands and returns `reduced` (a layer norm
+    of a bfloat16 input with float32 weights), computed in float32 from its operands cast up
+    (exact), its result cast down once: as eager's mixed kernels compute it."""
+    with graph.insert_point_guard(node):
+        for k, value, d in operands:
+            if d == reduced:
+                node.replaceInput(k, differentiable_cast(graph, value, torch.float32))
+    out = node.output()
+    out.setType(out.type().with_dtype(torch.float32))
+    with graph.insert_point_guard(node):
+        rounded = differentiable_cast(graph, out, reduced)
+    rounded.node().moveAfter(node)
+    out.replaceAllUsesWith(rounded)
+    rounded.node().replaceInput(0, out)
 
 
 def _block(graph: Any, block: Any) -> None:

@@ -65,6 +65,9 @@ def test_bfloat16_convolutions_run_channels_last_and_return_eagers_layout(mode):
     kinds = _kinds(graph)
     # (the 3x3's weight: the depthwise and 1x1 weights are laid out channels-last already)
     assert kinds.count("nncfuse::channels_last_weight") == 1
+    # conversions only at the edges: the input, the max pool's result, the flatten's operand
+    # (the zero pad, batch norm, activations and the add keep the layout)
+    assert kinds.count("aten::contiguous") == 3, kinds
     nodes = [*graph.nodes(), *(n for g in nncfuse.fusion_groups(graph)
                                for n in g.g("Subgraph").nodes())]
     convs = [n for n in nodes if n.kind() in ("aten::conv2d", "aten::_convolution")]
@@ -111,3 +114,33 @@ def test_a_weights_channels_last_copy_is_made_once_per_version():
         torch.testing.assert_close(second, weight.detach(), rtol=0, atol=0)
     with torch.enable_grad():  # (autograd tracks it: a fresh copy, which it differentiates)
         assert cast_cache.cached_channels_last(weight).requires_grad
+
+
+@pytest.mark.parametrize("mode", ["autocast", "cast"])
+def test_the_backends_convolutions_too(mode):
+    torch._dynamo.reset()
+    model = _Block().eval()
+    x = torch.randn(2, 3, 10, 10)
+    if mode == "cast":
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    compiled = torch.compile(model, backend="nncfuse")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        for _ in range(3):
+            _as_eager(compiled(x), model(x), 2e-2)
+    torch._dynamo.reset()
+
+
+def test_float16_only_ungrouped_convolutions_go_channels_last():
+    model = _Block().eval()
+    x = torch.randn(2, 3, 10, 10)
+    fused = _fused(model, x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        for _ in range(3):
+            _as_eager(fused(x), model(x), 2e-2)
+        graph = fused.graph_for(x)
+    nodes = [*graph.nodes(), *(n for g in nncfuse.fusion_groups(graph)
+                               for n in g.g("Subgraph").nodes())]
+    layouts = sorted((n.inputsAt(8 if n.kind() != "aten::conv2d" else 6).toIValue(),
+                      n.output().type().strides()[1] == 1) for n in nodes
+                     if n.kind() in ("aten::conv2d", "aten::_convolution"))
+    assert layouts == [(1, True), (1, True), (8, False)]  # ((groups, channels-last))

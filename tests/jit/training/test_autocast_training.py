@@ -123,11 +123,10 @@ def _mixed_norm() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
 
 
-def test_an_op_that_mixes_dtypes_trains_unfused_with_eagers_dtypes():
-    """A layer norm of a bfloat16 GEMM result with float32 weights gives bfloat16 in eager:
-    autodiff's formulas would give its weight a gradient of another dtype
-    (`promotions.py` refuses it), and AOTAutograd's trace a float32 result; it runs
-    unfused, as eager."""
+def test_a_norm_of_a_reduced_input_with_float32_weights_trains_fused():
+    """A layer norm of a bfloat16 GEMM result with float32 weights gives bfloat16 in eager,
+    computed in float32: so it is computed, its input cast up and its result down
+    (`promotions.py`), and its gradients keep the input's and the weights' dtypes."""
     model, reference = _pair(_mixed_norm)
     fused = nncfuse.jit(model)
     x = torch.randn(4, 16)
@@ -135,6 +134,31 @@ def test_an_op_that_mixes_dtypes_trains_unfused_with_eagers_dtypes():
         result = _step(fused, model, x, torch.bfloat16)
         expected = _step(reference, reference, x, torch.bfloat16)
         assert result.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(result, expected, rtol=TOL, atol=TOL)
+        _same_gradients(model, reference)
+    assert _plan(fused).outers()
+
+
+class SumToFloat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x)).sum(-1, dtype=torch.float32)
+
+
+def test_an_op_that_mixes_dtypes_otherwise_trains_unfused_as_eager():
+    """A sum of a bfloat16 tensor to float32 (`dtype=`): autodiff's formula would give the
+    bfloat16 operand a float32 gradient (`promotions.py` refuses it), and AOTAutograd's
+    trace of the program may lose eager's dtypes: it runs as eager."""
+    model, reference = _pair(SumToFloat)
+    fused = nncfuse.jit(model)
+    x = torch.randn(4, 16)
+    for _ in range(3):
+        result = _step(fused, model, x, torch.bfloat16)
+        expected = _step(reference, reference, x, torch.bfloat16)
+        assert result.dtype == expected.dtype == torch.float32
         torch.testing.assert_close(result, expected, rtol=0, atol=0)
         _same_gradients(model, reference)
     assert not _plan(fused).outers()

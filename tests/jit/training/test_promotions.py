@@ -36,13 +36,29 @@ def test_operands_of_one_dtype_are_left_alone():
     assert str(graph) == before
 
 
-def test_an_op_mixing_dtypes_otherwise_is_refused_where_grad_is_needed():
+def test_a_norm_of_a_reduced_input_computes_in_float32():
     # A layer norm of a bfloat16 input with float32 weights gives bfloat16 in eager.
-    body = """%s : int[] = prim::Constant[value=[4]]()
+    graph = _graph("""%s : int[] = prim::Constant[value=[4]]()
           %eps : float = prim::Constant[value=1e-05]()
           %on : bool = prim::Constant[value=1]()
           %y : BFloat16(4, strides=[1], requires_grad=1, device=cpu) = """ + (
-        "aten::layer_norm(%b, %s, %a, %a, %eps, %on)")
+        "aten::layer_norm(%b, %s, %a, %a, %eps, %on)"))
+    explicit_promotions(graph)
+    norm = graph.findNode("aten::layer_norm")
+    assert norm.inputsAt(0).node().kind() == "aten::_autocast_to_full_precision"
+    assert norm.output().type().dtype() == torch.float32
+    (use,) = norm.output().uses()
+    assert use.user.kind() == "aten::_autocast_to_reduced_precision"
+    assert use.user.output().type().dtype() == torch.bfloat16
+    assert graph.return_node().inputsAt(0) == use.user.output()
+    graph.lint()
+
+
+def test_an_op_mixing_dtypes_otherwise_is_refused_where_grad_is_needed():
+    body = """%d : int[] = prim::Constant[value=[0]]()
+          %off : bool = prim::Constant[value=0]()
+          %f : int = prim::Constant[value=6]()
+          %y : Float(requires_grad=1, device=cpu) = aten::sum(%b, %d, %off, %f)"""
     with pytest.raises(ValueError, match="mixes floating dtypes"):
         explicit_promotions(_graph(body))
     # Nothing requires grad: nothing to refuse.
