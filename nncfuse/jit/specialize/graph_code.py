@@ -16,11 +16,14 @@ types it names, an If its two blocks, any other op its ATen overload:
                                                                return mm(v1, w)
 
 A graph with a node that is not one of these (a loop, an attribute of a module, an op with
-no schema) has no code (None): the interpreter runs it.
+no schema or a generic one, an op or kernel that writes to its arguments) has no code (None):
+the interpreter runs it. So the code writes nothing, and where it raises, the interpreter
+may run the call again.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +33,8 @@ from ..fuser import runtime
 
 __all__ = ["graph_code"]
 
+#: a schema with a type variable (`t`, `t[]`, `Any`): torch.ops cannot convert Python values
+_GENERIC = re.compile(r"[(,\[ ]t[\[\] ?(]|\bAny\b")
 #: prim nodes spelled as Python itself
 _PACK = {"prim::ListConstruct": "[{}]", "prim::TupleConstruct": "({},)"}
 _UNPACK = frozenset({"prim::ListUnpack", "prim::TupleUnpack"})
@@ -179,16 +184,22 @@ def _callee(w: _Writer, node: Any) -> str:
     kind = node.kind()
     args = [w.use(v) for v in node.inputs()]
     if runtime.is_fused_op_kind(kind):
-        entry = runtime.op_of_kind(kind).entry
-        if entry is None:
-            raise NoCode(f"{kind} has no entry")
+        op = runtime.op_of_kind(kind)
+        if op.entry is None or op.kernel.lowered.written:
+            raise NoCode(f"{kind} has no entry, or writes to its inputs")
+        entry = op.entry
         return f"{w.bind('k', entry)}(({''.join(a + ', ' for a in args)}))"
     schema = node.schema()
     if schema == "(no schema)":
         raise NoCode(f"{kind} has no schema")
+    if _GENERIC.search(schema):
+        raise NoCode(f"{kind}: a generic schema, which Python cannot call")
     parsed = torch._C.parse_schema(schema)
+    if any(a.alias_info is not None and a.alias_info.is_write for a in parsed.arguments):
+        # (no code that may have written when it raises: the interpreter can run the call)
+        raise NoCode(f"{kind} writes to an argument")
     namespace, name = kind.split("::")
-    if namespace not in ("aten", "prim", "quantized", "mkldnn", "mkl"):
+    if namespace not in ("aten", "quantized", "mkldnn", "mkl"):
         raise NoCode(f"{kind}: an op of namespace {namespace}")
     fast = _BINDINGS.get((kind, parsed.overload_name))
     if fast is not None:
