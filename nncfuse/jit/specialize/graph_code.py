@@ -29,7 +29,10 @@ from typing import Any
 
 import torch
 
+from ... import log
 from ..fuser import runtime
+
+_log = log.get_logger("graph_code.py")
 
 __all__ = ["graph_code"]
 
@@ -97,7 +100,7 @@ def graph_code(graph: torch._C.Graph) -> Callable[..., Any] | None:
         _block(w, graph.nodes(), 1)
         outs = [w.use(v) for v in graph.outputs()]
     except (NoCode, RuntimeError, AttributeError, KeyError) as e:
-        runtime_log(f"no generated code: {e}")
+        _log.update(f"No generated code, the interpreter runs the graph: {e}")
         return None
     result = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
     source = "\n".join([f"def graph({', '.join(params)}):", *w.lines,
@@ -106,12 +109,6 @@ def graph_code(graph: torch._C.Graph) -> Callable[..., Any] | None:
     fn = w.env["graph"]
     fn.source = source
     return fn
-
-
-def runtime_log(message: str) -> None:
-    from ... import log
-
-    log.get_logger("graph_code.py").update(message)
 
 
 def _block(w: _Writer, nodes: Any, depth: int) -> None:

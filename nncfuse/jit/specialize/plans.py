@@ -35,7 +35,7 @@ from ...tensorexpr.meta import blocks_of, inputs_of, outputs_of
 from ..fuser import runtime
 from .graph_code import graph_code
 
-_log = log.get_logger("graph_code.py")
+_log = log.get_logger("plans.py")
 
 
 class Plan(Protocol):
