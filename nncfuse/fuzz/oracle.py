@@ -66,6 +66,9 @@ TOLERANCES = {
     torch.float32: (1.3e-6, 1e-5),
     torch.float64: (1e-7, 1e-7),
 }
+#: (rtol, atol) against eager autocast: a bf16 ulp is 2^-8, and a GEMM's result that is
+#: rounded before its epilogue in one and after it in the other differs by one
+AUTOCAST_TOLERANCE = (3e-2, 3e-2)
 NUDGE_TRIALS = 16  # nudged eager runs per round, and rounds at most (see `_is_noise`)
 NUDGE_ROUNDS = 6
 
@@ -365,16 +368,32 @@ def check_sizes(case: Case, script: Any, out: Outcome) -> None:
             return
 
 
-def check_state(case: Case, out: Outcome) -> None:
-    """The case's seed as a module whose state changes between calls (`state`); a failure in
-    `out` (backend "state") where a call differs from eager's or raises."""
+def check_state(case: Case, out: Outcome, backend: str = "state") -> None:
+    """The case's seed as a module whose state changes between calls (`state`), with calls
+    under autocast for backend "autocast"; a failure in `out` where a call differs from
+    eager's or raises."""
+    amp = compare_autocast if backend == "autocast" else None
     try:
-        message = state.check(case.seed or 0, nncfuse.jit, compare)
+        message = state.check(case.seed or 0, nncfuse.jit, compare, autocast=amp)
     except Exception as e:  # noqa: BLE001 - nncfuse raised (eager does not here)
-        out.failures.append(Failure("state", "crash", 2, f"{type(e).__name__}: {e}"))
+        out.failures.append(Failure(backend, "crash", 2, f"{type(e).__name__}: {e}"))
         return
     if message:
-        out.failures.append(Failure("state", "mismatch", 2, message))
+        out.failures.append(Failure(backend, "mismatch", 2, message))
+
+
+def compare_autocast(got: Any, want: Any) -> str:
+    """'' if `got` matches eager autocast's `want` (dtypes equal, values within
+    `AUTOCAST_TOLERANCE`), else what differs."""
+    if len(got) != len(want):
+        return f"{len(got)} outputs, eager has {len(want)}"
+    rtol, atol = AUTOCAST_TOLERANCE
+    for k, (g, w) in enumerate(zip(got, want)):
+        try:
+            torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
+        except AssertionError as e:
+            return f"output {k}: " + " ".join(str(e).split())
+    return ""
 
 
 def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
@@ -396,8 +415,8 @@ def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
     for backend in backends:
         if backend == "sizes":  # the same dynamic kernels at other sizes (`resize`)
             check_sizes(case, script, out)
-        elif backend == "state":  # a module changed between calls (`state`)
-            check_state(case, out)
+        elif backend in ("state", "autocast"):  # a module changed between calls (`state`)
+            check_state(case, out, backend)
         else:
             _run_backend(case, backend, script, wants, out, after)
     out.fused = bool(out.fused_kinds)

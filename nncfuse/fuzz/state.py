@@ -11,6 +11,11 @@ changes are made to both:
     nn.Parameter), an attribute changed (GELU's approximate, LayerNorm's eps,
     Dropout's p)
 
+`--backend state,autocast` also makes each call outside autocast or under bf16 or fp16
+autocast (`torch.autocast("cpu", ...)`), compared with eager autocast within
+`oracle.AUTOCAST_TOLERANCE` (reduced-precision GEMMs round where eager's kernels do not)
+and with the dtypes equal.
+
 and each call's output, and the batch norms' statistics after it, are compared
 with eager's (`oracle.compare`), under the same `torch.manual_seed` (dropout's
 masks are eager's).
@@ -91,10 +96,18 @@ def _change(rng: random.Random, pair: tuple[nn.Module, nn.Module]) -> str:
     return "call"
 
 
+#: what `check(autocast=True)` draws for each call: no autocast, or eager's CPU autocast
+AUTOCAST = (None, torch.bfloat16, torch.float16)
+
+
 def check(seed: int, jit: Callable[[nn.Module], Any],
-          compare: Callable[[Any, Any], str], steps: int = 8) -> str | None:
+          compare: Callable[[Any, Any], str], steps: int = 8,
+          autocast: Callable[[Any, Any], str] | None = None) -> str | None:
     """Run the module of `seed` through `jit` and eagerly over `steps` random changes; the
-    first difference, described, or None."""
+    first difference, described, or None. With `autocast` (a comparison for reduced-precision
+    results), each call runs outside autocast or inside `torch.autocast("cpu", dtype)` for a
+    dtype of `AUTOCAST`, drawn from a generator of its own (the changes stay the seed's)."""
+    amp = random.Random(seed ^ 0x5A5A)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     m = model(rng)
@@ -107,14 +120,17 @@ def check(seed: int, jit: Callable[[nn.Module], Any],
         if step:
             done.append(_change(rng, (m, eager)))
         grad = rng.random() < 0.3
-        with torch.set_grad_enabled(grad):
+        dtype = amp.choice(AUTOCAST) if autocast is not None else None
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
+                                                          enabled=dtype is not None):
             torch.manual_seed(step)
             got = fused(x)
             torch.manual_seed(step)
             want = eager(x)
         states = [(n, b) for n, b in m.named_buffers()]
-        message = compare((got, *(b for _, b in states)),
-                          (want, *(eager.get_buffer(n) for n, _ in states)))
+        message = (compare if dtype is None else autocast)(
+            (got, *(b for _, b in states)), (want, *(eager.get_buffer(n) for n, _ in states)))
         if message:
-            return f"{m}\nafter {'; '.join(done) or 'nothing'} (grad={grad}): {message}"
+            under = f", autocast {dtype}" if dtype is not None else ""
+            return f"{m}\nafter {'; '.join(done) or 'nothing'} (grad={grad}{under}): {message}"
     return None

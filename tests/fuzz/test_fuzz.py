@@ -354,3 +354,23 @@ def test_modules_changed_between_calls_match_eager(seed):
     attributes changed between calls; each call (and each batch norm's statistics) as eager."""
     case, outcome = fuzz.check_seed(seed, ("state",))
     assert outcome.status == "ok", fuzz.report(case, outcome)
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_modules_under_autocast_match_eager_autocast(seed):
+    """The `autocast` check: the `state` modules, each call outside autocast or under bf16 or
+    fp16 autocast, against eager autocast (dtypes equal)."""
+    case, outcome = fuzz.check_seed(seed, ("autocast",))
+    assert outcome.status == "ok", fuzz.report(case, outcome)
+
+
+def test_the_autocast_check_sees_a_wrong_result_dtype():
+    """A 'fuser' that returns float32 under autocast is caught: the check can fail."""
+    from nncfuse.fuzz import oracle, state
+
+    def float_results(module):
+        return lambda x: module(x).float()
+
+    found = [state.check(seed, float_results, oracle.compare, autocast=oracle.compare_autocast)
+             for seed in range(1, 4)]
+    assert any(f and "dtype" in f for f in found), found

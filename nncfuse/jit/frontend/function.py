@@ -301,7 +301,8 @@ class FusedFunction:
             return plan.run(values)
         # (an int no int64 holds: TorchScript's `int` cannot take it, eager may)
         variant = None if BIG_INT in key else self._variant_for(values)
-        if variant is None:
+        if variant is None or (variant.program.container_write is not None
+                               and not isinstance(self.target, _SCRIPTED)):
             # Eager Python (or TorchScript, for a script) runs these arguments.
             return self.policy.call_unfused(self.target, key, values)
         if autograd.requires_grad(values, self.target):

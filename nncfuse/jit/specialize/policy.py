@@ -75,6 +75,7 @@ from ..fuser.inplace import written_inputs
 from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
 from ..rewrites.optional_attributes import refine_optional_attributes
 from . import collector, hooks, scripting
+from .container_writes import caller_container_written
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
 from .plans import all_nodes as _all_nodes
 from .profiling import Profiler
@@ -115,9 +116,13 @@ class Program:
     elementwise_only: bool = False  # may be typed on meta tensors (see `_typed_on_meta`)
     #: why its in-place writes must run unfused under autograd (`saved_writes.py`), or None
     saved_write: str | None = None
-    #: whether it writes anything in place (an `aten::*_` op, `prim::SetAttr`): a call that
-    #: failed part way may have written, so it is not run again to raise eager's exception
+    #: whether it writes anything in place (an `aten::*_` op, `prim::SetAttr`) or prints or
+    #: warns: a call that failed part way may have done so, so it is not run again to raise
+    #: eager's exception
     writes: bool = False
+    #: why it must run as Python: it changes a list or dict its caller holds, which
+    #: TorchScript would copy (`container_writes.py`); or None
+    container_write: str | None = None
 
 
 _ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType,
@@ -144,6 +149,7 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     # that autograd saved, which eager's backward checks.
     saved_write = saved_then_written(graph)
     writes = any(_writes(n) for n in _all_nodes(graph.nodes()))
+    container_write = caller_container_written(graph)
     torch._C._jit_pass_remove_mutation(graph)
     torch._C._jit_pass_dce(graph)
     elementwise_only = (
@@ -151,12 +157,13 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
         and all(_elementwise(n) for n in graph.nodes())
         and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in inputs_of(graph))
     )
-    return Program(graph, unfused, receiver, elementwise_only, saved_write, writes)
+    return Program(graph, unfused, receiver, elementwise_only, saved_write, writes,
+                   container_write)
 
 
 def _writes(node: Any) -> bool:
     kind = node.kind()
-    return kind == "prim::SetAttr" or (
+    return kind in ("prim::SetAttr", "prim::Print", "aten::warn") or (
         kind.startswith("aten::") and kind.endswith("_") and not kind.endswith("__"))
 
 
