@@ -35,7 +35,7 @@ from ...tensorexpr.meta import blocks_of, inputs_of, outputs_of
 from ..fuser import runtime
 from .graph_code import graph_code
 
-_log = log.get_logger("graph_code.py")
+_log = log.get_logger("plans.py")
 
 
 class Plan(Protocol):
@@ -229,16 +229,14 @@ class CodePlan:
     """Runs an optimized graph as generated Python (`graph_code`): one call into code that
     runs its kernels and ops in order, where the interpreter would walk it node by node.
 
-    Should the generated code raise where the interpreter might not, a graph that writes
-    nothing runs the call again in the interpreter, which then decides (a graph that
-    writes may have written already: the error stands)."""
+    Should the generated code raise, the interpreter runs the call again and decides (the
+    code writes to nothing: `graph_code` makes none for a graph that writes)."""
 
     def __init__(self, interpreted: GraphPlan):
         self.graph = interpreted.graph
         self.interpreted = interpreted
         #: the generated code, made at the first call (not for a plan never run)
         self.code: Callable[..., Any] | None = None
-        self.pure = not any(_writes(n) for n in all_nodes(interpreted.graph.nodes()))
 
     def run(self, args: tuple[Any, ...]) -> Any:
         code = self.code
@@ -247,20 +245,9 @@ class CodePlan:
             code = self.code = graph_code(self.graph) or self.interpreted.run_unpacked
         try:
             return code(*args)
-        except Exception as e:
-            if not self.pure:
-                raise
+        except Exception as e:  # noqa: BLE001 - the interpreter raises what it raises
             _log.update("Generated code raised, the interpreter runs the call: ", e)
             return self.interpreted.run(args)
-
-
-def _writes(node: Any) -> bool:
-    """Whether `node` may write to a value (its schema marks an argument written)."""
-    schema = node.schema()
-    if schema == "(no schema)":
-        return not node.kind().startswith("prim::")
-    return any(a.alias_info is not None and a.alias_info.is_write
-               for a in torch._C.parse_schema(schema).arguments)
 
 
 def all_nodes(nodes: Any) -> Any:

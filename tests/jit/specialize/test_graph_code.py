@@ -98,3 +98,28 @@ graph(%x : Tensor, %n : int):
     plan = CodePlan(GraphPlan(graph, None))
     x = torch.ones(3)
     torch.testing.assert_close(plan.run((x, 2)), x * 4)
+
+
+def _decode_ops(ids, table, w, cache, pos, x):
+    e = torch.embedding(table, ids)                      # [1, 1, 8]
+    h = torch.mm(e.view(1, 8), w.t())                    # [1, 8]
+    q = h.view(1, 1, 2, 4).transpose(1, 2)               # [1, 2, 1, 4]
+    cache = cache.index_copy(2, pos, q)                  # [1, 2, 5, 4]
+    k = cache.unsqueeze(2).expand(1, 2, 2, 5, 4).permute(0, 2, 1, 3, 4)
+    s = torch.bmm(x, x.transpose(1, 2))
+    return h, cache, k, s
+
+
+def test_the_ops_called_through_their_bindings_give_the_interpreters_results():
+    from nncfuse.jit.specialize.graph_code import _BINDINGS
+
+    graph = torch.jit.script(_decode_ops).graph
+    kinds = {n.kind() for n in graph.nodes()}
+    assert {kind for kind, _ in _BINDINGS} <= kinds  # every binding is exercised
+    code = graph_code(graph)
+    assert code is not None
+    args = (torch.tensor([[3]]), torch.randn(10, 8), torch.randn(8, 8), torch.zeros(1, 2, 5, 4),
+            torch.tensor([2]), torch.randn(3, 4, 5))
+    want = torch._C._create_function_from_graph("f", graph)(*args)
+    for g, e in zip(code(*args), want):
+        assert torch.equal(g, e) and g.stride() == e.stride()

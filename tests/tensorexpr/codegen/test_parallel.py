@@ -142,3 +142,29 @@ def test_compiled_modules_leave_no_cycles_to_collect():
             gc.enable()
     torch.testing.assert_close(kernel.run([a, b]), kernel.fallback([a, b]))
     assert not left, left[:5]
+
+
+def _rms_norm_swiglu(x, w, gate, up):
+    """A decoder layer's elementwise work: RMSNorm, then SwiGLU of the two projections."""
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    return normed, torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.parametrize("rows, parallel", [(1, False), (2048, True)])
+def test_decode_sized_kernels_stay_serial_and_prefill_sized_ones_go_parallel(
+        threads, rows, parallel):
+    """A decode step (one row: 256 and 688 wide) is a few microseconds of work per kernel, less
+    than starting a thread team (at 2 threads a decode token would fork once per kernel); a
+    long prompt's prefill is worth the threads."""
+    threads(2)
+    f = nncfuse.jit(_rms_norm_swiglu)
+    args = (torch.randn(1, rows, 256), torch.randn(256), torch.randn(1, rows, 688),
+            torch.randn(1, rows, 688))
+    for _ in range(2):
+        got = f(*args)
+    for g, e in zip(got, _rms_norm_swiglu(*args)):
+        torch.testing.assert_close(g, e)
+    groups = nncfuse.fusion_groups(f.graph_for(*args))
+    assert groups
+    marked = ["/* parallel" in str(kernel_of(g).stmt) for g in groups]
+    assert any(marked) if parallel else not any(marked)
