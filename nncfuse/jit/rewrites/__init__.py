@@ -1,5 +1,5 @@
 """Graph rewrites on TorchScript graphs that more than one part of the jit runs, below them
 all: zero pads folded into convolutions (`conv_pads`: training's autodiff graphs and frozen
 inference), a guarded module's optional tensor attributes as what it holds
-(`optional_attributes`: the programs the policy specializes).
+(`module_attributes`: the programs the policy specializes).
 """

@@ -73,7 +73,7 @@ from ..fuser import runtime
 from ..fuser.guard import STATIC_SIZES, CompileFailure, is_fused_op
 from ..fuser.inplace import written_inputs
 from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
-from ..rewrites.optional_attributes import refine_optional_attributes
+from ..rewrites.module_attributes import refine_module_attributes
 from ..rewrites.traced_convolutions import untrace_convolutions
 from . import collector, hooks, scripting
 from .container_writes import caller_container_written
@@ -134,7 +134,8 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
             module: torch.nn.Module | None = None) -> Program:
     """A copy of `graph` prepared for fusion: calls inlined, constants folded, in-place ops
     rewritten to out-of-place ones; with `module` (a Python module whose state every call
-    checks), its optional tensor attributes as what it holds (`optional_attributes`)."""
+    checks), its optional tensor attributes and training flags as what it holds
+    (`module_attributes`)."""
     graph = graph.copy()
     # Inlining copies each callee's graph as TorchScript preoptimizes it for the ambient
     # autocast: its own casts and op lists (layer norm, gelu in float32) where eager's
@@ -143,7 +144,7 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     with torch.autocast("cpu", enabled=False):
         torch._C._jit_pass_inline(graph)
     if module is not None:
-        refine_optional_attributes(graph, module)
+        refine_module_attributes(graph, module)
     # Folds lists of constants (expand's sizes) into constants, which fuse.
     torch._C._jit_pass_constant_propagation(graph)
     # Before the writes go (after the branches of constant flags): whether one hits a tensor
