@@ -1,19 +1,15 @@
-"""channels_last: convolutions, and what they feed, in channels-last memory.
+"""channels_last: reduced-precision convolutions, and what they feed, in channels-last memory.
 
-oneDNN's convolutions run in channels-last (NHWC); given an NCHW input, ATen's reorders it,
-and the output back, on every call: a bfloat16 depthwise 3x3 of 144 channels at 8x8 (1
-thread) takes 59 us from NCHW against 36 from NHWC, a 1x1 of 96 -> 192 at 16x16 123 us
-against 82; in float32, depthwise 3x3s run about 2x faster from NHWC, 1x1s 0.88x, and whole
-networks gain (1 thread, traced, `nncfuse.jit`: MobileNetV2 1.45x -> 2.16x eager, ResNet-18
-1.13x -> 1.23x, ConvNeXt even), but a lone convolution pays two conversions for one call,
-so float32 ones go channels-last where the graph holds at least two (`_AMORTIZED`); the
-reduced-precision ones always. torch.compile's layout optimization makes the same choice.
-So the profiled graph is retyped: a convolution of an NCHW-contiguous input reads it
-converted once to channels-last, its output and the values computed from it by ops that
-keep the layout (activations, batch norm, elementwise arithmetic, zero padding: `_KEEPS`)
-are typed channels-last (the kernels, whose buffers follow the types, compute them so), and
-any other reader (a view, a pooling, the graph's return) reads it converted back to the
-profiled NCHW-contiguous layout:
+oneDNN's bfloat16 convolutions run in channels-last (NHWC); given an NCHW input, ATen's
+reorders it, and the output back, on every call: a depthwise 3x3 of 144 channels at 8x8
+(1 thread) takes 59 us from NCHW against 36 from NHWC, a 1x1 of 96 -> 192 at 16x16 123 us
+against 82 (torch.compile's layout optimization makes the same choice). So the profiled
+graph is retyped: a bfloat16 convolution of an NCHW-contiguous input reads it converted once
+to channels-last, its output and the values computed from it by ops that keep the layout
+(activations, batch norm, elementwise arithmetic, zero padding: `_KEEPS`) are typed
+channels-last (the kernels, whose buffers follow the types, compute them so), and any other
+reader (a view, a pooling, the graph's return) reads it converted back to the profiled
+NCHW-contiguous layout:
 
     %c : BFloat16(1, 8, 6, 6, strides=[288, 36, 6, 1]) = aten::conv2d(%x, %w, ...)
     %r : BFloat16(1, 8, 6, 6, strides=[288, 36, 6, 1]) = aten::relu(%c)
@@ -28,7 +24,8 @@ profiled NCHW-contiguous layout:
 Exact: only where elements are stored changes, and what the graph returns or hands to
 another op has eager's layout. (A value computed unfused, by the guard's fallback, has
 eager's layout instead: the next kernel's type check fails and its fallback runs, which is
-exact too.) Only the top-level block.
+exact too.) Only the top-level block; float32 convolutions are left as they are (not
+measured faster: their weights reorder either way).
 """
 
 from __future__ import annotations
@@ -58,9 +55,7 @@ _KEEPS = frozenset((
 #: float16's convolutions take no oneDNN kernel on a CPU without AVX512-FP16 (ATen's own
 #: then): channels-last measured faster for plain ones (1x1, 96 -> 96 at 16x16: 700 us against
 #: 1780, as under ATEN_CPU_CAPABILITY=avx2), slower for depthwise ones (892 against 731)
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: float32 convolutions a graph must hold for its float32 ones to go channels-last
-_AMORTIZED = 2
+_REDUCED = (torch.bfloat16, torch.float16)
 _CONTIGUOUS, _CHANNELS_LAST = 0, 2  # (memory_format constants, as TorchScript passes them)
 
 
@@ -91,14 +86,14 @@ def _typed(t: Any, memory_format: torch.memory_format) -> Any:
 
 
 def _seed(node: Any) -> bool:
-    """Whether `node` is a 2-d convolution (not transposed) of float32, bfloat16 or float16
-    whose input and output are NCHW-contiguous."""
+    """Whether `node` is a 2-d convolution (not transposed) of reduced precision whose input
+    and output are NCHW-contiguous."""
     if node.kind() not in _CONVOLUTIONS or not node.outputsSize() == 1:
         return False
     if node.kind() != "aten::conv2d" and node.inputsAt(6).toIValue() is not False:
         return False
     out, dtype = node.output(), node.output().type().dtype()
-    if dtype not in _DTYPES or node.inputsAt(1).type().dtype() != dtype:
+    if dtype not in _REDUCED or node.inputsAt(1).type().dtype() != dtype:
         return False
     groups = node.inputsAt(6 if node.kind() == "aten::conv2d" else 8)
     if dtype == torch.float16 and not (  # (float16: only where measured faster, not grouped)
@@ -143,12 +138,10 @@ def _reads_retyped(use: Any, graph: Any, seeds: set[int], retyped: set[int]) -> 
 
 
 def convolutions_to_channels_last(graph: torch._C.Graph) -> int:
-    """Retype, in place, the convolutions of `graph` and what they feed to
+    """Retype, in place, the reduced-precision convolutions of `graph` and what they feed to
     channels-last, converting at the edges; the count of convolutions."""
     nodes = list(graph.block().nodes())
-    seeds = {n.output().unique(): n.output().type().dtype() for n in nodes if _seed(n)}
-    if sum(dtype == torch.float32 for dtype in seeds.values()) < _AMORTIZED:
-        seeds = {k: dtype for k, dtype in seeds.items() if dtype != torch.float32}
+    seeds = {n.output().unique() for n in nodes if _seed(n)}
     if not seeds:
         return 0
     retyped: set[int] = set()  # the uniques of values now typed channels-last
