@@ -47,9 +47,6 @@ class FusedOp:
     def __init__(self, kernel: TensorExprKernel):
         self.kernel = kernel
         self.kind: str | None = None
-        #: the kernel's entry as the op calls it (`entry(args)`), for generated code that
-        #: calls it directly (`jit/specialize/graph_code.py`)
-        self.entry: Any = None
 
     def register(self, inputs: Sequence[Any], n_outputs: int) -> str:
         """Register the op for values typed like `inputs` (once); return its node kind."""
@@ -76,7 +73,6 @@ class FusedOp:
             [ArgSource(k) for k in range(len(inputs))],
             ReturnOne(0) if n_outputs == 1 else ReturnTuple(tuple(range(n_outputs))),
         )
-        self.entry = entry
         if n_outputs:
             library.impl(name, lambda *args: entry(args), "CompositeExplicitAutograd")
         else:  # a group that only writes into its inputs

@@ -4,12 +4,11 @@ A plan is an object with `run(args)` (all arguments by position) and `graph`
 (what `graph_for` shows). There are three:
 
     GraphPlan     the optimized graph, in the TorchScript interpreter
-    CodePlan      the optimized graph as one generated Python function (`graph_code`)
     KernelPlan    one kernel called directly, when the optimized graph is a single
                   guarded fusion group over the function's inputs
     UnfusedPlan   the unfused function (past the policy's bounds, failures, no script)
 
-`optimized_plan` picks among the first three for an optimized graph. Plans
+`optimized_plan` picks between the first two for an optimized graph. Plans
 hold no mutable state: any number of threads may run one at the same time.
 """
 
@@ -20,7 +19,6 @@ from typing import Any, Protocol
 
 import torch
 
-from ... import log
 from ...tensorexpr.codegen.entry import (
     ArgSource,
     ConstSource,
@@ -31,11 +29,8 @@ from ...tensorexpr.codegen.entry import (
     overlaps,
 )
 from ...tensorexpr.kernel import TensorExprKernel
-from ...tensorexpr.meta import blocks_of, inputs_of, outputs_of
+from ...tensorexpr.meta import inputs_of, outputs_of
 from ..fuser import runtime
-from .graph_code import graph_code
-
-_log = log.get_logger("plans.py")
 
 
 class Plan(Protocol):
@@ -72,9 +67,6 @@ class GraphPlan:
     def run(self, args: tuple[Any, ...]) -> Any:
         full = args if self.receiver is None else (self.receiver, *args)
         return run_as_built(self.fn, *full)
-
-    def run_unpacked(self, *args: Any) -> Any:
-        return self.run(args)
 
 
 #: views whose result is their input's storage at its offset, fixed by their arguments alone
@@ -225,48 +217,11 @@ class OverlapGuardPlan:
         return self.plan.run(args)
 
 
-class CodePlan:
-    """Runs an optimized graph as generated Python (`graph_code`): one call into code that
-    runs its kernels and ops in order, where the interpreter would walk it node by node.
-
-    Should the generated code raise, the interpreter runs the call again and decides (the
-    code writes to nothing: `graph_code` makes none for a graph that writes)."""
-
-    def __init__(self, interpreted: GraphPlan):
-        self.graph = interpreted.graph
-        self.interpreted = interpreted
-        #: the generated code, made at the first call (not for a plan never run)
-        self.code: Callable[..., Any] | None = None
-
-    def run(self, args: tuple[Any, ...]) -> Any:
-        code = self.code
-        if code is None:
-            # (two threads may both make it: the same code, either kept)
-            code = self.code = graph_code(self.graph) or self.interpreted.run_unpacked
-        try:
-            return code(*args)
-        except Exception as e:  # noqa: BLE001 - the interpreter raises what it raises
-            _log.update("Generated code raised, the interpreter runs the call: ", e)
-            return self.interpreted.run(args)
-
-
-def all_nodes(nodes: Any) -> Any:
-    """`nodes` and the nodes of their blocks, depth first."""
-    for node in nodes:
-        yield node
-        for block in blocks_of(node):
-            yield from all_nodes(block.nodes())
-
-
-def optimized_plan(graph: torch._C.Graph, receiver: Any) -> KernelPlan | GraphPlan | CodePlan:
+def optimized_plan(graph: torch._C.Graph, receiver: Any) -> KernelPlan | GraphPlan:
     """The plan for an optimized graph: its kernel called directly where it can be (the
-    signature already implies the TypeCheck), else generated code for the graph where
-    every node has a spelling (`graph_code`), else the interpreter."""
+    signature already implies the TypeCheck), else the interpreter."""
     plan = _kernel_plan(graph) if receiver is None else None
-    if plan is not None:
-        return plan
-    interpreted = GraphPlan(graph, receiver)
-    return interpreted if receiver is not None else CodePlan(interpreted)
+    return plan or GraphPlan(graph, receiver)
 
 
 def _kernel_plan(graph: torch._C.Graph) -> KernelPlan | None:

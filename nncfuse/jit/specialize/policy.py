@@ -78,7 +78,6 @@ from ..rewrites.traced_convolutions import untrace_convolutions
 from . import collector, hooks, scripting
 from .container_writes import caller_container_written
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
-from .plans import all_nodes as _all_nodes
 from .profiling import Profiler
 from .saved_writes import saved_then_written
 from .size_classes import ClassState, Shapes, autocast_state, generalizes, shapes, size_class
@@ -578,6 +577,12 @@ def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
     return (node.kind() == "aten::linear" and dim == len(sizes) - 1
             and _fixed(node.inputsAt(1), 0, static))
 
+
+def _all_nodes(nodes: Any) -> Any:
+    for n in nodes:
+        yield n
+        for block in blocks_of(n):
+            yield from _all_nodes(block.nodes())
 
 
 def _all_contiguous(args: tuple[Any, ...]) -> bool:
