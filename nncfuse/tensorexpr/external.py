@@ -54,6 +54,7 @@ ATEN_EXTERNALS: dict[str, int] = {
     "aten::conv1d": 3,
     "aten::conv2d": 3,
     "aten::_convolution": 3,
+    "aten::convolution": 3,  # (what AOTAutograd's graphs hold)
 }
 
 
@@ -239,13 +240,12 @@ def aten_routine(kind: str) -> str:
     return f"nnc_aten_{kind.split('::')[1]}"
 
 
-#: aten activation kind -> oneDNN post-op name; scalars and algorithm come from `post_op`
+#: aten activation kind -> oneDNN post-op name; scalars and algorithm come from `post_op`.
+#: Not relu, relu6 or hardtanh: oneDNN's relu and clip give 0 for NaN (`max`/`min`), where
+#: eager's propagate it (`relu(conv(x))` of a NaN pixel: NaN), so the loops compute them.
 POST_OPS: dict[str, str] = {
-    "aten::relu": "relu",
     "aten::gelu": "gelu",
     "aten::silu": "swish",
-    "aten::hardtanh": "hardtanh",
-    "aten::relu6": "hardtanh",
     "aten::hardswish": "hardswish",
     "aten::sigmoid": "sigmoid",
     "aten::tanh": "tanh",
@@ -261,11 +261,6 @@ def post_op(kind: str, consts: list[Any]) -> tuple[str, tuple[float, ...], str |
     if kind == "aten::gelu":
         approximate = consts[0] if consts else "none"
         return (attr, (), approximate) if approximate in ("none", "tanh") else None
-    if kind == "aten::hardtanh":
-        lo, hi = (list(consts) + [-1.0, 1.0][len(consts):])[:2]
-        return attr, (float(lo), float(hi)), None
-    if kind == "aten::relu6":
-        return attr, (0.0, 6.0), None
     return (attr, (), None) if not consts else None
 
 
