@@ -153,6 +153,28 @@ def test_mm_and_elementwise(backend):
     assert _groups(backend.compiled_graphs()) == [("inference", [1])]
 
 
+def test_convolutions_fuse_with_their_batch_norm_and_activation(backend):
+    """AOTAutograd's `aten::convolution` runs inside the group of what follows it, as a
+    trace's `_convolution` does: one group per convolution here, none left outside."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), torch.nn.BatchNorm2d(8),
+        torch.nn.Hardtanh(0.0, 6.0)).eval()
+    x = torch.randn(2, 3, 12, 12)
+    x[0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    compiled = torch.compile(model, backend="nncfuse")
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), equal_nan=True)
+    (graph,) = backend.compiled_graphs()
+    (optimized,) = graph.graphs()
+    groups = nncfuse.fusion_groups(optimized)
+    inside = [n.kind() for g in groups for n in g.g("Subgraph").nodes()]
+    assert len(groups) == 2 and inside.count("aten::convolution") == 2
+    assert not [n for n in optimized.nodes() if n.kind() == "aten::convolution"]
+
+
 def _varargs(x, *rest):  # TorchScript compiles no varargs
     return x + len(rest)
 

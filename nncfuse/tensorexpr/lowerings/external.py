@@ -120,7 +120,8 @@ def external_problem(node: Any) -> str | None:
     meta = TensorMeta.from_type(value.type())
     if meta is not None and not meta.dtype.is_floating_point:
         return f"{node.kind()} runs in a library only for floating dtypes, not {meta.dtype}"
-    if node.kind() == "aten::_convolution" and node.inputsAt(6).toIValue() is not False:
+    if node.kind() in ("aten::_convolution", "aten::convolution") and (
+            node.inputsAt(6).toIValue() is not False):
         return "a transposed convolution is not supported"
     return None
 
@@ -408,10 +409,12 @@ def _batch_norm(node: Any | None, value: Any, meta: TensorMeta,
 
 def _conv2d_operands(kind: str, operands: list[Any]) -> list[Any] | None:
     """(x, w, b, stride, padding, dilation, groups) of a plain 2-d convolution, else None:
-    `conv2d` with explicit padding, or what tracing records, `_convolution`, not transposed."""
+    `conv2d` with explicit padding, or what tracing (`_convolution`) and AOTAutograd
+    (`convolution`) record, not transposed."""
     if kind == "aten::conv2d" and isinstance(operands[4], tuple):
         return operands
-    if kind == "aten::_convolution" and operands[6] is False and not any(operands[7]):
+    if (kind in ("aten::_convolution", "aten::convolution") and operands[6] is False
+            and not any(operands[7])):
         return [*operands[:6], operands[8]]
     return None
 
