@@ -16,8 +16,9 @@ that state), what the module holds now is a fact of the plan:
                                                             %y = aten::conv2d(%x, %w, %t, ...)
       (a bias of None: uses of %b use a constant None, and `if self.bias is not None` folds)
 
-- A `training` flag becomes a constant, so batch norm's `training` operand is one (it
-  lowers only then) and `if self.training:` folds (its statistics update goes in eval).
+- A `training` flag that is False becomes a constant, so an eval batch norm's `training`
+  operand is one (it lowers only then) and `if self.training:` folds (its statistics update
+  goes). One that is True stays a read, as before: training plans are unchanged.
 
       %t : bool = prim::GetAttr[name="training"](%bn)       %t : bool = prim::Constant[value=0]()
       %y = aten::batch_norm(%x, ..., %t, ...)       ==>     %y = aten::batch_norm(%x, ..., %t, ...)
@@ -45,7 +46,7 @@ def refine_module_attributes(graph: torch._C.Graph, module: torch.nn.Module) -> 
         if isinstance(out.type(), torch._C.ClassType) and isinstance(value, torch.nn.Module):
             owners[out] = value
         elif (node.s("name") == "training" and isinstance(owner, torch.nn.Module)
-              and isinstance(value, bool) and out.uses()):
+              and value is False and out.uses()):
             const = graph.insertConstant(value)
             const.node().moveAfter(node)
             out.replaceAllUsesWith(const)
