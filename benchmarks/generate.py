@@ -41,18 +41,16 @@ import argparse
 import copy
 import os
 import resource
-import sys
 import tempfile
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Timing, measure, select, timed_call
+from harness import Timing, measure, quiet_transformers, select, timed_call
 from report import LABELS, machine_info
 
 import nncfuse
@@ -292,12 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        import transformers
-    except ImportError:
-        sys.exit('benchmarks/generate.py needs transformers: pip install -e ".[models]"')
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
+    transformers = quiet_transformers("generate.py")
     start = time.perf_counter()
     initial = torch.get_num_threads()
     results = []

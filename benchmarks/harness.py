@@ -12,7 +12,9 @@ import gc
 import math
 import os
 import statistics
+import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -208,3 +210,14 @@ def select(parser: Any, args: Any, contenders: Iterable[str], models: Iterable[A
     args.thread_settings = list(dict.fromkeys(
         available if t.strip() == "all" else int(t) for t in args.threads.split(",")))
 
+
+def quiet_transformers(script: str) -> Any:
+    """transformers, imported (or exit saying how to install it) and silence its logging and
+    the warnings (TorchScript's deprecation, tracer warnings) that would bury the tables."""
+    try:
+        import transformers
+    except ImportError:
+        sys.exit(f'benchmarks/{script} needs transformers: pip install -e ".[models]"')
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    return transformers

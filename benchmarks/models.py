@@ -45,17 +45,24 @@ import contextlib
 import importlib
 import math
 import os
-import sys
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Timing, copy_time, fmt_time, geomean, measure, min_bytes, select
+from harness import (
+    Timing,
+    copy_time,
+    fmt_time,
+    geomean,
+    measure,
+    min_bytes,
+    quiet_transformers,
+    select,
+)
 from report import LABELS, draw_speedups, machine_info
 
 import nncfuse
@@ -434,12 +441,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        import transformers
-    except ImportError:
-        sys.exit('benchmarks/models.py needs transformers: pip install -e ".[models]"')
-    warnings.filterwarnings("ignore")  # TorchScript's deprecation, tracer warnings
-    transformers.logging.set_verbosity_error()
+    transformers = quiet_transformers("models.py")
     if args.inductor_cache == "warm":
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(WARM_CACHE)
     start = time.perf_counter()
