@@ -314,12 +314,9 @@ class FusedFunction:
             # AOTAutograd's joint graph (autograd.py). Under autocast, autodiff's graphs with
             # its casts written out (the rewrite `autocast_casts`).
             prog = variant.program
-            if self.options.autograd == "autodiff":
-                def make() -> Any:
-                    return autodiff.AutodiffPlan(prog, self.options, self.target)
-            else:
-                def make() -> Any:
-                    return autograd.AutogradPlan(prog, self.options)
+            make = ((lambda: autodiff.AutodiffPlan(prog, self.options, self.target))
+                    if self.options.autograd == "autodiff"
+                    else (lambda: autograd.AutogradPlan(prog, self.options)))
             return self.policy.call_with(key, make, values, prog.unfused)
         return self.policy.call(variant.program, key, values)
 
