@@ -101,6 +101,15 @@ def blocks_of(node: Any) -> list[Any]:
     return list(node.blocks())
 
 
+def all_nodes(block: Any) -> Any:
+    """The nodes of `block` and of the blocks inside it, depth first, in program order (each
+    block's list taken before its nodes are yielded: a caller may insert nodes)."""
+    for node in list(block.nodes()):
+        yield node
+        for inner in blocks_of(node):
+            yield from all_nodes(inner)
+
+
 def outputs_of(owner: Any) -> list[Any]:
     """The outputs of a graph's node, of a graph or of a block, in order (see `inputs_of`)."""
     if isinstance(owner, torch._C.Node):

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ...tensorexpr.meta import blocks_of
+from ...tensorexpr.meta import all_nodes
 
 
 def refine_module_attributes(graph: torch._C.Graph, module: torch.nn.Module) -> int:
@@ -38,7 +38,7 @@ def refine_module_attributes(graph: torch._C.Graph, module: torch.nn.Module) -> 
     that `graph` (its inlined forward, `self` its first input) reads; the count rewritten."""
     owners: dict[Any, Any] = {next(graph.inputs()): module}
     done = 0
-    for node in _nodes(graph.block()):
+    for node in all_nodes(graph.block()):
         if node.kind() != "prim::GetAttr" or node.input() not in owners:
             continue
         owner, out = owners[node.input()], node.output()
@@ -71,10 +71,3 @@ def refine_module_attributes(graph: torch._C.Graph, module: torch.nn.Module) -> 
 def _optional_tensor(t: Any) -> bool:
     return isinstance(t, torch._C.OptionalType) and isinstance(
         t.getElementType(), torch._C.TensorType)
-
-
-def _nodes(block: Any) -> Any:
-    for node in list(block.nodes()):
-        yield node
-        for inner in blocks_of(node):
-            yield from _nodes(inner)

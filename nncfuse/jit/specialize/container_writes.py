@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ...tensorexpr.meta import all_nodes
+
 _CONTAINERS = (torch._C.ListType, torch._C.DictType)
 #: ops whose output is (a part of) their first operand, not a copy
 _SAME_OBJECT = frozenset(("aten::__getitem__", "prim::ListUnpack", "prim::TupleUnpack",
@@ -37,13 +39,6 @@ def _written_operands(node: Any) -> list[int]:
             if arg.alias_info is not None and arg.alias_info.is_write]
 
 
-def _nodes(block: Any) -> Any:
-    for n in block.nodes():
-        yield n
-        for b in n.blocks():
-            yield from _nodes(b)
-
-
 def caller_container_written(graph: torch._C.Graph) -> str | None:
     """Why `graph` (inlined, before mutation is removed) must run as Python: the first write
     to a list or dict that came from its caller, or None."""
@@ -51,7 +46,7 @@ def caller_container_written(graph: torch._C.Graph) -> str | None:
     for v in graph.inputs():
         if isinstance(v.type(), _CONTAINERS + (torch._C.TupleType,)):
             held[v] = f"the argument {v.debugName().split('.')[0]}"
-    for node in _nodes(graph.block()):
+    for node in all_nodes(graph.block()):
         inputs = list(node.inputs())
         if node.kind() == "prim::GetAttr":
             for out in node.outputs():

@@ -68,7 +68,7 @@ from ...config import Options
 from ...tensorexpr import expr as E
 from ...tensorexpr.codegen.entry import InputOutput
 from ...tensorexpr.lowerings import EXTERNAL_KINDS, lowering_for
-from ...tensorexpr.meta import blocks_of, infer_types, inputs_of, outputs_of
+from ...tensorexpr.meta import all_nodes, blocks_of, infer_types, inputs_of, outputs_of
 from ..fuser import runtime
 from ..fuser.guard import STATIC_SIZES, CompileFailure, is_fused_op
 from ..fuser.inplace import written_inputs
@@ -149,7 +149,7 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     # Before the writes go (after the branches of constant flags): whether one hits a tensor
     # that autograd saved, which eager's backward checks.
     saved_write = saved_then_written(graph)
-    writes = any(_writes(n) for n in _all_nodes(graph.nodes()))
+    writes = any(_writes(n) for n in all_nodes(graph.block()))
     container_write = caller_container_written(graph)
     torch._C._jit_pass_remove_mutation(graph)
     torch._C._jit_pass_dce(graph)
@@ -497,7 +497,7 @@ def _dynamic_only(plan: Plan, static: frozenset[int] = frozenset()) -> bool:
     nodes that run unfused, a GEMM between groups, run at any size)."""
     if plan.graph is None or isinstance(plan, UnfusedPlan):
         return False
-    nodes = list(_all_nodes(plan.graph.nodes()))
+    nodes = list(all_nodes(plan.graph.block()))
     fused = [n for n in nodes if is_fused_op(n)]
     return bool(fused) and all(runtime.kernel_of(n).dynamic for n in fused) and not any(
         n.kind() in _TYPE_CHECKS or n.kind() in _CONSTANT_VIEWS and not _fixed_view(n, static)
@@ -576,13 +576,6 @@ def _fixed(value: Any, dim: int, static: frozenset[int]) -> bool:
         return sizes[dim] == 1 or sizes[dim] in static
     return (node.kind() == "aten::linear" and dim == len(sizes) - 1
             and _fixed(node.inputsAt(1), 0, static))
-
-
-def _all_nodes(nodes: Any) -> Any:
-    for n in nodes:
-        yield n
-        for block in blocks_of(n):
-            yield from _all_nodes(block.nodes())
 
 
 def _all_contiguous(args: tuple[Any, ...]) -> bool:
