@@ -247,8 +247,8 @@ def test_fx_code_compiles_as_a_function_as_the_module_would(backend, monkeypatch
 
     converted = []
     convert = fxgraph._convert
-    monkeypatch.setattr(fxgraph, "_convert", lambda gm, ex: converted.append((gm, ex)) or
-                        convert(gm, ex))
+    monkeypatch.setattr(fxgraph, "_convert", lambda gm, ex, *w: converted.append((gm, ex)) or
+                        convert(gm, ex, *w))
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
                                 torch.nn.Linear(16, 4))
     compiled = torch.compile(model, backend="nncfuse")

@@ -19,12 +19,9 @@ GEMM with its epilogue in one kernel. Under bfloat16 autocast:
 Each cast is typed from the profile: the operand's profiled type with the dtype cast to (its
 strides as `to` gives them). A parameter or buffer (read by `prim::GetAttr`) or a graph input
 that is cast to the autocast dtype is cast by `cast_cache.py`'s op, which makes the copy once
-per version of the tensor. A node whose operands' types the profile does not know is left
-as it is (it stays outside groups, under eager's autocast). Where a graph casts several
-weights that it does not write and sets no attribute, the weights are read first (the
-`prim::GetAttr`s moved to the start, in their order) and cast in one call
-(`nncfuse::autocast_weights`, then a `prim::ListUnpack`): one call of a Python op (about
-8 us), not one per weight.
+per version of the tensor (`weight_casts.py` then casts them in one call). A node whose
+operands' types the profile does not know is left as it is (it stays outside groups, under
+eager's autocast).
 """
 
 from __future__ import annotations
@@ -244,49 +241,6 @@ def _rewrite_block(graph: Any, block: Any, dtype: torch.dtype, training: bool) -
     return count
 
 
-def _sets_attributes(block: Any) -> bool:
-    return any(n.kind() == "prim::SetAttr" or any(_sets_attributes(b) for b in blocks_of(n))
-               for n in block.nodes())
-
-
-def _batch_weight_casts(graph: Any) -> None:
-    """The top-level block's casts of module weights as one `autocast_weights` call, after
-    the block's `prim::GetAttr`s, moved to its start (nothing sets an attribute)."""
-    block = graph.block()
-    aliases = graph.alias_db()  # (a weight the graph writes is cast where it was)
-    casts = [n for n in block.nodes() if n.kind() == cast_cache.KIND
-             and n.inputsAt(0).node().kind() in ("prim::GetAttr", "prim::Param")
-             and not aliases.has_writers(n.inputsAt(0))]
-    if len(casts) < 2 or _sets_attributes(block):
-        return
-    reads = [n for n in block.nodes() if n.kind() == "prim::GetAttr"]
-    previous = None
-    for node in reads:  # (in their order: each reads %self or one before it)
-        if previous is None:
-            start = next(iter(block.nodes()))
-            if node != start:
-                node.moveBefore(start)
-        else:
-            node.moveAfter(previous)
-        previous = node
-    nodes = list(block.nodes())  # (the block's return node ends it: there is a next one)
-    after = nodes[nodes.index(previous) + 1] if previous is not None else nodes[0]
-    dtype = casts[0].inputsAt(1)
-    with graph.insert_point_guard(after):
-        weights = graph.insertNode(graph.create(
-            "prim::ListConstruct", [n.inputsAt(0) for n in casts], 1)).output()
-        weights.setType(torch._C.ListType.ofTensors())
-        states = graph.insertConstant([bool(n.inputsAt(2).toIValue()) for n in casts])
-        dtype = graph.insertConstant(dtype.toIValue())
-        call = graph.insertNode(graph.create(cast_cache.BATCH_KIND, [weights, dtype, states], 1))
-        call.output().setType(weights.type())
-        unpack = graph.insertNode(graph.create("prim::ListUnpack", [call.output()], len(casts)))
-    for node, value in zip(casts, unpack.outputs()):
-        value.setType(node.output().type())
-        node.output().replaceAllUsesWith(value)
-        node.destroy()
-
-
 def make_autocast_casts_explicit(graph: torch._C.Graph, training: bool = False) -> None:
     """Under the live CPU autocast, write the casts eager's autocast makes as nodes of
     `graph` (in place), before the ops that autocast casts; outside autocast, nothing.
@@ -297,8 +251,6 @@ def make_autocast_casts_explicit(graph: torch._C.Graph, training: bool = False) 
     if not torch.is_autocast_enabled("cpu"):
         return
     count = _rewrite_block(graph, graph.block(), torch.get_autocast_dtype("cpu"), training)
-    if count and not training:
-        _batch_weight_casts(graph)
     if count:
         torch._C._jit_pass_dce(graph)
         _log.dump(f"After making {count} ops' autocast casts explicit:\n", graph)

@@ -60,6 +60,7 @@ from .supported import (
     why_not_fusible,
     why_not_write_back,
 )
+from .weight_casts import batch_weight_casts
 
 _log = log.get_logger(__file__)
 def _body(group: Any) -> list[Any]:
@@ -448,6 +449,7 @@ def fuse_tensor_exprs(
     live as long as the graph (`guard_fusion_groups`)."""
     _log.dump("Before TExprFuser:\n", graph)
     make_autocast_casts_explicit(graph)
+    batch_weight_casts(graph)
     fold_quantized_weights(graph)
     convolutions_to_channels_last(graph)
     if options.dynamic is not True:

@@ -42,6 +42,7 @@ import torch
 from ... import log
 from ...config import Options
 from ..fuser.inplace import in_place
+from ..fuser.weight_casts import cache_weight_casts
 from . import collector, hooks
 from .decompose import decompositions
 from .policy import Policy, Program, program, signature
@@ -87,7 +88,8 @@ class CompiledGraph:
             from torch.utils._python_dispatch import _disable_current_modes
 
             with _disable_current_modes(), collector.paused():
-                self.program = _convert(gm, example_inputs)
+                self.program = _convert(gm, example_inputs,
+                                        _weights(example_inputs) if kind == "inference" else ())
         except Exception as e:  # noqa: BLE001 - whatever fails, the FX graph runs
             self.reason = f"not converted to TorchScript: {brief(e)}"
         if self.program is None:
@@ -250,8 +252,23 @@ def brief(e: Exception) -> str:
 
 
 # -- FX -> TorchScript ---------------------------------------------------------------------------
-def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program:
-    """The TorchScript program of `gm`, as `ts_compile` converts it; raises if it cannot."""
+def _weights(example_inputs: Sequence[Any]) -> list[int]:
+    """The indices of the float32 inputs that are a module's parameters and buffers (what
+    AOTAutograd, compiling the graph, calls its static inputs)."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    metadata = context and context.fw_metadata
+    static = (metadata and metadata.static_input_indices) or ()
+    return [i for i in static if i < len(example_inputs)
+            and isinstance(example_inputs[i], torch.Tensor)
+            and example_inputs[i].dtype == torch.float32]
+
+
+def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+             weights: Sequence[int] = ()) -> Program:
+    """The TorchScript program of `gm`, as `ts_compile` converts it (the casts of `weights`,
+    module state among the inputs, through the cast cache); raises if it cannot."""
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             raise ValueError(f"an input is on {x.device}")
@@ -268,6 +285,8 @@ def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Program
         if not list(next(graph.inputs()).uses()):
             graph.eraseInput(0)  # no attributes read (Dynamo lifts parameters to inputs)
             receiver = None
+    if weights and receiver is None:
+        cache_weight_casts(graph, weights)
     unfused = script.forward if receiver is not None else torch._C._create_function_from_graph(
         "nncfuse_unfused", graph)
     return program(graph, unfused, receiver)
