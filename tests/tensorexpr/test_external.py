@@ -17,6 +17,7 @@ from nncfuse.tensorexpr.lowerings.external import (
     ONEDNN_LINEAR_ROWS,
     ONEDNN_LINEAR_WEIGHT,
     ONEDNN_SGEMM_WORK,
+    REUSED_GEMM_WORK,
 )
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interpreter")]
@@ -124,16 +125,23 @@ def external_calls(kernel):
     return [s for s in kernel.stmt.stmts if isinstance(s, S.ExternalCall)]
 
 
+@pytest.mark.skipif(MKL or not onednn_dtype_ok(torch.float32), reason="float32 GEMMs: MKL's")
 @pytest.mark.parametrize("rows", [ONEDNN_LINEAR_ROWS - 1, ONEDNN_LINEAR_ROWS])
 def test_linear_post_op_in_onednn_from_enough_rows_without_mkl(rows):
-    # bfloat16 (no MKL GEMM): oneDNN's linear with the post-op from ONEDNN_LINEAR_ROWS rows.
-    dtype = torch.bfloat16 if MKL else torch.float32
-    if not onednn_dtype_ok(dtype):
-        pytest.skip(f"oneDNN takes no {dtype} here")
-    kernel = check(linear_gelu, inputs("linear_gelu", rows, dtype), dtype=dtype)
+    kernel = check(linear_gelu, inputs("linear_gelu", rows, torch.float32))
     (call,) = external_calls(kernel)
     fused = rows >= ONEDNN_LINEAR_ROWS
     assert (call.fn == "nnc_mkldnn_linear_pointwise") == fused
+    assert (len(kernel.stmt.stmts) == 1) == fused
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.bfloat16), reason="oneDNN takes no bfloat16 here")
+@pytest.mark.parametrize("rows", [1, ONEDNN_LINEAR_ROWS - 1, ONEDNN_LINEAR_ROWS])
+def test_a_bfloat16_linear_is_onednns_with_its_post_op_where_the_work_pays(rows):
+    kernel = check(linear_gelu, inputs("linear_gelu", rows, torch.bfloat16), dtype=torch.bfloat16)
+    (call,) = external_calls(kernel)
+    fused = rows * 16 * 32 >= REUSED_GEMM_WORK
+    assert (call.fn == "nnc_mkldnn_linear_pointwise_reused") == fused
     assert (len(kernel.stmt.stmts) == 1) == fused
 
 
@@ -518,3 +526,57 @@ def test_a_gemm_alone_is_a_kernel_where_onednn_beats_mkl(monkeypatch, case, mkl_
         (kernel,) = found
         (call,) = external_calls(kernel)
         assert call.fn == "nnc_mkldnn_mm"
+
+
+def test_a_reused_weight_is_packed_from_its_second_call_and_follows_its_updates():
+    from nncfuse.tensorexpr import external
+
+    packs = []
+
+    def pack(t):
+        packs.append(t)
+        return t.clone()
+
+    w = torch.randn(64, 32).bfloat16()
+    assert external.reused_weight(w, ("geometry",), pack) is None  # (seen: not packed yet)
+    packed = external.reused_weight(w, ("geometry",), pack)
+    assert packed is not None and len(packs) == 1
+    assert external.reused_weight(w, ("geometry",), pack) is packed and len(packs) == 1
+    assert external.reused_weight(w, ("another",), pack) is None  # (another geometry)
+    w.add_(1)  # (a new version: seen again, then packed again)
+    assert external.reused_weight(w, ("geometry",), pack) is None
+    assert external.reused_weight(w, ("geometry",), pack) is not None and len(packs) == 2
+    torch.testing.assert_close(packs[-1], w, rtol=0, atol=0)
+    w.data = torch.randn(64, 32).bfloat16()  # (new storage)
+    assert external.reused_weight(w, ("geometry",), pack) is None
+    for _ in range(3):  # a new tensor at every call is never packed
+        assert external.reused_weight(torch.randn(8).bfloat16(), ("geometry",), pack) is None
+    assert len(packs) == 2
+    key = id(w)
+    del w, packed
+    assert key not in external._packed and key not in external._sightings  # (forgotten)
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.bfloat16), reason="oneDNN takes no bfloat16 here")
+@pytest.mark.parametrize("form", ["cast", "autocast"])
+def test_bfloat16_weights_of_a_module_are_packed_and_their_updates_seen(form):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 16, 3), torch.nn.SiLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 6 * 6, 64), torch.nn.GELU()).eval()
+    x = torch.randn(2, 4, 8, 8)
+    x[0, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    if form == "cast":
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    fused = nncfuse.jit(model)
+    for step in range(5):  # (a region each: eager's autocast keeps its copies within one)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=form == "autocast"):
+            got, want = fused(x), model(x)
+            calls = sorted(s.fn for k in kernels(fused, x) for s in external_calls(k))
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2, equal_nan=True)
+        if step == 2:
+            with torch.no_grad():
+                model[0].weight.mul_(-1.5)
+                model[3].weight.mul_(-1.5)
+    assert calls == ["nnc_mkldnn_convolution_pointwise_reused",
+                     "nnc_mkldnn_linear_pointwise_reused"]

@@ -1,10 +1,13 @@
 """weight_casts: the casts of weights to reduced precision, made once per weight version, in
 one call.
 
-`batch_weight_casts`: where a graph casts several weights through `cast_cache.py`'s op
-(`autocast_casts.py` puts it where autocast casts a parameter), that it does not write and
-sets no attribute, the weights are read first (the `prim::GetAttr`s moved to the start, in
-their order) and cast in one call: one call of a Python op (about 8 us), not one per weight.
+`batch_weight_casts`: where a graph casts several weights of module state through
+`cast_cache.py`'s op (`autocast_casts.py` puts it where autocast casts a parameter), that it
+does not write and sets no attribute, the weights are read first (the `prim::GetAttr`s moved
+to the start, in their order) and cast in one call: one call of a Python op (about 8 us),
+not one per weight.
+(Not a graph input that is not module state: an activation, cast anew at every call, would
+make the batch's copies be looked up one by one.)
 
     %w.1 : BFloat16(8, 3) = nncfuse::autocast_weight(%w, 15, True)
     %v.1 : BFloat16(8, 8) = nncfuse::autocast_weight(%v, 15, True)
@@ -90,7 +93,7 @@ def batch_weight_casts(graph: torch._C.Graph) -> None:
     block = graph.block()
     aliases = graph.alias_db()  # (a weight the graph writes is cast where it was)
     casts = [n for n in block.nodes() if n.kind() == cast_cache.KIND
-             and n.inputsAt(0).node().kind() in _WEIGHTS
+             and n.inputsAt(0).node().kind() in _WEIGHTS and n.inputsAt(2).toIValue()
              and not aliases.has_writers(n.inputsAt(0))]
     if len(casts) < 2 or _sets_attributes(block):
         return

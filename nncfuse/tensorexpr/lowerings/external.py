@@ -103,6 +103,12 @@ ONEDNN_LINEAR_MANY_ROWS = 512
 #: each layout of its step, 3136 x 40 -> 160); 0.56x for 2048 x 4096 -> 1 (hence the columns).
 ONEDNN_SGEMM_WORK = 1 << 21
 
+#: oneDNN's bfloat16 linear, its weight packed where it is reused (`_reusable`), from this
+#: many multiply-adds; below, ATen's GEMM and the loops (a call of oneDNN's costs some 17 us).
+#: 1 thread, with gelu, against `linear` and eager's `gelu`: 17 against 12 us at 2 x 64 -> 32
+#: (4096), 17 against 29 at 4 x 32 -> 64 (8192), 28 against 51 at 1 x 256 -> 1024.
+REUSED_GEMM_WORK = 1 << 13
+
 #: MKL's packed GEMM for constant weights of at least this many elements. It takes at least
 #: 7.9 MB per weight (MKL's packing pads: 1982689 floats for 64 x 32) and saved 8% at
 #: 128 x 256 -> 256 (1 thread: 93 against `mm`'s 101 us), 11-17% from 256 -> 1024 up.
@@ -216,21 +222,24 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     plans: list[_Plan] = []
     packed = operands[1] in constant and _packable(operands[0], operands[1], meta) \
         and not _onednn_sgemm(meta, operands[1], transposed=True)  # faster, where MKL's is
-    if kind == "aten::linear" and len(meta.sizes) >= 2 and not packed and _onednn_linear(
-            meta, operands[1]):
+    reused = "_reused" if _reusable(operands[1], constant, meta) else ""
+    if kind == "aten::linear" and len(meta.sizes) >= 2 and not packed and (
+            reused or _onednn_linear(meta, operands[1])):
         x, w, b = operands
         if unary is not None:
-            plans.append(_Plan("nnc_mkldnn_linear_pointwise", (x, w, b, *unary), user.output(),
-                               (user,)))
+            plans.append(_Plan(f"nnc_mkldnn_linear_pointwise{reused}", (x, w, b, *unary),
+                               user.output(), (user,)))
         if residual is not None:
-            plans.append(_Plan("nnc_mkldnn_linear_pointwise_binary",
+            plans.append(_Plan(f"nnc_mkldnn_linear_pointwise_binary{reused}",
                                (x, other(residual), w, b, "add"), user.output(), (user,)))
     conv = _conv2d_operands(kind, operands) if len(meta.sizes) == 4 else None
     if conv is not None:
         x, w, b, stride, padding, dilation, groups = conv
         geometry = (padding, stride, dilation, groups)
-        # A constant weight (a frozen module's) is packed once for a channels-last input.
-        packed = ("_packed",) if w in constant and _channels_last(x) else ()
+        # A constant weight (a frozen module's) is packed once for a channels-last input, a
+        # reused one from its second call.
+        packed = (("_packed",) if w in constant else (reused,) if reused else ()) \
+            if _channels_last(x) else ()
         if unary is not None:
             for suffix in (*packed, ""):
                 plans.append(_Plan(f"nnc_mkldnn_convolution_pointwise{suffix}",
@@ -253,9 +262,24 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
             plans.append(_Plan(fn, (x, w, b, *bn, *geometry, "none", (), None),
                                user.output(), (user,)))
         if packed:  # no post-op fuses: still the packed weight
-            plans.append(_Plan("nnc_mkldnn_convolution_pointwise_packed",
+            plans.append(_Plan(f"nnc_mkldnn_convolution_pointwise{packed[0]}",
                                (x, w, b, *geometry, "none", (), None), value, ()))
+    elif kind == "aten::linear" and reused and len(meta.sizes) >= 2:  # (no post-op fuses)
+        plans.append(_Plan("nnc_mkldnn_linear_pointwise_reused",
+                           (*operands, "none", (), None), value, ()))
     return plans
+
+
+def _reusable(w: Any, constant: frozenset[Buf], meta: TensorMeta) -> bool:
+    """Whether a bfloat16 weight `w` (not a constant: those are packed once) is worth
+    packing where it is the same tensor at a later call (`reused_weight`), for oneDNN's
+    routines: a convolution's, or a linear's (N, K) of at least REUSED_GEMM_WORK
+    multiply-adds."""
+    dims = w.static_dims() if isinstance(w, Buf) else None
+    if dims is None or w in constant or meta.dtype != torch.bfloat16 \
+            or not onednn_dtype_ok(meta.dtype):
+        return False
+    return len(dims) != 2 or _rows(meta) * math.prod(dims) >= REUSED_GEMM_WORK
 
 
 def _onednn_linear(meta: TensorMeta, w: Any) -> bool:

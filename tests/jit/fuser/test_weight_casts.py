@@ -108,8 +108,8 @@ def test_only_casts_to_reduced_precision_that_do_not_escape_are_cached():
 
 
 def test_several_cached_casts_become_one_call():
-    graph = torch._C.parse_ir(_GRAPH.replace(
-        "return (%z, %vt, %wf)", "%r : (Tensor, Tensor) = prim::TupleConstruct(%z, %wf)\n  return (%r)"))
+    pair = "%r : (Tensor, Tensor) = prim::TupleConstruct(%z, %wf)\n  return (%r)"
+    graph = torch._C.parse_ir(_GRAPH.replace("return (%z, %vt, %wf)", pair))
     assert cache_weight_casts(graph, [0, 1, 2]) == 2  # (%x is bfloat16: no cast of it)
     batch_weight_casts(graph)
     kinds = [n.kind() for n in graph.nodes()]
