@@ -60,6 +60,7 @@ from .supported import (
     why_not_fusible,
     why_not_write_back,
 )
+from .transposed_gemms import gemms_as_linears
 from .weight_casts import batch_weight_casts
 
 _log = log.get_logger(__file__)
@@ -450,6 +451,7 @@ def fuse_tensor_exprs(
     _log.dump("Before TExprFuser:\n", graph)
     make_autocast_casts_explicit(graph)
     batch_weight_casts(graph)
+    gemms_as_linears(graph)
     fold_quantized_weights(graph)
     convolutions_to_channels_last(graph)
     if options.dynamic is not True:
