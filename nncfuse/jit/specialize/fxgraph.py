@@ -285,8 +285,8 @@ def _convert(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         if not list(next(graph.inputs()).uses()):
             graph.eraseInput(0)  # no attributes read (Dynamo lifts parameters to inputs)
             receiver = None
-    if weights and receiver is None:
-        cache_weight_casts(graph, weights)
+    if weights:  # (the inputs after the receiver's, where there is one)
+        cache_weight_casts(graph, [i + (receiver is not None) for i in weights])
     unfused = script.forward if receiver is not None else torch._C._create_function_from_graph(
         "nncfuse_unfused", graph)
     return program(graph, unfused, receiver)

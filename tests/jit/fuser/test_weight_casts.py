@@ -120,3 +120,22 @@ def test_several_cached_casts_become_one_call():
     expected = (x @ w.bfloat16()) @ v.bfloat16().t()
     torch.testing.assert_close(z, expected, rtol=0, atol=0)
     assert torch.equal(wf, w)
+
+
+def test_a_graph_that_reads_attributes_casts_its_parameters_once_too():
+    class Constant(nn.Module):  # (a tensor made in forward: an attribute of Dynamo's graph)
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 32), nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))) - torch.tensor([1.0, 2.0, 3.0, 4.0] * 2)
+
+    model, x = Constant().eval(), torch.randn(4, 8)
+    compiled = torch.compile(model, backend="nncfuse")
+    for _ in range(3):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.testing.assert_close(compiled(x), model(x), rtol=2e-2, atol=2e-2)
+    (graph,) = backend.compiled_graphs()
+    assert graph.program.receiver is not None  # (the case: the graph reads an attribute)
+    assert "nncfuse::autocast_weights" in _kinds(graph)
