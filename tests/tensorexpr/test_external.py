@@ -1,5 +1,7 @@
 """GEMMs and convolutions in groups as external calls, with fused epilogues (issue 14)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -580,3 +582,21 @@ def test_bfloat16_weights_of_a_module_are_packed_and_their_updates_seen(form):
                 model[3].weight.mul_(-1.5)
     assert calls == ["nnc_mkldnn_convolution_pointwise_reused",
                      "nnc_mkldnn_linear_pointwise_reused"]
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.bfloat16), reason="oneDNN takes no bfloat16 here")
+@pytest.mark.parametrize("dtype", ["BFloat16", "Float"])
+@pytest.mark.parametrize("rows", [1, 16])
+def test_a_bfloat16_linear_alone_is_a_kernel_where_the_work_pays(dtype, rows):
+    def typ(*sizes):
+        strides = [math.prod(sizes[k + 1:]) for k in range(len(sizes))]
+        return f"{dtype}({', '.join(map(str, sizes))}, strides={strides}, requires_grad=0, " \
+               "device=cpu)"
+
+    graph = torch._C.parse_ir(f"""graph(%x : {typ(rows, 32)}, %w : {typ(16, 32)}):
+  %none : NoneType = prim::Constant()
+  %y : {typ(rows, 16)} = aten::linear(%x, %w, %none)
+  return (%y)""")
+    (node,) = [n for n in graph.nodes() if n.kind() == "aten::linear"]
+    assert lowering.onednn_gemm_alone(node) == (
+        dtype == "BFloat16" and rows * 16 * 32 >= REUSED_GEMM_WORK)

@@ -312,8 +312,15 @@ def onednn_gemm_alone(node: Any) -> bool:
     """Whether GEMM `node` is worth a kernel of its own: a float32 mm, or addmm of beta and
     alpha 1, that takes oneDNN's routine (`_onednn_sgemm`: MKL's is the slower here). The
     weight gradients' `mm`s and attention's input projections, which no elementwise op
-    follows: BERT's training step has 41 of its 75 GEMMs outside kernels."""
+    follows: BERT's training step has 41 of its 75 GEMMs outside kernels. And a bfloat16
+    linear of at least REUSED_GEMM_WORK multiply-adds: oneDNN's routine takes its weight
+    packed where it is reused (`_reusable`; not reused, it is the routine ATen calls)."""
     kind = node.kind()
+    if kind == "aten::linear":
+        out, w = (TensorMeta.from_type(v.type()) for v in (node.output(), node.inputsAt(1)))
+        return (out is not None and w is not None and out.dtype == w.dtype == torch.bfloat16
+                and len(w.sizes) == 2 and len(out.sizes) >= 2 and onednn_dtype_ok(out.dtype)
+                and _rows(out) * math.prod(w.sizes) >= REUSED_GEMM_WORK)
     if kind not in ("aten::mm", "aten::addmm") or not onednn_dtype_ok(torch.float32):
         return False
     metas = [TensorMeta.from_type(v.type()) for v in (node.output(), *node.inputs())]
