@@ -100,16 +100,18 @@ MODELS = [
     Spec("gpt2", "GPT-2, dynamic cache", _gpt2),
     Spec("llama1024", "Llama (hidden 1024, 2 layers), dynamic cache", _llama1024),
 ]
-QUANT = ("none", "int8", "int4")
+QUANT = ("none", "bf16", "int8", "int4")
 
 
 def quantize(model: torch.nn.Module, quant: str) -> torch.nn.Module:
     """`model` with its linears' weights quantized by torchao, weight-only, in place: int8
     per output channel (`Int8WeightOnlyConfig`), or int4 in groups of 128 in the CPU's
     packed layout (`_weight_int4pack_mm_for_cpu`; torchao 0.18's `Int4WeightOnlyConfig`
-    packs for CUDA only)."""
+    packs for CUDA only); or, "bf16", the whole model cast to bfloat16."""
     if quant == "none":
         return model
+    if quant == "bf16":
+        return model.to(torch.bfloat16)
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
     if quant == "int8":
         config: Any = Int8WeightOnlyConfig()

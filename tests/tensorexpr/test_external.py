@@ -600,3 +600,20 @@ def test_a_bfloat16_linear_alone_is_a_kernel_where_the_work_pays(dtype, rows):
     (node,) = [n for n in graph.nodes() if n.kind() == "aten::linear"]
     assert lowering.onednn_gemm_alone(node) == (
         dtype == "BFloat16" and rows * 16 * 32 >= REUSED_GEMM_WORK)
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.bfloat16), reason="oneDNN takes no bfloat16 here")
+def test_a_linears_packed_weight_serves_every_row_count(monkeypatch):
+    from nncfuse.tensorexpr import external
+
+    packs = []
+    pack = external._pack_linear
+    monkeypatch.setattr(external, "_pack_linear",
+                        lambda rows, w: packs.append(rows) or pack(rows, w))
+    linear = external.ROUTINES["nnc_mkldnn_linear_pointwise_reused"]
+    w, b = torch.randn(64, 32).bfloat16(), torch.randn(64).bfloat16()
+    for rows in (32, 32, 1, 1, 32, 5):  # (a prefill, a decode, ...: packed once)
+        x = torch.randn(rows, 32).bfloat16()
+        torch.testing.assert_close(linear(x, w, b, "none", (), None), F.linear(x, w, b),
+                                   rtol=0, atol=0)
+    assert packs == [32]
