@@ -125,19 +125,22 @@ _packed_lock = threading.Lock()
 
 
 def packed_weight(w: torch.Tensor, key: tuple[Any, ...],
-                  pack: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """`pack(w)`, computed once per weight tensor, `_version` (an in-place write is seen) and
-    `key` (the call's geometry), and forgotten with the tensor."""
+                  pack: Callable[[torch.Tensor], torch.Tensor],
+                  owner: torch.Tensor | None = None) -> torch.Tensor:
+    """`pack(w)`, computed once per weight tensor (or `owner`, the tensor `w` is a view of),
+    `_version` (an in-place write is seen) and `key` (the call's geometry), and forgotten
+    with the tensor."""
+    owner = w if owner is None else owner
     key = (w._version, tuple(w.shape), w.stride(), w.dtype, *key)
-    entry = _packed.get(id(w))
-    if entry is not None and entry[0]() is w and key in entry[1]:
+    entry = _packed.get(id(owner))
+    if entry is not None and entry[0]() is owner and key in entry[1]:
         return entry[1][key]
     packed = pack(w.detach())
     with _packed_lock:
-        entry = _packed.get(id(w))
-        if entry is None or entry[0]() is not w:
-            entry = (weakref.ref(w, partial(_forget, id(w))), {})
-            _packed[id(w)] = entry
+        entry = _packed.get(id(owner))
+        if entry is None or entry[0]() is not owner:
+            entry = (weakref.ref(owner, partial(_forget, id(owner))), {})
+            _packed[id(owner)] = entry
         entry[1].clear()  # an older version, or another geometry: keep one packed form
         entry[1][key] = packed
     return packed
@@ -165,22 +168,24 @@ _sightings: dict[int, tuple[weakref.ref, tuple[Any, ...]]] = {}
 
 def reused_weight(w: torch.Tensor, key: tuple[Any, ...],
                   pack: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
-    """`packed_weight(w, key, pack)` where a call before this one saw the same tensor `w`, at
-    the same `_version` and storage, with the same `key`; else None, and this call is seen.
-    A weight that is a new tensor at every call (a cast that autograd records) is never
-    packed; one that is the same (a parameter, the cast cache's copy) is from its second
-    call on, and again from the second call after it changes."""
-    key = (w._version, w.data_ptr(), *key)
-    entry = _packed.get(id(w))
-    if entry is not None and entry[0]() is w:
+    """`packed_weight(w, key, pack)` where a call before this one saw the same tensor `w` (or
+    a view of the same tensor, alike), at the same `_version` and storage, with the same
+    `key`; else None, and this call is seen. A weight that is a new tensor at every call (a
+    cast that autograd records) is never packed; one that is the same (a parameter, the
+    cast cache's copy, their transposes) is from its second call on, and again from the
+    second call after it changes."""
+    owner = w if w._base is None else w._base
+    key = (w._version, w.data_ptr(), w.stride(), *key)
+    entry = _packed.get(id(owner))
+    if entry is not None and entry[0]() is owner:
         packed = entry[1].get((w._version, tuple(w.shape), w.stride(), w.dtype, *key))
         if packed is not None:
             return packed
-    seen = _sightings.get(id(w))
-    if seen is not None and seen[0]() is w and seen[1] == key:
-        return packed_weight(w, key, pack)
+    seen = _sightings.get(id(owner))
+    if seen is not None and seen[0]() is owner and seen[1] == key:
+        return packed_weight(w, key, pack, owner)
     with _packed_lock:
-        _sightings[id(w)] = (weakref.ref(w, partial(_forget, id(w))), key)
+        _sightings[id(owner)] = (weakref.ref(owner, partial(_forget, id(owner))), key)
     return None
 
 

@@ -1,9 +1,9 @@
-"""transposed_gemms: a reduced-precision GEMM of a transposed weight, as the linear it was.
+"""transposed_gemms: a reduced-precision GEMM of a weight, as the linear it is.
 
 AOTAutograd decomposes `F.linear(x, w, b)` into a transpose and a GEMM; the transpose is a
-new view at every call, so the GEMM's weight operand is never the same tensor twice, and
-oneDNN cannot take it packed once (`external.reused_weight`). A bfloat16 `addmm` (beta
-and alpha 1, a bias of one row) or `mm` of a 2-d weight's transpose is written back as the
+new view at every call, and a GEMM reads its operand as it is, so oneDNN cannot take the
+weight packed once it is reused (`external.reused_weight`). A bfloat16 `addmm` (beta and
+alpha 1, a bias of one row) or `mm` of a 2-d weight's transpose is written back as the
 linear, which reads the weight itself:
 
     %t : BFloat16(256, 1024, strides=[1, 256]) = aten::t(%w)
@@ -11,8 +11,17 @@ linear, which reads the weight itself:
                               ->
     %y : BFloat16(32, 1024) = aten::linear(%x, %w, %b)
 
-Exact: `linear` computes `x @ w.t() + b` with the same routine eager's `F.linear` calls, the
-call the user's model made before the decomposition. float32 GEMMs are left as they are
+and one of a (K, N) weight itself (GPT-2's `Conv1D`: `addmm(b, x, w)`), where the weight
+is a graph input, a module's attribute or a cached cast of one, as the linear of its
+transpose (a view of the same weight: `reused_weight` packs it once too):
+
+    %y : BFloat16(32, 768) = aten::addmm(%b, %x, %w, 1, 1)
+                              ->
+    %t : BFloat16(768, 256, strides=[1, 768]) = aten::t(%w)
+    %y : BFloat16(32, 768) = aten::linear(%x, %t, %b)
+
+Exact: `linear` computes `x @ w.t() + b` with the routine eager's `F.linear` calls (the
+call the user's model made before the decomposition). float32 GEMMs are left as they are
 (their routines are chosen by the GEMM they are).
 """
 
@@ -34,20 +43,30 @@ def _meta(value: Any) -> TensorMeta | None:
     return TensorMeta.from_type(value.type())
 
 
-def _weight(value: Any) -> Any | None:
-    """The 2-d tensor `w` whose transpose `value` is (`aten::t(w)` or a `permute(w, [1, 0])`),
-    else None."""
+#: what makes a weight: a graph input, a module's attribute, a cached cast (`nncfuse::`) or
+#: a batch of them unpacked
+_WEIGHTS = ("prim::Param", "prim::GetAttr", "prim::ListUnpack")
+
+
+def _weight(value: Any) -> tuple[Any, bool] | None:
+    """(w, transposed): the 2-d weight `w` whose transpose `value` is (`aten::t(w)` or a
+    `permute(w, [1, 0])`), or `value` itself, a weight that the GEMM reads as (K, N); None
+    for any other operand."""
     node = value.node()
     if node.kind() == "aten::t" or (node.kind() == "aten::permute"
                                     and constant(node.inputsAt(1)) == [1, 0]):
-        w = node.inputsAt(0)
-        meta = _meta(w)
-        return w if meta is not None and len(meta.sizes) == 2 else None
-    return None
+        value, transposed = node.inputsAt(0), True
+    elif node.kind() in _WEIGHTS or node.kind().startswith("nncfuse::"):
+        transposed = False
+    else:
+        return None
+    meta = _meta(value)
+    return (value, transposed) if meta is not None and len(meta.sizes) == 2 else None
 
 
-def _operands(node: Any) -> tuple[Any, Any, Any] | None:
-    """(x, w, bias or None) of a GEMM `node` that is `linear(x, w, bias)`, else None."""
+def _operands(node: Any) -> tuple[Any, tuple[Any, bool], Any] | None:
+    """(x, (w, transposed), bias or None) of a GEMM `node` that is `linear(x, w, bias)`
+    (`transposed`) or `linear(x, w.t(), bias)`, else None."""
     if node.kind() not in ("aten::mm", "aten::addmm") or node.outputsSize() != 1:
         return None
     out = _meta(node.output())
@@ -64,25 +83,35 @@ def _operands(node: Any) -> tuple[Any, Any, Any] | None:
             return None
     else:
         return None
-    w, xm = _weight(wt), _meta(x)
-    if w is None or xm is None or len(xm.sizes) != 2 or xm.dtype != out.dtype \
-            or _meta(w).dtype != out.dtype:
+    weight, xm = _weight(wt), _meta(x)
+    if weight is None or xm is None or len(xm.sizes) != 2 or xm.dtype != out.dtype \
+            or _meta(weight[0]).dtype != out.dtype:
         return None
-    return x, w, bias
+    return x, weight, bias
+
+
+def _transpose_type(w: Any) -> Any:
+    meta = _meta(w)
+    return torch._C.TensorType.create_from_tensor(
+        meta.empty("meta").t()).with_device(meta.device)
 
 
 def gemms_as_linears(graph: torch._C.Graph) -> int:
-    """Rewrite, in place, the top-level block's reduced-precision GEMMs of a transposed
-    weight as linears; the count rewritten."""
+    """Rewrite, in place, the top-level block's reduced-precision GEMMs of a weight as
+    linears; the count rewritten."""
     count = 0
     for node in list(graph.block().nodes()):
         operands = _operands(node)
         if operands is None:
             continue
-        x, w, bias = operands
+        x, (w, transposed), bias = operands
         with graph.insert_point_guard(node):
             if bias is None:
                 bias = graph.insertConstant(None)
+            if not transposed:
+                t = graph.insertNode(graph.create("aten::t", [w], 1))
+                t.output().setType(_transpose_type(w))
+                w = t.output()
             linear = graph.insertNode(graph.create("aten::linear", [x, w, bias], 1))
         linear.output().setType(node.output().type())
         node.output().replaceAllUsesWith(linear.output())

@@ -13,7 +13,7 @@ from nncfuse.jit.fuser.transposed_gemms import gemms_as_linears
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.external import onednn_dtype_ok
 
-_GRAPH = """graph(%w : {w}, %b : {b}, %x : {x}, %c : {o}):
+_GRAPH = """graph(%w : {w}, %b : {b}, %x : {x}, %c : {o}, %k : {wt}):
   %one : int = prim::Constant[value=1]()
   %two : int = prim::Constant[value=2]()
   %wt : {wt} = aten::t(%w)
@@ -21,7 +21,8 @@ _GRAPH = """graph(%w : {w}, %b : {b}, %x : {x}, %c : {o}):
   %z : {o} = aten::mm(%x, %wt)
   %u : {o} = aten::addmm(%b, %x, %wt, %one, %two)
   %v : {o} = aten::addmm(%c, %x, %wt, %one, %one)
-  %r : (Tensor, Tensor, Tensor, Tensor) = prim::TupleConstruct(%y, %z, %u, %v)
+  %q : {o} = aten::addmm(%b, %x, %k, %one, %one)
+  %r : (Tensor, Tensor, Tensor, Tensor, Tensor) = prim::TupleConstruct(%y, %z, %u, %v, %q)
   return (%r)
 """
 
@@ -32,7 +33,7 @@ def _graph(dtype: str) -> torch._C.Graph:
 
     return torch._C.parse_ir(_GRAPH.format(
         w=typ("16, 8", "8, 1"), b=typ("16", "1"), x=typ("4, 8", "8, 1"),
-        o=typ("4, 16", "16, 1"), wt=typ("8, 16", "1, 8")))
+        o=typ("4, 16", "16, 1"), wt=typ("8, 16", "1, 8")))  # (%k: a (K, N) weight)
 
 
 @pytest.mark.parametrize("dtype", ["BFloat16", "Float"])
@@ -45,11 +46,13 @@ def test_a_linears_gemms_become_linears_in_bfloat16_only(dtype):
         assert count == 0 and "aten::linear" not in kinds
         return
     # (not the addmm of alpha 2, nor the one whose bias is a matrix)
-    assert count == 2 and kinds.count("aten::linear") == 2 and kinds.count("aten::addmm") == 2
+    assert count == 3 and kinds.count("aten::linear") == 3 and kinds.count("aten::addmm") == 2
     after = torch._C._create_function_from_graph("after", graph)
     w, b, x, c = (torch.randn(*s).bfloat16() for s in ((16, 8), (16,), (4, 8), (4, 16)))
-    for got, want, ref in zip(after(w, b, x, c), fn(w, b, x, c),
-                              (nn.functional.linear(x, w, b), x @ w.t())):
+    k = torch.randn(16, 8).bfloat16().t()
+    results = list(zip(after(w, b, x, c, k), fn(w, b, x, c, k)))
+    for (got, want), ref in zip([*results[:2], results[4]], (
+            nn.functional.linear(x, w, b), x @ w.t(), nn.functional.linear(x, k.t(), b))):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(got, ref, rtol=0, atol=0)  # (what eager's linear gives)
 
