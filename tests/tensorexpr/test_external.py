@@ -1,5 +1,6 @@
 """GEMMs and convolutions in groups as external calls, with fused epilogues (issue 14)."""
 
+import gc
 import math
 
 import pytest
@@ -569,6 +570,10 @@ def test_bfloat16_weights_of_a_module_are_packed_and_their_updates_seen(form):
     x[0, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
     if form == "cast":
         model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
+    from nncfuse.tensorexpr import external
+
+    gc.collect()
+    before = len(external._packed)
     fused = nncfuse.jit(model)
     for step in range(5):  # (a region each: eager's autocast keeps its copies within one)
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=form == "autocast"):
@@ -582,6 +587,10 @@ def test_bfloat16_weights_of_a_module_are_packed_and_their_updates_seen(form):
                 model[3].weight.mul_(-1.5)
     assert calls == ["nnc_mkldnn_convolution_pointwise_reused",
                      "nnc_mkldnn_linear_pointwise_reused"]
+    assert len(external._packed) == before + 2
+    del fused, model  # (the packed forms go with the weights, and their cached copies)
+    gc.collect()
+    assert len(external._packed) == before
 
 
 @pytest.mark.skipif(not onednn_dtype_ok(torch.bfloat16), reason="oneDNN takes no bfloat16 here")
