@@ -118,7 +118,11 @@ def test_matches_eager_float32(name, n, use_llvm):
     assert len(calls) == 1
     # A float32 linear is ATen's (MKL), with nncfuse's epilogue: faster than oneDNN's.
     onednn = name in ONEDNN and not (name == "linear_gelu" and (MKL or n < ONEDNN_LINEAR_ROWS))
-    if onednn and onednn_dtype_ok(torch.float32):
+    if onednn and onednn_dtype_ok(torch.float32) and name.startswith("conv"):
+        # channels-last inside (the weight packed once reused); the result converted back
+        assert calls[0].fn == "nnc_mkldnn_convolution_pointwise_reused"
+        assert len(kernel.stmt.stmts) == 2
+    elif onednn and onednn_dtype_ok(torch.float32):
         assert calls[0].fn.startswith("nnc_mkldnn_") and len(kernel.stmt.stmts) == 1
     elif not onednn:
         assert len(kernel.stmt.stmts) > 1  # nncfuse's loops run the epilogue
@@ -343,7 +347,8 @@ def test_printed_stmt_shows_the_external_call():
             fused.stmt)
     conv = check(conv_silu, inputs("conv_silu", 2, torch.float32))
     if onednn_dtype_ok(torch.float32):
-        assert ('ExternalCall(aten_conv2d, "nnc_mkldnn_convolution_pointwise", {t0, t1, t2}, '
+        assert ('ExternalCall(aten_conv2d, "nnc_mkldnn_convolution_pointwise_reused", '
+                "{t0, t1, t2}, "
                 "{(1, 1), (1, 1), (1, 1), 1, 'swish', (), None});") in str(conv.stmt)
 
 
@@ -412,7 +417,10 @@ def test_conv_batch_norm_relu_is_one_group(affine, use_llvm, fold, monkeypatch):
         torch.testing.assert_close(got, model(x))
         (group,) = nncfuse.fusion_groups(fused.graph_for(x))
         ops = [n.kind() for n in group.g("Subgraph").nodes() if n.kind() != "prim::Constant"]
-        assert ops == ["aten::_convolution", "aten::batch_norm", "aten::relu"]
+        # (and the result converted back from channels-last, where the layout is inside)
+        assert ops in (["aten::_convolution", "aten::batch_norm", "aten::relu"],
+                       ["aten::_convolution", "aten::batch_norm", "aten::relu",
+                        "aten::contiguous"])
         (call,) = [s for s in kernel_of(group).stmt.stmts if isinstance(s, S.ExternalCall)]
         if fold and onednn_dtype_ok(torch.float32):  # batch norm in the weights, relu in loops
             assert call.fn == "nnc_mkldnn_convolution_bn_pointwise"

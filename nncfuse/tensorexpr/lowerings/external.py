@@ -271,15 +271,17 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
 
 
 def _reusable(w: Any, constant: frozenset[Buf], meta: TensorMeta) -> bool:
-    """Whether a bfloat16 weight `w` (not a constant: those are packed once) is worth
-    packing where it is the same tensor at a later call (`reused_weight`), for oneDNN's
-    routines: a convolution's, or a linear's (N, K) of at least REUSED_GEMM_WORK
-    multiply-adds."""
+    """Whether a weight `w` (not a constant: those are packed once) is worth packing where
+    it is the same tensor at a later call (`reused_weight`), for oneDNN's routines: a
+    convolution's (bfloat16 or float32; packed only for a channels-last input), or a
+    bfloat16 linear's (N, K) of at least REUSED_GEMM_WORK multiply-adds."""
     dims = w.static_dims() if isinstance(w, Buf) else None
-    if dims is None or w in constant or meta.dtype != torch.bfloat16 \
-            or not onednn_dtype_ok(meta.dtype):
+    if dims is None or w in constant or not onednn_dtype_ok(meta.dtype):
         return False
-    return len(dims) != 2 or _rows(meta) * math.prod(dims) >= REUSED_GEMM_WORK
+    if len(dims) == 4:
+        return meta.dtype in (torch.bfloat16, torch.float32)
+    return (meta.dtype == torch.bfloat16 and len(dims) == 2
+            and _rows(meta) * math.prod(dims) >= REUSED_GEMM_WORK)
 
 
 def _onednn_linear(meta: TensorMeta, w: Any) -> bool:

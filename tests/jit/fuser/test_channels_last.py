@@ -1,6 +1,7 @@
 """bfloat16 convolutions and the layout-keeping ops after them typed channels-last inside the
 optimized graph: results, and the strides of what the graph returns, are eager's; a weight's
-channels-last copy is made once per version; float32 and channels-last inputs are left alone."""
+channels-last copy is made once per version; float32 ones only in inference (module weights
+that autograd does not track); channels-last inputs are left alone."""
 
 import pytest
 import torch
@@ -8,6 +9,9 @@ from torch import nn
 
 import nncfuse
 from nncfuse.jit.fuser import cast_cache
+from nncfuse.jit.fuser.runtime import kernel_of
+from nncfuse.tensorexpr import stmt as S
+from nncfuse.tensorexpr.external import onednn_dtype_ok
 
 
 class _Block(nn.Module):
@@ -77,19 +81,38 @@ def test_bfloat16_convolutions_run_channels_last_and_return_eagers_layout(mode):
         assert strides[1] == 1, strides  # (NHWC: the channel dim is the innermost)
 
 
-def test_float32_and_channels_last_inputs_are_left_alone():
+def test_float32_convolutions_of_module_weights_go_channels_last_in_inference_only():
     model = _Block().eval()
     x = torch.randn(2, 3, 10, 10)
+    x[0, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
     fused = _fused(model, x)
     with torch.no_grad():
         for _ in range(3):
             _as_eager(fused(x), model(x), 1e-4)
-        assert "nncfuse::channels_last_weight" not in _kinds(fused.graph_for(x))
-        bf16 = model.to(torch.bfloat16)
-        nhwc = x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
-        fused = _fused(bf16, nhwc)
+        graph = fused.graph_for(x)
+    kinds = _kinds(graph)
+    assert kinds.count("nncfuse::channels_last_weight") == 1 and "aten::contiguous" in kinds
+    calls = [s.fn for g in nncfuse.fusion_groups(graph)
+             for s in kernel_of(g).stmt.stmts if isinstance(s, S.ExternalCall)]
+    if onednn_dtype_ok(torch.float32):  # (the weights taken packed from the second call)
+        assert calls and all(fn.endswith("_reused") for fn in calls), calls
+    # where autograd tracks the weights (a training step's graph), the layout stays eager's
+    traced = _fused(model, x)
+    for _ in range(3):
+        _as_eager(traced(x), model(x), 1e-4)
+    assert "nncfuse::channels_last_weight" not in _kinds(traced.graph_for(x))
+
+
+def test_channels_last_inputs_are_left_alone():
+    model = _Block().eval().to(torch.bfloat16)
+    nhwc = torch.randn(2, 3, 10, 10).to(torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    fused = _fused(model, nhwc)
+    with torch.no_grad():
         for _ in range(3):
-            _as_eager(fused(nhwc), bf16(nhwc), 2e-2)
+            _as_eager(fused(nhwc), model(nhwc), 2e-2)
+        graph = fused.graph_for(nhwc)
+    assert "aten::contiguous" not in [n.kind() for n in graph.nodes()]
 
 
 def test_a_weight_updated_in_place_between_calls_is_seen():
