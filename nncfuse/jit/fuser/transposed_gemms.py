@@ -1,19 +1,21 @@
-"""transposed_gemms: a reduced-precision GEMM of a weight, as the linear it is.
+"""transposed_gemms: a GEMM of a weight, as the linear it is, where oneDNN packs the weight.
 
 AOTAutograd decomposes `F.linear(x, w, b)` into a transpose and a GEMM; the transpose is a
 new view at every call, and a GEMM reads its operand as it is, so oneDNN cannot take the
-weight packed once it is reused (`external.reused_weight`). A bfloat16 `addmm` (beta and
-alpha 1, a bias of one row) or `mm` of a 2-d weight's transpose is written back as the
-linear, which reads the weight itself:
+weight packed once it is reused (`external.reused_weight`). An `addmm` (beta and alpha 1,
+a bias of one row) or `mm` of a 2-d weight's transpose, of a dtype and size where the
+packed weight pays (`reusable_gemm`: bfloat16 from 8k multiply-adds, float32 from 8M where
+MKL's GEMM is the slower), is written back as the linear, which reads the weight itself:
 
     %t : BFloat16(256, 1024, strides=[1, 256]) = aten::t(%w)
     %y : BFloat16(32, 1024) = aten::addmm(%b, %x, %t, 1, 1)
                               ->
     %y : BFloat16(32, 1024) = aten::linear(%x, %w, %b)
 
-and one of a (K, N) weight itself (GPT-2's `Conv1D`: `addmm(b, x, w)`), where the weight
-is a graph input, a module's attribute or a cached cast of one, as the linear of its
-transpose (a view of the same weight: `reused_weight` packs it once too):
+and a bfloat16 one of a (K, N) weight itself (GPT-2's `Conv1D`: `addmm(b, x, w)`), where
+the weight is a graph input, a module's attribute or a cached cast of one, as the linear of
+its transpose (a view of the same weight: `reused_weight` packs it once too; not float32's,
+whose backward graphs' `mm`s read saved activations so):
 
     %y : BFloat16(32, 768) = aten::addmm(%b, %x, %w, 1, 1)
                               ->
@@ -21,8 +23,7 @@ transpose (a view of the same weight: `reused_weight` packs it once too):
     %y : BFloat16(32, 768) = aten::linear(%x, %t, %b)
 
 Exact: `linear` computes `x @ w.t() + b` with the routine eager's `F.linear` calls (the
-call the user's model made before the decomposition). float32 GEMMs are left as they are
-(their routines are chosen by the GEMM they are).
+call the user's model made before the decomposition).
 """
 
 from __future__ import annotations
@@ -32,12 +33,10 @@ from typing import Any
 import torch
 
 from ... import log
+from ...tensorexpr.lowerings import reusable_gemm
 from ...tensorexpr.meta import TensorMeta, constant
 
 _log = log.get_logger(__file__)
-
-_DTYPES = (torch.bfloat16,)
-
 
 def _meta(value: Any) -> TensorMeta | None:
     return TensorMeta.from_type(value.type())
@@ -70,7 +69,7 @@ def _operands(node: Any) -> tuple[Any, tuple[Any, bool], Any] | None:
     if node.kind() not in ("aten::mm", "aten::addmm") or node.outputsSize() != 1:
         return None
     out = _meta(node.output())
-    if out is None or out.dtype not in _DTYPES or len(out.sizes) != 2:
+    if out is None or len(out.sizes) != 2:
         return None
     if node.kind() == "aten::mm" and node.inputsSize() == 2:
         x, wt, bias = node.inputsAt(0), node.inputsAt(1), None
@@ -84,8 +83,12 @@ def _operands(node: Any) -> tuple[Any, tuple[Any, bool], Any] | None:
     else:
         return None
     weight, xm = _weight(wt), _meta(x)
-    if weight is None or xm is None or len(xm.sizes) != 2 or xm.dtype != out.dtype \
-            or _meta(weight[0]).dtype != out.dtype:
+    if weight is None or xm is None or len(xm.sizes) != 2 or xm.dtype != out.dtype:
+        return None
+    wm = _meta(weight[0])
+    dims = wm.sizes if weight[1] else wm.sizes[::-1]  # (N, K)
+    if wm.dtype != out.dtype or not reusable_gemm(out.dtype, out.sizes[0], dims) or (
+            not weight[1] and out.dtype == torch.float32):
         return None
     return x, weight, bias
 

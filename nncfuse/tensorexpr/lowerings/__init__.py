@@ -22,6 +22,7 @@ from .external import (  # noqa: F401
     external_problem,
     lower_external,
     onednn_gemm_alone,
+    reusable_gemm,
 )
 from .registry import (  # noqa: F401 - names used outside the package
     VIEWS,

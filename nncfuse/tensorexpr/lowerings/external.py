@@ -62,7 +62,7 @@ from .registry import ConstArg, LoweringError, ScalarArg, TensorArg, register, s
 from .trials import Outcome
 
 __all__ = ["EXTERNAL_KINDS", "Fused", "lower_external", "external_problem", "onednn_gemm_alone",
-           "trial"]
+           "reusable_gemm", "trial"]
 
 EXTERNAL_KINDS = frozenset(ATEN_EXTERNALS)
 
@@ -108,6 +108,23 @@ ONEDNN_SGEMM_WORK = 1 << 21
 #: 1 thread, with gelu, against `linear` and eager's `gelu`: 17 against 12 us at 2 x 64 -> 32
 #: (4096), 17 against 29 at 4 x 32 -> 64 (8192), 28 against 51 at 1 x 256 -> 1024.
 REUSED_GEMM_WORK = 1 << 13
+#: ... and float32's, where MKL's GEMM is the slower (`mkl_sgemm_fast`), from this many. Zen 4,
+#: 1 thread, the weight packed against ATen's `addmm`: 0.68x at 4 x 256 -> 256, 0.94x at
+#: 32 x 256 -> 256 (2M), 1.15x at 32 x 256 -> 1024, 1.61x at 32 x 1024 -> 256, 1.06-1.16x at
+#: 128 rows, 1.14x at 1 x 1024 -> 2816 (0.85x at 1 x 256 -> 1024).
+REUSED_SGEMM_WORK = 1 << 23
+
+
+def reusable_gemm(dtype: torch.dtype, rows: int, weight: Sequence[int]) -> bool:
+    """Whether a linear of `rows` rows of `dtype` by a (N, K) `weight` that is reused from
+    call to call runs faster as oneDNN's, its weight packed (`REUSED_GEMM_WORK`,
+    `REUSED_SGEMM_WORK`)."""
+    if len(weight) != 2 or not onednn_dtype_ok(dtype):
+        return False
+    work = rows * math.prod(weight)
+    if dtype == torch.float32:
+        return not mkl_sgemm_fast() and work >= REUSED_SGEMM_WORK
+    return dtype == torch.bfloat16 and work >= REUSED_GEMM_WORK
 
 #: MKL's packed GEMM for constant weights of at least this many elements. It takes at least
 #: 7.9 MB per weight (MKL's packing pads: 1982689 floats for 64 x 32) and saved 8% at
@@ -274,14 +291,13 @@ def _reusable(w: Any, constant: frozenset[Buf], meta: TensorMeta) -> bool:
     """Whether a weight `w` (not a constant: those are packed once) is worth packing where
     it is the same tensor at a later call (`reused_weight`), for oneDNN's routines: a
     convolution's (bfloat16 or float32; packed only for a channels-last input), or a
-    bfloat16 linear's (N, K) of at least REUSED_GEMM_WORK multiply-adds."""
+    linear's (N, K) that `reusable_gemm`."""
     dims = w.static_dims() if isinstance(w, Buf) else None
     if dims is None or w in constant or not onednn_dtype_ok(meta.dtype):
         return False
     if len(dims) == 4:
         return meta.dtype in (torch.bfloat16, torch.float32)
-    return (meta.dtype == torch.bfloat16 and len(dims) == 2
-            and _rows(meta) * math.prod(dims) >= REUSED_GEMM_WORK)
+    return reusable_gemm(meta.dtype, _rows(meta), dims)
 
 
 def _onednn_linear(meta: TensorMeta, w: Any) -> bool:
@@ -315,14 +331,13 @@ def onednn_gemm_alone(node: Any) -> bool:
     alpha 1, that takes oneDNN's routine (`_onednn_sgemm`: MKL's is the slower here). The
     weight gradients' `mm`s and attention's input projections, which no elementwise op
     follows: BERT's training step has 41 of its 75 GEMMs outside kernels. And a bfloat16
-    linear of at least REUSED_GEMM_WORK multiply-adds: oneDNN's routine takes its weight
-    packed where it is reused (`_reusable`; not reused, it is the routine ATen calls)."""
+    or float32 linear that `reusable_gemm`: oneDNN's routine takes its weight packed where it
+    is reused (`_reusable`; not reused, it is about the routine ATen calls)."""
     kind = node.kind()
     if kind == "aten::linear":
         out, w = (TensorMeta.from_type(v.type()) for v in (node.output(), node.inputsAt(1)))
-        return (out is not None and w is not None and out.dtype == w.dtype == torch.bfloat16
-                and len(w.sizes) == 2 and len(out.sizes) >= 2 and onednn_dtype_ok(out.dtype)
-                and _rows(out) * math.prod(w.sizes) >= REUSED_GEMM_WORK)
+        return (out is not None and w is not None and out.dtype == w.dtype
+                and len(out.sizes) >= 2 and reusable_gemm(out.dtype, _rows(out), w.sizes))
     if kind not in ("aten::mm", "aten::addmm") or not onednn_dtype_ok(torch.float32):
         return False
     metas = [TensorMeta.from_type(v.type()) for v in (node.output(), *node.inputs())]

@@ -32,24 +32,24 @@ def _graph(dtype: str) -> torch._C.Graph:
         return f"{dtype}({sizes}, strides=[{strides}], requires_grad=0, device=cpu)"
 
     return torch._C.parse_ir(_GRAPH.format(
-        w=typ("16, 8", "8, 1"), b=typ("16", "1"), x=typ("4, 8", "8, 1"),
-        o=typ("4, 16", "16, 1"), wt=typ("8, 16", "1, 8")))  # (%k: a (K, N) weight)
+        w=typ("64, 32", "32, 1"), b=typ("64", "1"), x=typ("16, 32", "32, 1"),
+        o=typ("16, 64", "64, 1"), wt=typ("32, 64", "1, 32")))  # (%k: a (K, N) weight)
 
 
 @pytest.mark.parametrize("dtype", ["BFloat16", "Float"])
-def test_a_linears_gemms_become_linears_in_bfloat16_only(dtype):
+def test_a_linears_gemms_become_linears_where_the_packed_weight_pays(dtype):
     graph = _graph(dtype)
     fn = torch._C._create_function_from_graph("before", graph.copy())
     count = gemms_as_linears(graph)
     kinds = [n.kind() for n in graph.nodes()]
-    if dtype == "Float":
+    if dtype == "Float":  # (16 x 32 x 64 multiply-adds: too few for float32's packed GEMM)
         assert count == 0 and "aten::linear" not in kinds
         return
     # (not the addmm of alpha 2, nor the one whose bias is a matrix)
     assert count == 3 and kinds.count("aten::linear") == 3 and kinds.count("aten::addmm") == 2
     after = torch._C._create_function_from_graph("after", graph)
-    w, b, x, c = (torch.randn(*s).bfloat16() for s in ((16, 8), (16,), (4, 8), (4, 16)))
-    k = torch.randn(16, 8).bfloat16().t()
+    w, b, x, c = (torch.randn(*s).bfloat16() for s in ((64, 32), (64,), (16, 32), (16, 64)))
+    k = torch.randn(64, 32).bfloat16().t()
     results = list(zip(after(w, b, x, c, k), fn(w, b, x, c, k)))
     for (got, want), ref in zip([*results[:2], results[4]], (
             nn.functional.linear(x, w, b), x @ w.t(), nn.functional.linear(x, k.t(), b))):
@@ -77,3 +77,27 @@ def test_the_backends_bfloat16_linears_take_packed_weights():
     assert calls and all(fn.startswith("nnc_mkldnn_linear_pointwise") for fn in calls), calls
     assert any(fn.endswith("_reused") for fn in calls), calls
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.float32), reason="oneDNN takes no float32 here")
+@pytest.mark.parametrize("mkl_fast", [False, True])
+def test_float32_linears_gemms_become_linears_where_mkls_gemm_is_slower(monkeypatch, mkl_fast):
+    from nncfuse.tensorexpr.lowerings import external as lowering
+
+    monkeypatch.setattr(lowering, "mkl_sgemm_fast", lambda: mkl_fast)
+
+    def typ(*sizes, t=False):
+        strides = [1, sizes[0]] if t else [sizes[1], 1] if len(sizes) == 2 else [1]
+        return f"Float({', '.join(map(str, sizes))}, strides={strides}, requires_grad=0, " \
+               "device=cpu)"
+
+    graph = torch._C.parse_ir(f"""graph(%w : {typ(256, 256)}, %b : {typ(256)},
+      %x : {typ(128, 256)}, %k : {typ(256, 256)}):
+  %one : int = prim::Constant[value=1]()
+  %wt : {typ(256, 256, t=True)} = aten::t(%w)
+  %y : {typ(128, 256)} = aten::addmm(%b, %x, %wt, %one, %one)
+  %z : {typ(128, 256)} = aten::mm(%x, %k)
+  %r : (Tensor, Tensor) = prim::TupleConstruct(%y, %z)
+  return (%r)""")
+    # (128 x 256 x 256 multiply-adds: REUSED_SGEMM_WORK; the (K, N) weight's mm is left alone)
+    assert gemms_as_linears(graph) == (0 if mkl_fast else 1)
