@@ -109,10 +109,12 @@ ONEDNN_SGEMM_WORK = 1 << 21
 #: (4096), 17 against 29 at 4 x 32 -> 64 (8192), 28 against 51 at 1 x 256 -> 1024.
 REUSED_GEMM_WORK = 1 << 13
 #: ... and float32's, where MKL's GEMM is the slower (`mkl_sgemm_fast`), from this many. Zen 4,
-#: 1 thread, the weight packed against ATen's `addmm`: 0.68x at 4 x 256 -> 256, 0.94x at
-#: 32 x 256 -> 256 (2M), 1.15x at 32 x 256 -> 1024, 1.61x at 32 x 1024 -> 256, 1.06-1.16x at
-#: 128 rows, 1.14x at 1 x 1024 -> 2816 (0.85x at 1 x 256 -> 1024).
-REUSED_SGEMM_WORK = 1 << 23
+#: 1 thread, the weight packed against ATen's `addmm`: 0.68x at 4 x 256 -> 256, 0.87x at
+#: 128 x 64 -> 256, 0.92x at 32 x 256 -> 256 (2M), 1.01x at 64 x 256 -> 256, 1.08x at
+#: 32 x 256 -> 512 (4M), 1.10-1.13x at 32 x 256 -> 688 and back, 1.15x at 32 x 256 -> 1024,
+#: 1.61x at 32 x 1024 -> 256, 1.06-1.16x at 128 rows, 1.14x at 1 x 1024 -> 2816 (0.85x at
+#: 1 x 256 -> 1024). (oneDNN's unpacked: 0.79-0.99x of ATen's at all of these.)
+REUSED_SGEMM_WORK = 1 << 22
 
 
 def reusable_gemm(dtype: torch.dtype, rows: int, weight: Sequence[int]) -> bool:
