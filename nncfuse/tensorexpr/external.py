@@ -121,7 +121,8 @@ def _conv_binary(x, other, w, b, padding, stride, dilation, groups, binary_attr,
 
 #: id(weight) -> (a weak reference to it, {key: its packed form}); one form per weight
 _packed: dict[int, tuple[weakref.ref, dict[tuple[Any, ...], torch.Tensor]]] = {}
-_packed_lock = threading.Lock()
+#: re-entrant: a weak reference's callback (`_forget`) may run inside a locked region
+_packed_lock = threading.RLock()
 
 
 def packed_weight(w: torch.Tensor, key: tuple[Any, ...],
@@ -131,6 +132,8 @@ def packed_weight(w: torch.Tensor, key: tuple[Any, ...],
     `_version` (an in-place write is seen) and `key` (the call's geometry), and forgotten
     with the tensor."""
     owner = w if owner is None else owner
+    if w.is_inference():  # (it tracks no version: an in-place write would not be seen)
+        return pack(w)
     key = (w._version, tuple(w.shape), w.stride(), w.dtype, *key)
     entry = _packed.get(id(owner))
     if entry is not None and entry[0]() is owner and key in entry[1]:
@@ -171,9 +174,11 @@ def reused_weight(w: torch.Tensor, key: tuple[Any, ...],
     """`packed_weight(w, key, pack)` where a call before this one saw the same tensor `w` (or
     a view of the same tensor, alike), at the same `_version` and storage, with the same
     `key`; else None, and this call is seen. A weight that is a new tensor at every call (a
-    cast that autograd records) is never packed; one that is the same (a parameter, the
-    cast cache's copy, their transposes) is from its second call on, and again from the
-    second call after it changes."""
+    cast that autograd records), or an inference tensor (it has no version), is never
+    packed; one that is the same (a parameter, the cast cache's copy, their transposes) is
+    from its second call on, and again from the second call after it changes."""
+    if w.is_inference():  # (it tracks no version: an in-place write would not be seen)
+        return None
     owner = w if w._base is None else w._base
     key = (w._version, w.data_ptr(), w.stride(), *key)
     entry = _packed.get(id(owner))

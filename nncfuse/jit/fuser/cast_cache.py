@@ -35,7 +35,9 @@ LAYOUT_KIND = "nncfuse::channels_last_weight"
 
 #: tensor -> {dtype: (version, data pointer, copy)}
 _copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_lock = threading.Lock()
+#: re-entrant: a weak reference's callback (`_forget_batch`) may run inside a locked region, when
+#: what the region drops was the last reference to a tensor
+_lock = threading.RLock()
 
 
 def cached_cast(tensor: torch.Tensor, dtype: torch.dtype, module_state: bool) -> torch.Tensor:
@@ -51,7 +53,7 @@ def cached_cast(tensor: torch.Tensor, dtype: torch.dtype, module_state: bool) ->
         hit = entry is not None and entry.get(dtype)
     if hit and hit[:2] == key:
         return hit[2]
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():  # (a copy that tracks its version)
         copy = tensor.to(dtype)
     with _lock:
         _copies.setdefault(tensor, {})[dtype] = (*key, copy)
@@ -75,7 +77,7 @@ def cached_channels_last(tensor: torch.Tensor) -> torch.Tensor:
         hit = _layouts.get(tensor)
     if hit is not None and hit[:2] == key:
         return hit[2]
-    with torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad():
         copy = tensor.contiguous(memory_format=torch.channels_last)
     with _lock:
         _layouts[tensor] = (*key, copy)
