@@ -138,10 +138,19 @@ def _convert(graph: Any, value: Any, at: Any, memory_format: int, typ: Any,
     return node.output()
 
 
+#: readers of what does not depend on the layout (a batch norm's check of its input's rank),
+#: anywhere in the graph: they read a channels-last value as it is
+_LAYOUT_FREE = frozenset(("aten::dim", "aten::size", "aten::numel", "aten::len",
+                          "prim::dtype", "prim::device"))
+
+
 def _reads_retyped(use: Any, graph: Any, seeds: set[int], retyped: set[int]) -> bool:
-    """Whether the reader of `use` takes a channels-last operand: a convolution's input, or
-    an op retyped with it (`seeds`, `retyped`: the uniques of their outputs)."""
+    """Whether the reader of `use` takes a channels-last operand: a convolution's input, an
+    op retyped with it (`seeds`, `retyped`: the uniques of their outputs), or one that reads
+    no layout (`_LAYOUT_FREE`)."""
     user = use.user
+    if user.kind() in _LAYOUT_FREE:
+        return True
     if user.owningBlock() != graph.block() or user.outputsSize() != 1:
         return False
     out = user.output().unique()
