@@ -123,7 +123,11 @@ class _VectorizeReductions(Mutator):
         columns = [n for n in walk(body) if isinstance(n, E.Reduce)]
         if not columns or any(isinstance(n, (S.For, E.Ramp)) for n in walk(body)):
             return new
-        return vectorize_inner_loops(new, self.vector_bits * ACCUMULATORS)
+        wide = vectorize_inner_loops(new, self.vector_bits * ACCUMULATORS)
+        if wide is not new:
+            return wide
+        # fewer columns than the accumulators' lanes: rows summed in steps of ACCUMULATORS
+        return _RowSteps(s.var).mutate(new)
 
     def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
         e = self.generic_mutate(e)
@@ -208,6 +212,52 @@ class _VectorizeReductions(Mutator):
             body = widened((step + blocks * BLOCK) * lanes)
             acc = E.combine(e.op, acc, E.Reduce(e.op, zero, body, (step,), (rest,)))
         return acc
+
+
+def _pairwise(op: str, parts: list[E.Expr]) -> E.Expr:
+    """`parts` combined as a balanced tree: `(a + b) + (c + d)`."""
+    while len(parts) > 1:
+        pairs = [E.combine(op, a, b) for a, b in zip(parts[::2], parts[1::2])]
+        parts = pairs + parts[len(pairs) * 2:]
+    return parts[0]
+
+
+def row_steps(e: E.Reduce, rows: int = ACCUMULATORS) -> E.Reduce:
+    """A sum whose innermost axis is walked `rows` points per step: the step's points summed
+    pairwise, then added to the accumulator, whose chain of dependent adds is `rows` times
+    shorter (the points' adds do not wait for it); the last `stop % rows` points are a tail.
+
+        reduce_add(0.f, x[32 * r + j] for r < 10)
+    ->  reduce_add(reduce_add(0.f, (x[128 * r + j] + x[128 * r + j + 32])
+                                   + (x[128 * r + j + 64] + x[128 * r + j + 96]) for r < 2),
+                   x[32 * r_1 + j + 256] for r_1 < 2)
+
+    Left as it is: a reduction other than a sum, one that contains another, or one of fewer
+    than `2 * rows` points per row."""
+    var, stop = e.vars[-1], e.stops[-1]
+    if e.op != "Add" or any(isinstance(n, E.Reduce) for n in walk(e.body)) or (
+            isinstance(stop, E.Imm) and stop.value < 2 * rows):  # type: ignore[operator]
+        return e
+    step = E.Var(var.name)
+    body = _pairwise(e.op, [substitute(e.body, {var: step * rows + k}) for k in range(rows)])
+    steps = E.imm(stop.value // rows) if isinstance(stop, E.Imm) else stop / rows  # type: ignore
+    main = E.Reduce(e.op, e.init, body, (*e.vars[:-1], step), (*e.stops[:-1], steps))
+    rest = simplify(stop - steps * rows)
+    if E.is_const(rest, 0):
+        return main
+    return _tail(e, main, simplify(steps * rows))
+
+
+class _RowSteps(Mutator):
+    """The column sums of a loop over columns `var` (each load that moves with a column
+    moves by one element), as `row_steps`."""
+
+    def __init__(self, var: E.Var):
+        self.var = var
+
+    def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
+        e = self.generic_mutate(e)
+        return row_steps(e) if _contiguous(e.body, self.var) else e
 
 
 def _total(e: E.Reduce, parts: list[E.Expr]) -> E.Expr:
