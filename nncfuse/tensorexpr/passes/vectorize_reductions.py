@@ -114,20 +114,31 @@ def _blocked(e: E.Reduce) -> E.Reduce:
 class _VectorizeReductions(Mutator):
     def __init__(self, vector_bits: int):
         self.vector_bits = vector_bits
+        self.depth = 0  # of the loop being mutated
 
     def mutate_For(self, s: S.For) -> S.Stmt:
         """An innermost loop over the kept columns of column reductions: `ACCUMULATORS`
-        registers' worth of columns at a time, each row's slice loaded in one go."""
+        registers' worth of columns at a time, each row's slice loaded in one go. Fewer
+        columns than that (a static count), in an outer loop: as many registers as they
+        fill (a power of two), each sum walking `ACCUMULATORS / registers` rows per step
+        (`row_steps`). (A top-level loop keeps the order of its additions: `_by_rows`
+        walks such sums by rows, to the same results.)"""
+        self.depth += 1
         body = self.mutate(s.body)
+        self.depth -= 1
         new = s if body is s.body else S.For(s.var, s.start, s.stop, body, s.parallel)
         columns = [n for n in walk(body) if isinstance(n, E.Reduce)]
         if not columns or any(isinstance(n, (S.For, E.Ramp)) for n in walk(body)):
             return new
-        wide = vectorize_inner_loops(new, self.vector_bits * ACCUMULATORS)
-        if wide is not new:
-            return wide
-        # fewer columns than the accumulators' lanes: rows summed in steps of ACCUMULATORS
-        return _RowSteps(s.var).mutate(new)
+        registers = ACCUMULATORS
+        if self.depth and isinstance(s.start, E.Imm) and isinstance(s.stop, E.Imm):
+            count = s.stop.value - s.start.value  # type: ignore[operator]
+            lanes = lanes_for(body, self.vector_bits)
+            while registers > 1 and count < registers * lanes:
+                registers //= 2
+        if registers < ACCUMULATORS:
+            new = _RowSteps(s.var, ACCUMULATORS // registers).mutate(new)
+        return new if registers < 2 else vectorize_inner_loops(new, self.vector_bits * registers)
 
     def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
         e = self.generic_mutate(e)
@@ -252,12 +263,12 @@ class _RowSteps(Mutator):
     """The column sums of a loop over columns `var` (each load that moves with a column
     moves by one element), as `row_steps`."""
 
-    def __init__(self, var: E.Var):
-        self.var = var
+    def __init__(self, var: E.Var, rows: int):
+        self.var, self.rows = var, rows
 
     def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
         e = self.generic_mutate(e)
-        return row_steps(e) if _contiguous(e.body, self.var) else e
+        return row_steps(e, self.rows) if _contiguous(e.body, self.var) else e
 
 
 def _total(e: E.Reduce, parts: list[E.Expr]) -> E.Expr:
