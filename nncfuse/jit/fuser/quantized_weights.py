@@ -169,6 +169,22 @@ class _Emitter:
         return v if self.examples[v].dtype == dtype else self.op(
             "aten::to", v, dtype, False, False, None)
 
+    def unless(self, condition: Any, value: Any, node: Any) -> Any:
+        """`value if bool(condition) else <node's op, as it was>` (a `prim::If`)."""
+        check = self.graph.create("aten::Bool", [condition], 1)
+        check.insertBefore(self.before)
+        check.output().setType(torch._C.BoolType.get())
+        branch = self.graph.create("prim::If", [check.output()], 1)
+        branch.insertBefore(self.before)
+        branch.output().setType(value.type())
+        branch.addBlock().registerOutput(value)
+        otherwise = branch.addBlock()
+        again = self.graph.create(node.kind(), list(node.inputs()), 1)
+        again.insertBefore(otherwise.returnNode())
+        again.output().setType(node.output().type())
+        otherwise.registerOutput(again.output())
+        return branch.output()
+
     def replace(self, node: Any, value: Any) -> None:
         """`node`'s output replaced by `value` (typed as the output was), `node` destroyed."""
         value.setType(node.output().type())
@@ -239,15 +255,22 @@ def _rewrite_int4(graph: Any, node: Any) -> bool:
                                               [k // g, n // block, 1, block]), [1, 0, 2, 3])
                    for j in (0, 1))
     xv = e.op("aten::view", e.value(x), [m, 1, k // g, g, 1])
+    # the zero point factored out of each group's sum: sum_k x_k * ((q_k - 8) * s + z)
+    # = s * sum_k x_k * q_k + (z - 8 * s) * sum_k x_k
+    xs = e.op("aten::sum", e.op("aten::view", e.value(x), [m, 1, k // g, g]), [-1], True, None)
     sums = []
     for q, lo in ((e.op("aten::bitwise_and", p4, 15), 0),
                   (e.op("aten::bitwise_right_shift", p4, 4), half)):
         s, z = (e.op("aten::slice", v, -1, lo, lo + half, 1) for v in (scale, zero))
-        w = e.op("aten::add", e.op("aten::mul", e.op("aten::sub", e.to(q, torch.float32), 8, 1),
-                                   s), z, 1)
-        sums.append(e.op("aten::sum", e.op("aten::mul", xv, w), [2, 3], False, None))
-    both = e.op("aten::cat", e.tensors(sums), -1)
-    e.replace(node, e.op("aten::view", both, [m, n]))
+        s, z = (e.op("aten::view", v, [n // block, k // g, half]) for v in (s, z))
+        groups = e.op("aten::sum", e.op("aten::mul", xv, e.to(q, torch.float32)), [3], False, None)
+        shift = e.op("aten::sub", z, e.op("aten::mul", s, 8), 1)
+        sums.append(e.op("aten::sum", e.op("aten::add", e.op("aten::mul", groups, s),
+                                           e.op("aten::mul", xs, shift), 1), [2], True, None))
+    both = e.op("aten::view", e.op("aten::cat", e.tensors(sums), 2), [m, n])
+    # finite only where no x is infinite or NaN and nothing overflowed: then it is the product
+    finite = e.op("aten::all", e.op("aten::eq", e.op("aten::mul", both, 0), 0))
+    e.replace(node, e.unless(finite, both, node))
     return True
 
 
