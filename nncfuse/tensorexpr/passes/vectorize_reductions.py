@@ -238,10 +238,11 @@ def row_steps(e: E.Reduce, rows: int = ACCUMULATORS) -> E.Reduce:
     pairwise, then added to the accumulator, whose chain of dependent adds is `rows` times
     shorter (the points' adds do not wait for it); the last `stop % rows` points are a tail.
 
-        reduce_add(0.f, x[32 * r + j] for r < 10)
-    ->  reduce_add(reduce_add(0.f, (x[128 * r + j] + x[128 * r + j + 32])
-                                   + (x[128 * r + j + 64] + x[128 * r + j + 96]) for r < 2),
-                   x[32 * r_1 + j + 256] for r_1 < 2)
+        reduce_add(-0.f, x[32 * r + j] for r < 10)
+    ->  reduce_add(reduce_add(-0.f, x[128 * r_1 + j] + x[128 * r_1 + j + 32]
+                                    + (x[128 * r_1 + j + 64] + x[128 * r_1 + j + 96])
+                                    for r_1 < 2),
+                   x[32 * r + j + 256] for r < 2)
 
     Left as it is: a reduction other than a sum, one that contains another, or one of fewer
     than `2 * rows` points per row."""
