@@ -264,11 +264,15 @@ def _rewrite_int4(graph: Any, node: Any) -> bool:
     e = _Emitter(graph, node)
     p4 = e.op("aten::view", e.value(packed), [n // block, k // g, g, half])
     sz = e.value(sz)
-    scale, zero = (e.op("aten::permute", e.op("aten::view", e.op("aten::select", sz, 2, j),
-                                              [k // g, n // block, 1, block]), [1, 0, 2, 3])
-                   for j in (0, 1))
+
+    def part(j: int, lo: int) -> Any:
+        """The scales (`j` 0) or zero points (1) of the half of the blocks from `lo`, (N/B,
+        K/group, 1, B/2): each read by one product (and so read from `sz` itself)."""
+        v = e.op("aten::view", e.op("aten::select", sz, 2, j), [k // g, n // block, 1, block])
+        return e.op("aten::slice", e.op("aten::permute", v, [1, 0, 2, 3]), -1, lo, lo + half, 1)
+
     # per half of the block: the nibbles, their scales and zero points
-    halves = [(q, *(e.op("aten::slice", v, -1, lo, lo + half, 1) for v in (scale, zero)))
+    halves = [(q, part(0, lo), part(1, lo))
               for q, lo in ((e.op("aten::bitwise_and", p4, 15), 0),
                             (e.op("aten::bitwise_right_shift", p4, 4), half))]
     if m > MAX_ROWS:
@@ -293,9 +297,10 @@ def _int4_sums(e: _Emitter, x: Any, halves: list[tuple[Any, Any, Any]],
     for q, s, z in halves:
         s, z = (e.op("aten::view", v, [n // block, k // g, block // 2]) for v in (s, z))
         groups = e.op("aten::sum", e.op("aten::mul", xv, e.to(q, torch.float32)), [3], False, None)
-        shift = e.op("aten::sub", z, e.op("aten::mul", s, 8), 1)
-        sums.append(e.op("aten::sum", e.op("aten::add", e.op("aten::mul", groups, s),
-                                           e.op("aten::mul", xs, shift), 1), [2], True, None))
+        # s * (sum x*q - 8 * sum x) + z * sum x: each scale and zero point read once
+        centred = e.op("aten::sub", groups, e.op("aten::mul", xs, 8), 1)
+        sums.append(e.op("aten::sum", e.op("aten::add", e.op("aten::mul", centred, s),
+                                           e.op("aten::mul", xs, z), 1), [2], True, None))
     return e.op("aten::view", e.op("aten::cat", e.tensors(sums), 2), [m, n])
 
 
