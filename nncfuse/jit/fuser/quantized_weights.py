@@ -46,24 +46,25 @@ and zero point of its group of `k`. Written out, as the reference kernel compute
              .view(1, N)
 
 Of at most `MAX_ROWS` rows, the sums are written with the zero point factored out of each
-group (`sum_k x_k * ((q_k - 8) * s + z) = s * sum_k x_k * q_k + (z - 8 * s) * sum_k x_k`):
-a weight's product needs no scale and no zero point, only its conversion:
+group (`sum_k x_k * ((q_k - 8) * s + z) = s * (sum_k x_k * q_k - 8 * sum_k x_k) + z *
+sum_k x_k`): a weight's product needs no scale and no zero point, only its conversion:
 
     ->  %xs = sum(x.view(1, 1, K/128, 128), [-1], keepdim)
         %lo = sum(x.view(1, 1, K/128, 128, 1) * (%p4 & 15).to(float32), [3])
-        %y_lo = sum(%lo * s_lo + %xs * (z_lo - 8 * s_lo), [2], keepdim)     (and %y_hi)
+        %y_lo = sum((%lo - 8 * %xs) * s_lo + %xs * z_lo, [2], keepdim)     (and %y_hi)
         %y = cat([%y_lo, %y_hi], 2).view(1, N)
         %y = %y if all(%y * 0 == 0) else aten::_weight_int4pack_mm_for_cpu(...)   (prim::If)
 
-and the fuser makes it one kernel that reads the packed bytes once: 0.18 ms for that
-weight, one core (the int8 reduction: 0.14 ms; the copy of the packed bytes and the
-per-weight dequantization it did before took 0.39 ms). Factored, an infinite x (or an
-overflow) gives NaN where eager's products give an infinity of the weight's sign, so where
-the result is not finite, eager's kernel computes it again (a `prim::If`; its check is part
-of the kernel). Of more rows, the weights are dequantized as the reference kernel does,
-per half of the blocks and transposed to (K, N/2), and multiplied by a GEMM (which reuses
-each weight across rows from the caches; the sums read them once per row): 32 rows, 2.8 ms
-against 4.5 ms as sums (the int8 product: 2.9 ms).
+and the fuser makes it one kernel that reads the packed bytes once, in place, and each
+scale and zero point once: 0.15 ms for that weight on one core, against 0.14 ms for the
+int8 reduction (as first written, with a copy of the packed bytes per call and each weight
+dequantized: 0.29 ms). Factored, an infinite x (or an overflow) gives NaN where eager's
+products give an infinity of the weight's sign, so where the result is not finite, eager's
+kernel computes it again (a `prim::If`; its check is part of the kernel). Of more rows, the
+weights are dequantized as the reference kernel does, per half of the blocks and transposed
+to (K, N/2), and multiplied by a GEMM (which reuses each weight across rows from the
+caches; the sums read them once per row): 32 rows, 2.8 ms against 4.5 ms as sums (the int8
+product: 2.9 ms).
 
 Left alone: a weight whose K axis is not contiguous (the reduction would not vectorize), an
 int8 product with more than `MAX_ROWS` rows or rows of unknown count (an int8 prefill:

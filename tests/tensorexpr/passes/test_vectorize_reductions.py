@@ -56,6 +56,29 @@ def test_row_steps_sums_the_same_points(rows, steps):
         torch.testing.assert_close(got, want, rtol=0 if dtype == INT64 else 1e-5, atol=1e-5)
 
 
+def test_row_steps_chain_products_in_fused_multiply_adds():
+    """A step of float products: one product, then fused multiply-adds (rounded once each):
+    the sums within rounding of float64's, NaN and infinities as eager's."""
+    x, out, j, total = _column_sums(8)
+    a, r = buf("a", [8]), total.vars[0]
+    products = E.Reduce("Add", total.init, E.Load(a, (r,)) * total.body, total.vars,
+                        total.stops)
+    got = text(simplify(row_steps(products))).replace(", fma", ",\nfma")
+    assert_expected_inline(got, """\
+reduce_add(-0.f,
+fma(a[4 * r + 3], x[128 * r + j + 96],
+fma(a[4 * r + 2], x[128 * r + j + 64],
+fma(a[4 * r + 1], x[128 * r + j + 32], a[4 * r] * x[128 * r + j]))) for r < 2)""")
+    for special in (None, float("nan"), float("inf")):
+        data, weights = torch.randn(8 * 32), torch.randn(8)
+        if special is not None:
+            data[3 * 32 + 5] = special
+        want = (weights.double()[:, None] * data.double().view(8, 32)).sum(0).float()
+        got = run(_nest(out, j, row_steps(products)), [x, a, out],
+                  [data, weights, torch.zeros(32)])[2]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 def test_row_steps_symbolic_extent():
     """A run-time row count: `rows / steps` steps, then `rows % steps` points (any may be 0)."""
     n = var("n")
@@ -112,8 +135,8 @@ def test_batched_column_sums_against_eager(rows, columns):
 
 def test_batched_column_sums_walk_rows_in_steps():
     """32 float32 columns: as many registers as they fill (two with AVX-512), each sum
-    walking ACCUMULATORS / registers rows per step; 128 columns fill ACCUMULATORS registers
-    (one row per step)."""
+    walking ACCUMULATORS rows per step; 128 columns fill ACCUMULATORS registers (one row
+    per step)."""
     native = vector_bits() // 32
     for columns in (32, 128):
         registers = vectorize_reductions.ACCUMULATORS
@@ -124,7 +147,8 @@ def test_batched_column_sums_walk_rows_in_steps():
         for inner in _innermost_reduces(stmt):
             loads = [n for n in walk(inner.body) if isinstance(n, E.Load)]
             assert inner.dtype.lanes == registers * native, text(stmt)
-            assert len(loads) == vectorize_reductions.ACCUMULATORS // registers, text(stmt)
+            steps = vectorize_reductions.ACCUMULATORS if registers < 4 else 1
+            assert len(loads) == steps, text(stmt)
 
 
 def test_batched_column_sums_of_symbolic_rows():
