@@ -289,8 +289,8 @@ def _rewrite_int4(graph: Any, node: Any) -> bool:
 def _int4_sums(e: _Emitter, x: Any, halves: list[tuple[Any, Any, Any]],
                sizes: tuple[int, int, int, int], g: int) -> Any:
     """The product as sums per group with the zero point factored out: `sum_k x_k * ((q_k -
-    8) * s + z) = s * sum_k x_k * q_k + (z - 8 * s) * sum_k x_k`, fewer operations per weight
-    than its dequantization (a weight's products need no scale, no zero point)."""
+    8) * s + z) = s * (sum_k x_k * q_k - 8 * sum_k x_k) + z * sum_k x_k`, fewer operations
+    per weight than its dequantization (a weight's products need no scale, no zero point)."""
     m, n, k, block = sizes
     xv = e.op("aten::view", x, [m, 1, k // g, g, 1])
     xs = e.op("aten::sum", e.op("aten::view", x, [m, 1, k // g, g]), [-1], True, None)

@@ -19,7 +19,10 @@ over strided (outer) dims are only blocked (a long sum as a sum of
 `BLOCK`-point sums) and left to `vectorize_inner_loops`, which vectorizes
 across the kept inner dim instead; here, an innermost loop of such
 reductions is widened to `ACCUMULATORS` registers of columns first (a tail
-of fewer columns is left to `vectorize_inner_loops`). A top-level loop over the
+of fewer columns is left to `vectorize_inner_loops`); fewer columns than that, in an
+outer loop, fill as many registers as they can, and their sums walk `ACCUMULATORS`
+rows per step (`row_steps`: the adds that wait for the accumulator are fewer, a
+step's float products chained in fused multiply-adds). A top-level loop over the
 columns of a blocked column sum walks the rows instead, in memory order, into
 partial sums per block of rows (`_by_rows`, which shows the loops). Run on flat
 indices, before `vectorize_inner_loops`.
