@@ -266,11 +266,20 @@ def _rewrite_int4(graph: Any, node: Any) -> bool:
     p4 = e.op("aten::view", e.value(packed), [n // block, k // g, g, half])
     sz = e.value(sz)
 
-    def part(j: int, lo: int) -> Any:
-        """The scales (`j` 0) or zero points (1) of the half of the blocks from `lo`, (N/B,
-        K/group, 1, B/2): each read by one product (and so read from `sz` itself)."""
+    def whole(j: int) -> Any:
+        """The scales (`j` 0) or zero points (1), (N/B, K/group, 1, B)."""
         v = e.op("aten::view", e.op("aten::select", sz, 2, j), [k // g, n // block, 1, block])
-        return e.op("aten::slice", e.op("aten::permute", v, [1, 0, 2, 3]), -1, lo, lo + half, 1)
+        return e.op("aten::permute", v, [1, 0, 2, 3])
+
+    # The sums read a scale per group and column: each half its own, from `sz` itself (read
+    # once, so not copied); the GEMMs' dequantization one per weight: from a copy without
+    # the zero points in between (made once, for both halves), in whole vectors.
+    shared = [whole(0), whole(1)] if m > MAX_ROWS else None
+
+    def part(j: int, lo: int) -> Any:
+        """The scales (`j` 0) or zero points (1) of the half of the blocks from `lo`."""
+        v = whole(j) if shared is None else shared[j]
+        return e.op("aten::slice", v, -1, lo, lo + half, 1)
 
     # per half of the block: the nibbles, their scales and zero points
     halves = [(q, part(0, lo), part(1, lo))
