@@ -372,8 +372,8 @@ def _allocate(
                 steps.append(acc)
                 factor = str(max(d.value, 1)) if isinstance(d, E.Imm) else f"max({python(d)}, 1)"
                 acc = factor if acc == "1" else f"{acc} * {factor}"
-            code.line(f"{name} = empty_strided(({sizes}), ({', '.join(reversed(steps))},), "
-                      f"{dtype})")
+            shown = "".join(f"{s}, " for s in reversed(steps))  # (`()`: a 0-dim output)
+            code.line(f"{name} = empty_strided(({sizes}), ({shown}), {dtype})")
         else:
             steps = "".join(f"{python(s)}, " for s in strides)
             code.line(f"{name} = empty_strided(({sizes}), ({steps}), {dtype})")

@@ -41,7 +41,7 @@ from .. import stmt as S
 from ..buffer import Buf
 from ..ir_visitor import Mutator, substitute, walk
 from ..loopnest import Nest, as_block, buffers_stored, definition, extent, loads
-from .simplify import coefficient
+from .simplify import coefficient, simplify
 
 
 def _expensive(value: E.Expr) -> bool:
@@ -71,7 +71,7 @@ def _row_copy(indices: tuple[E.Var, ...], value: E.Expr) -> bool:
     offset: E.Expr = E.imm(0)
     for index, stride in zip(value.indices, value.buf.strides):
         offset = offset + index * stride
-    return coefficient(offset, inner) in (0, 1)
+    return coefficient(simplify(offset), inner) in (0, 1)  # a view's `a / n * n + a % n`
 
 
 class _Inline(Mutator):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nncfuse
-from nncfuse.jit.fuser.quantized_weights import MAX_INT4_ROWS, MAX_ROWS
+from nncfuse.jit.fuser.quantized_weights import MAX_ROWS
 from nncfuse.tensorexpr.capability import AVX2, AVX512, aten_capability
 
 BACKENDS = [pytest.param(True, id="llvm"), pytest.param(False, id="interp")]
@@ -100,9 +100,9 @@ def test_left_alone():
     _check(linear_f32, torch.randn(1, 48), w.float(), s, rewritten=False)
 
 
-def _compiled_sums(config, rows, **tol):
+def _compiled_sums(config, rows, kind="aten::sum", **tol):
     """Through the backend, torchao's `config` on a two-linear MLP against eager, on `rows`
-    rows: the count of reductions in the fusion groups."""
+    rows: the count of `kind` nodes (reductions) in the fusion groups."""
     pytest.importorskip("torchao")
     from torchao.quantization import quantize_
 
@@ -121,7 +121,7 @@ def _compiled_sums(config, rows, **tol):
     graphs = [g for c in compiled_graphs() for g in c.graphs()]
     kinds = [n.kind() for g in graphs for group in nncfuse.fusion_groups(g)
              for n in group.g("Subgraph").nodes()]
-    return kinds.count("aten::sum")
+    return kinds.count(kind)
 
 
 @pytest.mark.parametrize("rows", [1, 7])
@@ -137,9 +137,12 @@ def test_torchao_int4_weight_only(rows):
     def config():
         from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
         return PrototypeInt4WeightOnlyConfig(group_size=128, set_inductor_config=False)
-    # (two sums a linear, the packed bytes' low and high nibbles)
-    sums = _compiled_sums(config, rows, rtol=1e-4, atol=1e-4)
-    assert sums == 4 * (aten_capability() in (AVX512, AVX2))
+    # (five sums a linear: the activations' sum per group, then per nibble of the packed
+    # bytes (low, high) the products' sums per group and the groups' total; beyond MAX_ROWS
+    # rows, a GEMM per nibble)
+    kind = "aten::sum" if rows <= MAX_ROWS else "aten::mm"
+    count = _compiled_sums(config, rows, kind, rtol=1e-4, atol=1e-4)
+    assert count == 2 * (5 if rows <= MAX_ROWS else 2) * (aten_capability() in (AVX512, AVX2))
 
 
 # -- int4: ATen's packed layout ----------------------------------------------------------------
@@ -162,30 +165,42 @@ def _check_int4(x, p, sz, rewritten=True):
                                    rtol=1e-5, atol=1e-5)
     inside, outside, graph = _group_ops(f, x, p, sz)
     rewritten = rewritten and aten_capability() in (AVX512, AVX2)
-    assert ("aten::sum" in inside) == rewritten, graph
+    kind = "aten::sum" if x.shape[0] <= MAX_ROWS else "aten::mm"
+    assert (kind in inside) == rewritten, graph
     assert ("aten::_weight_int4pack_mm_for_cpu" in outside) != rewritten, graph
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (3, 192, 96), (MAX_INT4_ROWS, 128, 32)])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (3, 192, 96), (MAX_ROWS, 128, 32)])
 def test_int4_rows_as_dot_products(m, n, k):
     p, sz = _int4(n, k)
     _check_int4(torch.randn(m, k), p, sz)
 
 
-def test_int4_extremal_inputs():
+@pytest.mark.parametrize("m,n,k", [(MAX_ROWS + 1, 64, 64), (32, 192, 96), (100, 128, 32)])
+def test_int4_rows_as_a_gemm_of_the_dequantized_weight(m, n, k):
+    p, sz = _int4(n, k)
+    _check_int4(torch.randn(m, k), p, sz)
+
+
+@pytest.mark.parametrize("m", [4, MAX_ROWS + 1])
+def test_int4_extremal_inputs(m):
+    """Rows with a NaN, an infinity and -0.0, both infinities, a finite x whose products with
+    the codes overflow: eager's results (factored, the sums of the second row would be NaN
+    where eager's are infinite, the last row's infinite; eager's kernel runs instead)."""
     p, sz = _int4(64, 64)
-    x = torch.randn(2, 64)
+    x = torch.randn(m, 64)
     x[0, 3], x[1, 5], x[1, 7] = float("nan"), float("inf"), -0.0
+    x[2, 9], x[2, 50], x[-1, 40] = float("inf"), -float("inf"), 3e38
     _check_int4(x, p, sz)
+    _check_int4(torch.zeros(m, 64), p, sz)
 
 
 def test_int4_left_alone():
-    """Rows of a block ATen packs otherwise (48 of 64), more rows than MAX_INT4_ROWS, bfloat16
-    activations (ATen's kernel is vectorized for them): ATen's kernel runs."""
+    """Rows of a block ATen packs otherwise (48 of 64), bfloat16 activations (ATen's kernel
+    is vectorized for them): ATen's kernel runs."""
     p, sz = _int4(48, 64)
     _check_int4(torch.randn(1, 64), p, sz, rewritten=False)
     p, sz = _int4(64, 64)
-    _check_int4(torch.randn(MAX_INT4_ROWS + 1, 64), p, sz, rewritten=False)
     f = nncfuse.jit(int4mm)
     xb, szb = torch.randn(1, 64, dtype=torch.bfloat16), sz.bfloat16()
     for _ in range(3):

@@ -98,3 +98,21 @@ def test_run_checks_the_input_types():
     ]:
         with pytest.raises(ValueError, match=message):
             kernel.run(bad)
+
+
+def test_a_dynamic_kernel_allocates_a_0_dim_output():
+    """A dynamic kernel's 0-dim output (a full reduction, the int4 product's check): strides
+    `()` (the entry once spelled them `(,)`, a syntax error)."""
+    graph = torch._C.parse_ir("""
+    graph(%a : Float(4, 3, strides=[3, 1], requires_grad=0, device=cpu)):
+      %none : NoneType = prim::Constant()
+      %y : Float(requires_grad=0, device=cpu) = aten::sum(%a, %none)
+      return (%y)
+    """)
+    kernel = nncfuse.TensorExprKernel(graph, dynamic=True)
+    assert kernel.dynamic
+    for shape in [(4, 3), (7, 5), (0, 2)]:
+        a = torch.randn(shape)
+        got = kernel.run([a])
+        assert got.shape == () and got.stride() == ()
+        torch.testing.assert_close(got, a.sum())

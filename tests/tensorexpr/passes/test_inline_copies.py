@@ -107,3 +107,15 @@ def test_the_rotary_embedding_of_a_transposed_gemm_reads_the_gemm_output():
         return t.double().requires_grad_()
     args = (wide(torch.randn(8, 32)), wide(w), cos.double(), sin.double())
     assert torch.autograd.gradcheck(nncfuse.jit(_transposed_rotary), args)
+
+
+def test_a_view_of_a_dense_input_is_read_from_its_source():
+    """A view's index through the flat offset (`a / 16 * 16 + a % 16`: the int4 product's
+    packed weight): one element per lane, however it is spelled, so no copy."""
+    def view(mm):
+        return lambda j, k, lane: E.Load(mm, ((j * 32 + k * 8 + lane) / 16,
+                                              (j * 32 + k * 8 + lane) % 16))
+    prog, params = _rotary(view)
+    after = inline_intermediates(prog, outputs=params[2:])
+    assert "tmp" not in text(after)
+    _run_both(prog, params, after)
