@@ -239,9 +239,10 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     after = _single_user(user.output(), outputs) if residual is not None else None
     then = _unary(after, user.output()) if after is not None else None
     plans: list[_Plan] = []
-    packed = operands[1] in constant and _packable(operands[0], operands[1], meta) \
-        and not _onednn_sgemm(meta, operands[1], transposed=True)  # faster, where MKL's is
     reused = "_reused" if _reusable(operands[1], constant, meta) else ""
+    packed = operands[1] in constant and _packable(operands[0], operands[1], meta) \
+        and not _onednn_sgemm(meta, operands[1], transposed=True) \
+        and not reused  # (oneDNN's, packed, where MKL's is the slower)
     if kind == "aten::linear" and len(meta.sizes) >= 2 and not packed and (
             reused or _onednn_linear(meta, operands[1])):
         x, w, b = operands
@@ -290,16 +291,17 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
 
 
 def _reusable(w: Any, constant: frozenset[Buf], meta: TensorMeta) -> bool:
-    """Whether a weight `w` (not a constant: those are packed once) is worth packing where
-    it is the same tensor at a later call (`reused_weight`), for oneDNN's routines: a
-    convolution's (bfloat16 or float32; packed only for a channels-last input), or a
-    linear's (N, K) that `reusable_gemm`."""
+    """Whether a weight `w` is worth packing where it is the same tensor at a later call
+    (`reused_weight`), for oneDNN's routines: a convolution's that is not a constant
+    (bfloat16 or float32; packed only for a channels-last input; a constant's is packed
+    once, `_packed`), or a linear's (N, K) that `reusable_gemm`, a frozen module's constant
+    too (on a CPU where MKL's float32 GEMM is the slower, rather than MKL's packed one)."""
     dims = w.static_dims() if isinstance(w, Buf) else None
-    if dims is None or w in constant or not onednn_dtype_ok(meta.dtype):
+    if dims is None or not onednn_dtype_ok(meta.dtype):
         return False
-    if len(dims) == 4:
-        return meta.dtype in (torch.bfloat16, torch.float32)
-    return reusable_gemm(meta.dtype, _rows(meta), dims)
+    if len(dims) == 4:  # (a constant convolution weight: `_packed`)
+        return w not in constant and meta.dtype in (torch.bfloat16, torch.float32)
+    return reusable_gemm(meta.dtype, _rows(meta), dims)  # (a constant: packed at its 2nd call)
 
 
 def _onednn_linear(meta: TensorMeta, w: Any) -> bool:
