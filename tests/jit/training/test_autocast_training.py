@@ -68,6 +68,18 @@ def _same_gradients(model, reference) -> None:
         torch.testing.assert_close(p, q, rtol=TOL, atol=TOL * scale)
 
 
+def _train_as_eager(fn, model, reference, x, dtype, inside: bool = True,
+                    result_dtype: torch.dtype | None = None, tol: float = TOL) -> None:
+    """Three steps of `fn` (profile, build, run the plan) against eager's `reference`: the
+    results' dtypes (`result_dtype` where given) and values, the gradients."""
+    for _ in range(3):
+        result = _step(fn, model, x, dtype, inside)
+        expected = _step(reference, reference, x, dtype, inside)
+        assert result.dtype == expected.dtype == (result_dtype or expected.dtype)
+        torch.testing.assert_close(result, expected, rtol=tol, atol=tol)
+        _same_gradients(model, reference)
+
+
 def _plan(fused) -> AutodiffPlan:
     plans = [p for p in fused.policy.plans.values() if isinstance(p, AutodiffPlan)]
     assert len(plans) == 1
@@ -80,12 +92,7 @@ def test_autodiff_trains_fused_with_eagers_dtypes_and_gradients(dtype, inside):
     model, reference = _pair()
     fused = nncfuse.jit(model)
     x = torch.randn(2, 8, 16)
-    for _ in range(3):  # (profile, build, run the plan)
-        result = _step(fused, model, x, dtype, inside)
-        expected = _step(reference, reference, x, dtype, inside)
-        assert result.dtype == expected.dtype
-        torch.testing.assert_close(result, expected, rtol=TOL, atol=TOL)
-        _same_gradients(model, reference)
+    _train_as_eager(fused, model, reference, x, dtype, inside)
     # One differentiable graph (the casts joined it), its f holding the GEMMs in reduced
     # precision, fused with their epilogues.
     (outer,) = _plan(fused).outers()
@@ -108,12 +115,7 @@ def test_backend_trains_fused_under_autocast(dtype):
     model, reference = _pair()
     compiled = torch.compile(model, backend="nncfuse")
     x = torch.randn(2, 8, 16)
-    for _ in range(3):
-        result = _step(compiled, model, x, dtype)
-        expected = _step(reference, reference, x, dtype)
-        assert result.dtype == expected.dtype
-        torch.testing.assert_close(result, expected, rtol=TOL, atol=TOL)
-        _same_gradients(model, reference)
+    _train_as_eager(compiled, model, reference, x, dtype)
     kinds = {g.kind for g in compiled_graphs()}
     assert {"forward", "backward"} <= kinds
     torch._dynamo.reset()
@@ -130,12 +132,7 @@ def test_a_norm_of_a_reduced_input_with_float32_weights_trains_fused():
     model, reference = _pair(_mixed_norm)
     fused = nncfuse.jit(model)
     x = torch.randn(4, 16)
-    for _ in range(3):
-        result = _step(fused, model, x, torch.bfloat16)
-        expected = _step(reference, reference, x, torch.bfloat16)
-        assert result.dtype == expected.dtype == torch.bfloat16
-        torch.testing.assert_close(result, expected, rtol=TOL, atol=TOL)
-        _same_gradients(model, reference)
+    _train_as_eager(fused, model, reference, x, torch.bfloat16, result_dtype=torch.bfloat16)
     assert _plan(fused).outers()
 
 
@@ -155,12 +152,8 @@ def test_an_op_that_mixes_dtypes_otherwise_trains_unfused_as_eager():
     model, reference = _pair(SumToFloat)
     fused = nncfuse.jit(model)
     x = torch.randn(4, 16)
-    for _ in range(3):
-        result = _step(fused, model, x, torch.bfloat16)
-        expected = _step(reference, reference, x, torch.bfloat16)
-        assert result.dtype == expected.dtype == torch.float32
-        torch.testing.assert_close(result, expected, rtol=0, atol=0)
-        _same_gradients(model, reference)
+    _train_as_eager(fused, model, reference, x, torch.bfloat16, result_dtype=torch.float32,
+                    tol=0)
     assert not _plan(fused).outers()
 
 
