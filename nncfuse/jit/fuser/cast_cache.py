@@ -32,6 +32,9 @@ KIND = "nncfuse::autocast_weight"
 BATCH_KIND = "nncfuse::autocast_weights"
 #: a 4-d weight in channels-last memory, once per version
 LAYOUT_KIND = "nncfuse::channels_last_weight"
+#: the nodes that give a graph state the next call reads again: a module's attribute, a graph
+#: input (the backend's graphs take the parameters as inputs)
+STATE_KINDS = ("prim::GetAttr", "prim::Param")
 
 #: tensor -> {dtype: (version, data pointer, copy)}
 _copies: WeakIdKeyDictionary = WeakIdKeyDictionary()

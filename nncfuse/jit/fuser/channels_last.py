@@ -25,7 +25,8 @@ Exact: only where elements are stored changes, and what the graph returns or han
 another op has eager's layout. (A value computed unfused, by the guard's fallback, has
 eager's layout instead: the next kernel's type check fails and its fallback runs, which is
 exact too.) Only the top-level block. float32 convolutions too, where their weight is
-module state autograd does not track (`_STATE`: inference), which oneDNN then takes packed.
+module state autograd does not track (`cast_cache.STATE_KINDS`: inference), which oneDNN
+then takes packed.
 """
 
 from __future__ import annotations
@@ -56,14 +57,6 @@ _KEEPS = frozenset((
 #: then): channels-last measured faster for plain ones (1x1, 96 -> 96 at 16x16: 700 us against
 #: 1780, as under ATEN_CPU_CAPABILITY=avx2), slower for depthwise ones (892 against 731)
 _REDUCED = (torch.bfloat16, torch.float16)
-#: float32 convolutions go channels-last only where the weight is state that the next call
-#: reads again (a module's attribute, a graph input: the backend's parameters) and autograd
-#: does not track: oneDNN then takes it packed from the second call (`external.py`'s
-#: `reused_weight`), where a channels-last convolution of an unpacked float32 weight is
-#: slow (1 thread, 512 -> 512 channels, 3x3 at 7x7: NCHW 3.1 ms, channels-last 14.6 ms,
-#: channels-last with the weight packed 1.8 ms; 64 -> 64 at 56x56: 3.1, 2.1, 2.0 ms;
-#: depthwise 96 at 56x56: 206, 102, 91 us; 1x1 32 -> 192 at 28x28: 107, 107, 121 us)
-_STATE = ("prim::GetAttr", "prim::Param")
 _CONTIGUOUS, _CHANNELS_LAST = 0, 2  # (memory_format constants, as TorchScript passes them)
 
 
@@ -95,16 +88,22 @@ def _typed(t: Any, memory_format: torch.memory_format) -> Any:
 
 def _seed(node: Any) -> bool:
     """Whether `node` is a 2-d convolution (not transposed) of reduced precision, or of
-    float32 with a weight of module state (`_STATE`), whose input and output are
-    NCHW-contiguous."""
+    float32 with a weight of module state (`cast_cache.STATE_KINDS`), whose input and output
+    are NCHW-contiguous."""
     if node.kind() not in _CONVOLUTIONS or not node.outputsSize() == 1:
         return False
     if node.kind() != "aten::conv2d" and node.inputsAt(6).toIValue() is not False:
         return False
+    # float32: only where the weight is state that the next call reads again and autograd
+    # does not track; oneDNN then takes it packed from the second call (`external.py`'s
+    # `reused_weight`), where a channels-last convolution of an unpacked float32 weight is
+    # slow (1 thread, 512 -> 512 channels, 3x3 at 7x7: NCHW 3.1 ms, channels-last 14.6 ms,
+    # channels-last with the weight packed 1.8 ms; 64 -> 64 at 56x56: 3.1, 2.1, 2.0 ms;
+    # depthwise 96 at 56x56: 206, 102, 91 us; 1x1 32 -> 192 at 28x28: 107, 107, 121 us)
     out, dtype, w = node.output(), node.output().type().dtype(), node.inputsAt(1)
     if w.type().dtype() != dtype or not (dtype in _REDUCED or (
             dtype == torch.float32 and w.type().requires_grad() is False
-            and w.node().kind() in _STATE)):
+            and w.node().kind() in cast_cache.STATE_KINDS)):
         return False
     groups = node.inputsAt(6 if node.kind() == "aten::conv2d" else 8)
     if dtype == torch.float16 and not (  # (float16: only where measured faster, not grouped)

@@ -35,6 +35,7 @@ import torch
 from ... import log
 from ...tensorexpr.lowerings import reusable_gemm
 from ...tensorexpr.meta import TensorMeta, constant
+from . import cast_cache
 
 _log = log.get_logger(__file__)
 
@@ -44,7 +45,7 @@ def _meta(value: Any) -> TensorMeta | None:
 
 #: what makes a weight: a graph input, a module's attribute, a cached cast (`nncfuse::`) or
 #: a batch of them unpacked
-_WEIGHTS = ("prim::Param", "prim::GetAttr", "prim::ListUnpack")
+_WEIGHTS = (*cast_cache.STATE_KINDS, "prim::ListUnpack")
 
 
 def _weight(value: Any) -> tuple[Any, bool] | None:

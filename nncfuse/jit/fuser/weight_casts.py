@@ -38,14 +38,13 @@ from typing import Any
 import torch
 
 from ... import log
-from ...tensorexpr.meta import blocks_of
+from ...tensorexpr.meta import all_nodes
 from . import cast_cache
 
 _log = log.get_logger(__file__)
 
 #: ScalarType codes of the reduced float dtypes, as TorchScript graphs spell a `to`'s dtype
 _REDUCED_CODES = (5, 15)
-_WEIGHTS = ("prim::GetAttr", "prim::Param")
 
 
 def _escapes(value: Any, aliases: Any, returned: set[int]) -> bool:
@@ -81,21 +80,16 @@ def _cacheable_cast(node: Any, weights: set[int], aliases: Any, returned: set[in
     return not _escapes(node.output(), aliases, returned)
 
 
-def _sets_attributes(block: Any) -> bool:
-    return any(n.kind() == "prim::SetAttr" or any(_sets_attributes(b) for b in blocks_of(n))
-               for n in block.nodes())
-
-
 def batch_weight_casts(graph: torch._C.Graph) -> None:
     """The top-level block's cached casts of weights (in place) as one `autocast_weights` call
     per dtype, after the block's `prim::GetAttr`s, moved to its start (where nothing sets an
     attribute)."""
     block = graph.block()
     aliases = graph.alias_db()  # (a weight the graph writes is cast where it was)
-    casts = [n for n in block.nodes() if n.kind() == cast_cache.KIND
-             and n.inputsAt(0).node().kind() in _WEIGHTS and n.inputsAt(2).toIValue()
+    casts = [n for n in block.nodes() if n.kind() == cast_cache.KIND  # (of module state:
+             and n.inputsAt(2).toIValue()  # a `prim::GetAttr`, or a static input)
              and not aliases.has_writers(n.inputsAt(0))]
-    if len(casts) < 2 or _sets_attributes(block):
+    if len(casts) < 2 or any(n.kind() == "prim::SetAttr" for n in all_nodes(block)):
         return
     reads = [n for n in block.nodes() if n.kind() == "prim::GetAttr"]
     previous = None
