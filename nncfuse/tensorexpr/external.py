@@ -134,7 +134,7 @@ def packed_weight(w: torch.Tensor, key: tuple[Any, ...],
     owner = w if owner is None else owner
     if w.is_inference():  # (it tracks no version: an in-place write would not be seen)
         return pack(w)
-    key = (w._version, tuple(w.shape), w.stride(), w.dtype, *key)
+    key = _form_key(w, key)
     entry = _packed.get(id(owner))
     if entry is not None and entry[0]() is owner and key in entry[1]:
         return entry[1][key]
@@ -149,12 +149,22 @@ def packed_weight(w: torch.Tensor, key: tuple[Any, ...],
     return packed
 
 
-def packed_conv_weight(w: torch.Tensor, padding: Any, stride: Any, dilation: Any, groups: int,
-                       input_size: Any) -> torch.Tensor:
-    """`w` in oneDNN's blocked layout for this convolution (`packed_weight`)."""
-    key = (tuple(padding), tuple(stride), tuple(dilation), groups, tuple(input_size))
-    return packed_weight(w, key, lambda t: torch.ops.mkldnn._reorder_convolution_weight(
-        t, list(padding), list(stride), list(dilation), groups, list(input_size)))
+def _form_key(w: torch.Tensor, key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a packed form of `w` for `key` depends on: its version, sizes, strides, dtype."""
+    return (w._version, tuple(w.shape), w.stride(), w.dtype, *key)
+
+
+def _conv_geometry(x: torch.Tensor, padding: Any, stride: Any, dilation: Any,
+                   groups: int) -> tuple[Any, ...]:
+    """The key of a convolution's packed weight (`_pack_conv`'s operands after the weight)."""
+    return (tuple(padding), tuple(stride), tuple(dilation), groups, tuple(x.shape))
+
+
+def _pack_conv(geometry: tuple[Any, ...], w: torch.Tensor) -> torch.Tensor:
+    """`w` in oneDNN's blocked layout for a convolution of this geometry."""
+    padding, stride, dilation, groups, input_size = geometry
+    return torch.ops.mkldnn._reorder_convolution_weight(
+        w, list(padding), list(stride), list(dilation), groups, list(input_size))
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
@@ -180,29 +190,30 @@ def reused_weight(w: torch.Tensor, key: tuple[Any, ...],
     if w.is_inference():  # (it tracks no version: an in-place write would not be seen)
         return None
     owner = w if w._base is None else w._base
-    key = (w._version, w.data_ptr(), w.stride(), *key)
+    key = (w.data_ptr(), *key)
+    form = _form_key(w, key)
     entry = _packed.get(id(owner))
-    if entry is not None and entry[0]() is owner:
-        packed = entry[1].get((w._version, tuple(w.shape), w.stride(), w.dtype, *key))
-        if packed is not None:
-            return packed
+    if entry is not None and entry[0]() is owner and form in entry[1]:
+        return entry[1][form]
     seen = _sightings.get(id(owner))
-    if seen is not None and seen[0]() is owner and seen[1] == key:
+    if seen is not None and seen[0]() is owner and seen[1] == form:
         return packed_weight(w, key, pack, owner)
     with _packed_lock:
-        _sightings[id(owner)] = (weakref.ref(owner, partial(_forget, id(owner))), key)
+        _sightings[id(owner)] = (weakref.ref(owner, partial(_forget, id(owner))), form)
     return None
 
 
 def _conv_pointwise_packed(x, w, b, padding, stride, dilation, groups, attr, scalars,  # noqa: ANN001, ANN202, E501
                            algorithm):
-    packed = packed_conv_weight(w, padding, stride, dilation, groups, x.shape)
+    geometry = _conv_geometry(x, padding, stride, dilation, groups)
+    packed = packed_weight(w, geometry, partial(_pack_conv, geometry))
     return _conv_pointwise(x, packed, b, padding, stride, dilation, groups, attr, scalars,
                            algorithm)
 
 
 def _conv_binary_packed(x, other, w, b, padding, stride, dilation, groups, *post):  # noqa: ANN001, ANN002, ANN202, E501
-    packed = packed_conv_weight(w, padding, stride, dilation, groups, x.shape)
+    geometry = _conv_geometry(x, padding, stride, dilation, groups)
+    packed = packed_weight(w, geometry, partial(_pack_conv, geometry))
     return _conv_binary(x, other, packed, b, padding, stride, dilation, groups, *post)
 
 
@@ -210,33 +221,28 @@ def _conv_binary_packed(x, other, w, b, padding, stride, dilation, groups, *post
 # thread, 512 -> 512 channels, 3x3 at 7x7: 14.6 ms, of which reordering 9.8, against 3.1 ms
 # for the NCHW convolution and 1.8 packed): until the weight is packed, a float32 one runs in
 # NCHW, its input and result converted (a weight that is new at every call always does).
-def _conv_pointwise_reused(x, w, b, padding, stride, dilation, groups, attr, scalars,  # noqa: ANN001, ANN202, E501
-                           algorithm):
-    key = (tuple(padding), tuple(stride), tuple(dilation), groups, tuple(x.shape))
-    packed = reused_weight(w, key, partial(_pack_conv, key))
+def _conv_reused(conv: Callable[..., torch.Tensor], x: torch.Tensor, others: tuple[Any, ...],
+                 w: torch.Tensor, b: Any, padding: Any, stride: Any, dilation: Any, groups: int,
+                 post: tuple[Any, ...]) -> torch.Tensor:
+    """`conv(x, *others, w, b, padding, stride, dilation, groups, *post)` with `w` packed once
+    it is reused; a float32 one not packed (yet) in NCHW, `x` and `others` converted."""
+    geometry = _conv_geometry(x, padding, stride, dilation, groups)
+    packed = reused_weight(w, geometry, partial(_pack_conv, geometry))
     if packed is None and x.dtype == torch.float32:
-        return _conv_pointwise(x.contiguous(), w.contiguous(), b, padding, stride, dilation,
-                               groups, attr, scalars, algorithm).contiguous(
-            memory_format=torch.channels_last)
-    return _conv_pointwise(x, w if packed is None else packed, b, padding, stride, dilation,
-                           groups, attr, scalars, algorithm)
+        nchw = conv(x.contiguous(), *(t.contiguous() for t in others), w.contiguous(), b,
+                    padding, stride, dilation, groups, *post)
+        return nchw.contiguous(memory_format=torch.channels_last)
+    return conv(x, *others, w if packed is None else packed, b, padding, stride, dilation,
+                groups, *post)
+
+
+def _conv_pointwise_reused(x, w, b, padding, stride, dilation, groups, *post):  # noqa: ANN001, ANN002, ANN202, E501
+    return _conv_reused(_conv_pointwise, x, (), w, b, padding, stride, dilation, groups, post)
 
 
 def _conv_binary_reused(x, other, w, b, padding, stride, dilation, groups, *post):  # noqa: ANN001, ANN002, ANN202, E501
-    key = (tuple(padding), tuple(stride), tuple(dilation), groups, tuple(x.shape))
-    packed = reused_weight(w, key, partial(_pack_conv, key))
-    if packed is None and x.dtype == torch.float32:
-        return _conv_binary(x.contiguous(), other.contiguous(), w.contiguous(), b, padding,
-                            stride, dilation, groups, *post).contiguous(
-            memory_format=torch.channels_last)
-    return _conv_binary(x, other, w if packed is None else packed, b, padding, stride,
-                        dilation, groups, *post)
-
-
-def _pack_conv(key: tuple[Any, ...], w: torch.Tensor) -> torch.Tensor:
-    padding, stride, dilation, groups, input_size = key
-    return torch.ops.mkldnn._reorder_convolution_weight(
-        w, list(padding), list(stride), list(dilation), groups, list(input_size))
+    return _conv_reused(_conv_binary, x, (other,), w, b, padding, stride, dilation, groups,
+                        post)
 
 
 # A linear's weight is packed for the row count of the call that packs it, and serves any:
