@@ -47,13 +47,13 @@ _log = log.get_logger(__file__)
 _REDUCED_CODES = (5, 15)
 
 
-def _escapes(value: Any, aliases: Any, returned: set[int]) -> bool:
+def _escapes(value: Any, aliases: Any) -> bool:
     """Whether `value`, or a value that may alias it (a view of it, a container holding
-    it), is written or returned (`returned`: the uniques of what the graph returns)."""
+    it), is written or returned."""
     seen, todo = {value.unique()}, [value]
     while todo:
         v = todo.pop()
-        if v.unique() in returned or aliases.has_writers(v):
+        if aliases.has_writers(v):
             return True
         for use in v.uses():
             if use.user.kind() == "prim::Return":
@@ -65,7 +65,7 @@ def _escapes(value: Any, aliases: Any, returned: set[int]) -> bool:
     return False
 
 
-def _cacheable_cast(node: Any, weights: set[int], aliases: Any, returned: set[int]) -> bool:
+def _cacheable_cast(node: Any, weights: set[int], aliases: Any) -> bool:
     """Whether `node` is `aten::to(w, dtype, False, False, None)` of one of `weights` (the
     uniques of values) to a reduced dtype, whose copy no one writes or receives."""
     if node.kind() != "aten::to" or node.inputsSize() != 5 or node.outputsSize() != 1 \
@@ -77,7 +77,7 @@ def _cacheable_cast(node: Any, weights: set[int], aliases: Any, returned: set[in
     dtype, non_blocking, copy, memory_format = (f.toIValue() for f in flags)
     if dtype not in _REDUCED_CODES or non_blocking or copy or memory_format is not None:
         return False
-    return not _escapes(node.output(), aliases, returned)
+    return not _escapes(node.output(), aliases)
 
 
 def batch_weight_casts(graph: torch._C.Graph) -> None:
@@ -130,10 +130,10 @@ def cache_weight_casts(graph: torch._C.Graph, weights: Iterable[int]) -> int:
     through the cast cache, in place, where that is exact; the count of casts."""
     inputs = list(graph.inputs())
     uniques = {inputs[i].unique() for i in weights}
-    aliases, returned = graph.alias_db(), {v.unique() for v in graph.outputs()}
+    aliases = graph.alias_db()
     count = 0
     for node in list(graph.block().nodes()):
-        if not _cacheable_cast(node, uniques, aliases, returned):
+        if not _cacheable_cast(node, uniques, aliases):
             continue
         with graph.insert_point_guard(node):
             args = [node.inputsAt(0), node.inputsAt(1), graph.insertConstant(True)]
