@@ -167,3 +167,33 @@ def test_float16_only_ungrouped_convolutions_go_channels_last():
                       n.output().type().strides()[1] == 1) for n in nodes
                      if n.kind() in ("aten::conv2d", "aten::_convolution"))
     assert layouts == [(1, True), (1, True), (8, False)]  # ((groups, channels-last))
+
+
+def test_a_max_pool_with_indices_keeps_the_layout_of_both_its_outputs():
+    """AOTAutograd's max pool (values and indices): both typed channels-last after a bfloat16
+    convolution; a reader of the indices that keeps no layout reads them converted back."""
+    from nncfuse.jit.fuser.channels_last import convolutions_to_channels_last
+    graph = torch._C.parse_ir("""
+      graph(%x : BFloat16(1, 4, 8, 8, strides=[256, 64, 8, 1], requires_grad=0, device=cpu),
+            %w : BFloat16(8, 4, 3, 3, strides=[36, 9, 3, 1], requires_grad=0, device=cpu)):
+        %none : NoneType = prim::Constant()
+        %one : int = prim::Constant[value=1]()
+        %two : int = prim::Constant[value=2]()
+        %false : bool = prim::Constant[value=0]()
+        %s : int[] = prim::ListConstruct(%one, %one)
+        %k : int[] = prim::ListConstruct(%two, %two)
+        %zero : int[] = prim::ListConstruct(%one, %one)
+        %c : BFloat16(1, 8, 8, 8, strides=[512, 64, 8, 1], requires_grad=0, device=cpu) = aten::convolution(%x, %w, %none, %s, %zero, %s, %false, %zero, %one)
+        %p : BFloat16(1, 8, 4, 4, strides=[128, 16, 4, 1], requires_grad=0, device=cpu), %i : Long(1, 8, 4, 4, strides=[128, 16, 4, 1], requires_grad=0, device=cpu) = aten::max_pool2d_with_indices(%c, %k, %k, %zero, %s, %false)
+        %r : BFloat16(1, 8, 4, 4, strides=[128, 16, 4, 1], requires_grad=0, device=cpu) = aten::relu(%p)
+        %f : Long(1, 128, strides=[128, 1], requires_grad=0, device=cpu) = aten::flatten(%i, %one, %two)
+        return (%r, %f)""")
+    assert convolutions_to_channels_last(graph) == 1
+    pool = next(n for n in graph.nodes() if n.kind() == "aten::max_pool2d_with_indices")
+    assert pool.inputsAt(0).node().kind() == "aten::convolution"  # (no conversion between)
+    assert [v.type().strides() for v in pool.outputs()] == [[128, 1, 32, 8]] * 2
+    relu = next(n for n in graph.nodes() if n.kind() == "aten::relu")
+    assert relu.output().type().strides() == [128, 1, 32, 8]
+    flatten = next(n for n in graph.nodes() if n.kind() == "aten::flatten")
+    back = flatten.inputsAt(0).node()
+    assert back.kind() == "aten::contiguous" and back.output().type().strides() == [128, 16, 4, 1]
