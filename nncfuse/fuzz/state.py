@@ -18,7 +18,15 @@ and with the dtypes equal.
 
 and each call's output, and the batch norms' statistics after it, are compared
 with eager's (`oracle.compare`), under the same `torch.manual_seed` (dropout's
-masks are eager's).
+masks are eager's). Where a float32 call differs by more than `compare` allows, the module
+as it was before the call runs again in float64 (the same masks): the difference is
+rounding, not an error, if each tensor is at most `MULTIPLIER` times as far from float64's
+(root mean square) as eager's own, the rule PyTorch's benchmarks judge compilers by
+(`torch._dynamo.utils.same(fp64_ref=...)`). A batch norm in training mode over a few rows
+divides by a small variance and amplifies last-bit differences of what feeds it:
+
+    Linear -> LayerNorm -> Dropout -> GELU -> Tanh -> BatchNorm1d, 5 rows
+    float32 nncfuse against float32 eager: 4e-5 apart; each as far from float64's
 
     step 0: call          step 1: eval(); 2.weight = Parameter(...); call   ...
 """
@@ -96,6 +104,47 @@ def _change(rng: random.Random, pair: tuple[nn.Module, nn.Module]) -> str:
     return "call"
 
 
+#: how many times eager float32's distance from float64's a result may be (see above)
+MULTIPLIER = 3.0
+
+
+def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).square().mean().sqrt()) if a.numel() else 0.0
+
+
+def rounding_explains(got: tuple[Any, ...], want: tuple[Any, ...],
+                      exact: tuple[Any, ...]) -> bool:
+    """Whether float32 `got` is as close to float64 `exact` as eager's `want` is, within
+    `MULTIPLIER` (per tensor, root mean square; non-finite elements where eager's are)."""
+    for g, w, e in zip(got, want, exact, strict=True):
+        if not (g.dtype == w.dtype and g.shape == w.shape):
+            return False
+        if not g.is_floating_point():
+            if not torch.equal(g, w):
+                return False
+            continue
+        finite = w.isfinite()
+        if not (torch.equal(g.isfinite(), finite)
+                and torch.equal(g[~finite].isnan(), w[~finite].isnan())
+                and torch.equal(g[~finite & ~w.isnan()], w[~finite & ~w.isnan()])):
+            return False
+        g, w, e = g[finite], w[finite], e[finite]
+        tiny = 1e-7 * float(e.abs().max()) if e.numel() else 0.0
+        if _rms(g, e) > MULTIPLIER * _rms(w, e) + tiny:
+            return False
+    return True
+
+
+def _float64(module: nn.Module, x: torch.Tensor, step: int, grad: bool) -> tuple[Any, ...]:
+    """`module` (a copy of eager's before the call) called in float64 as the call was made:
+    its output and buffers after it."""
+    exact = copy.deepcopy(module).double()
+    with torch.set_grad_enabled(grad):
+        torch.manual_seed(step)
+        out = exact(x.double())
+    return (out, *(b for _, b in exact.named_buffers()))
+
+
 #: what `check(autocast=True)` draws for each call: no autocast, or eager's CPU autocast
 AUTOCAST = (None, torch.bfloat16, torch.float16)
 
@@ -122,6 +171,7 @@ def check(seed: int, jit: Callable[[nn.Module], Any],
             done.append(_change(rng, (m, eager)))
         grad = rng.random() < 0.3
         dtype = amp.choice(AUTOCAST) if autocast is not None else None
+        before = copy.deepcopy(eager)
         with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
                                                           enabled=dtype is not None):
             torch.manual_seed(step)
@@ -132,8 +182,12 @@ def check(seed: int, jit: Callable[[nn.Module], Any],
         # (Once a call ran under autocast, batch norms' statistics carry its rounding into
         # the calls after it: those are compared as autocast's too.)
         drifted = drifted or dtype is not None
-        message = (autocast if drifted else compare)(
-            (got, *(b for _, b in states)), (want, *(eager.get_buffer(n) for n, _ in states)))
+        gots = (got, *(b for _, b in states))
+        wants = (want, *(eager.get_buffer(n) for n, _ in states))
+        message = (autocast if drifted else compare)(gots, wants)
+        if message and not drifted and isinstance(got, torch.Tensor) and rounding_explains(
+                gots, wants, _float64(before, x, step, grad)):
+            message = ""
         if message:
             under = f", autocast {dtype}" if dtype is not None else ""
             return f"{m}\nafter {'; '.join(done) or 'nothing'} (grad={grad}{under}): {message}"

@@ -374,3 +374,32 @@ def test_the_autocast_check_sees_a_wrong_result_dtype():
     found = [state.check(seed, float_results, oracle.compare, autocast=oracle.compare_autocast)
              for seed in range(1, 4)]
     assert any(f and "dtype" in f for f in found), found
+
+
+def test_the_state_checks_float64_rule_tells_rounding_from_error():
+    """A float32 result as far from float64's as eager's is rounding; one a thousand times as
+    far, or with a NaN where eager has none, is an error."""
+    from nncfuse.fuzz.state import rounding_explains
+
+    exact = torch.randn(64, dtype=torch.float64)
+    want = exact.float()
+    ulp = torch.finfo(torch.float32).eps * exact.abs().float()
+    rounded = want + ulp * torch.where(torch.rand(64) < 0.5, 1.0, -1.0)
+    assert rounding_explains((rounded,), (want,), (exact,))
+    assert not rounding_explains((want * (1 + 1e-3),), (want,), (exact,))
+    nan = rounded.clone()
+    nan[3] = float("nan")
+    assert not rounding_explains((nan,), (want,), (exact,))
+    assert not rounding_explains((rounded.double(),), (want,), (exact,))  # (the dtype too)
+
+
+def test_the_state_check_still_sees_a_small_error():
+    """A 'fuser' whose results are 0.1% off fails the state check (the float64 rule does not
+    take it for rounding)."""
+    from nncfuse.fuzz import oracle, state
+
+    def off(module):
+        return lambda x: module(x) * 1.001
+
+    found = [state.check(seed, off, oracle.compare) for seed in range(1, 4)]
+    assert all(found), found

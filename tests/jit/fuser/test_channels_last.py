@@ -169,24 +169,34 @@ def test_float16_only_ungrouped_convolutions_go_channels_last():
     assert layouts == [(1, True), (1, True), (8, False)]  # ((groups, channels-last))
 
 
+def _ir_type(dtype: str, sizes: tuple[int, ...]) -> str:
+    """TorchScript IR's complete type of a contiguous tensor."""
+    strides = [1] * len(sizes)
+    for k in range(len(sizes) - 2, -1, -1):
+        strides[k] = strides[k + 1] * sizes[k + 1]
+    return (f"{dtype}({', '.join(map(str, sizes))}, strides={strides}, requires_grad=0, "
+            "device=cpu)")
+
+
 def test_a_max_pool_with_indices_keeps_the_layout_of_both_its_outputs():
     """AOTAutograd's max pool (values and indices): both typed channels-last after a bfloat16
     convolution; a reader of the indices that keeps no layout reads them converted back."""
     from nncfuse.jit.fuser.channels_last import convolutions_to_channels_last
-    graph = torch._C.parse_ir("""
-      graph(%x : BFloat16(1, 4, 8, 8, strides=[256, 64, 8, 1], requires_grad=0, device=cpu),
-            %w : BFloat16(8, 4, 3, 3, strides=[36, 9, 3, 1], requires_grad=0, device=cpu)):
+    x, w = _ir_type("BFloat16", (1, 4, 8, 8)), _ir_type("BFloat16", (8, 4, 3, 3))
+    c, p = _ir_type("BFloat16", (1, 8, 8, 8)), _ir_type("BFloat16", (1, 8, 4, 4))
+    i, f = _ir_type("Long", (1, 8, 4, 4)), _ir_type("Long", (1, 128))
+    graph = torch._C.parse_ir(f"""
+      graph(%x : {x}, %w : {w}):
         %none : NoneType = prim::Constant()
         %one : int = prim::Constant[value=1]()
         %two : int = prim::Constant[value=2]()
         %false : bool = prim::Constant[value=0]()
         %s : int[] = prim::ListConstruct(%one, %one)
         %k : int[] = prim::ListConstruct(%two, %two)
-        %zero : int[] = prim::ListConstruct(%one, %one)
-        %c : BFloat16(1, 8, 8, 8, strides=[512, 64, 8, 1], requires_grad=0, device=cpu) = aten::convolution(%x, %w, %none, %s, %zero, %s, %false, %zero, %one)
-        %p : BFloat16(1, 8, 4, 4, strides=[128, 16, 4, 1], requires_grad=0, device=cpu), %i : Long(1, 8, 4, 4, strides=[128, 16, 4, 1], requires_grad=0, device=cpu) = aten::max_pool2d_with_indices(%c, %k, %k, %zero, %s, %false)
-        %r : BFloat16(1, 8, 4, 4, strides=[128, 16, 4, 1], requires_grad=0, device=cpu) = aten::relu(%p)
-        %f : Long(1, 128, strides=[128, 1], requires_grad=0, device=cpu) = aten::flatten(%i, %one, %two)
+        %c : {c} = aten::convolution(%x, %w, %none, %s, %s, %s, %false, %s, %one)
+        %p : {p}, %i : {i} = aten::max_pool2d_with_indices(%c, %k, %k, %s, %s, %false)
+        %r : {p} = aten::relu(%p)
+        %f : {f} = aten::flatten(%i, %one, %two)
         return (%r, %f)""")
     assert convolutions_to_channels_last(graph) == 1
     pool = next(n for n in graph.nodes() if n.kind() == "aten::max_pool2d_with_indices")
