@@ -89,7 +89,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from harness import fmt_time, geomean, measure
+from harness import MULTIPLIER, fmt_time, geomean, measure, rms
 
 import nncfuse
 
@@ -111,7 +111,6 @@ def autocast() -> Any:
     if AUTOCAST is None:
         return contextlib.nullcontext()
     return torch.autocast("cpu", dtype=AUTOCAST)
-MULTIPLIER = 3.0  # against float64 eager: at most this many times float32 eager's error
 
 
 class MLP(torch.nn.Module):
@@ -381,15 +380,11 @@ def compare_gradients(got: list[Any], want: list[Any],
             problem = f"parameter {k} {tuple(w.shape)}: {str(e).splitlines()[1:3]}"
         if exact is None:
             return problem
-        ours, theirs = _rms(g, exact()[k]), _rms(w, exact()[k])
+        ours, theirs = rms(g, exact()[k]), rms(w, exact()[k])
         if ours > MULTIPLIER * theirs + ATOL * scale / 10:
             return (f"{problem}; against float64 eager: rms error {ours:.2e}, float32 "
                     f"eager's {theirs:.2e}")
     return None
-
-
-def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).square().mean().sqrt()) if a.numel() else 0.0
 
 
 def _reset() -> None:
