@@ -56,3 +56,25 @@ def assert_step_as_eager(fused, model, reference, x):
     seed = torch.randn_like(ref)
     torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
                                torch.autograd.grad(ref, [x_ref, *reference.parameters()], seed))
+
+
+def backend_kernel_stmts(model, x, dtype=torch.bfloat16, tol=2e-2):
+    """`model` through the nncfuse backend, called three times under `torch.autocast("cpu",
+    dtype)` with results and dtypes asserted as eager autocast's; the top-level statements
+    of the kernels of its one compiled graph."""
+    from nncfuse import backend
+    from nncfuse.jit.fuser.runtime import kernel_of
+
+    torch._dynamo.reset()
+    backend.clear_compiled_graphs()
+    compiled = torch.compile(model, backend="nncfuse")
+    for _ in range(3):
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            got, want = compiled(x), model(x)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
+    (graph,) = backend.compiled_graphs()
+    stmts = [s for g in graph.graphs() for group in nncfuse.fusion_groups(g)
+             for s in kernel_of(group).stmt.stmts]
+    torch._dynamo.reset()
+    return stmts

@@ -41,6 +41,7 @@ from ...tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import guard, runtime
 from .autocast_casts import make_autocast_casts_explicit
 from .channels_last import convolutions_to_channels_last
+from .flattened_linears import unflatten_linears
 from .inplace import (
     chain_root,
     functionalize_input_writes,
@@ -452,6 +453,7 @@ def fuse_tensor_exprs(
     make_autocast_casts_explicit(graph)
     batch_weight_casts(graph)
     gemms_as_linears(graph)
+    unflatten_linears(graph)
     fold_quantized_weights(graph)
     convolutions_to_channels_last(graph)
     if options.dynamic is not True:

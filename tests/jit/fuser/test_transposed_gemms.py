@@ -6,12 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-import nncfuse
-from nncfuse import backend
-from nncfuse.jit.fuser.runtime import kernel_of
 from nncfuse.jit.fuser.transposed_gemms import gemms_as_linears
 from nncfuse.tensorexpr import stmt as S
 from nncfuse.tensorexpr.external import onednn_dtype_ok
+from tests.fused import backend_kernel_stmts
 
 _GRAPH = """graph(%w : {w}, %b : {b}, %x : {x}, %c : {o}, %k : {wt}):
   %one : int = prim::Constant[value=1]()
@@ -59,24 +57,13 @@ def test_a_linears_gemms_become_linears_where_the_packed_weight_pays(dtype):
 
 @pytest.mark.skipif(not onednn_dtype_ok(torch.bfloat16), reason="oneDNN takes no bfloat16 here")
 def test_the_backends_bfloat16_linears_take_packed_weights():
-    torch._dynamo.reset()
-    backend.clear_compiled_graphs()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).eval()
     x = torch.randn(2, 16, 64)
     x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])
-    compiled = torch.compile(model, backend="nncfuse")
-    for _ in range(3):
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            got, want = compiled(x), model(x)
-        assert got.dtype == want.dtype == torch.bfloat16
-        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2, equal_nan=True)
-    (graph,) = backend.compiled_graphs()
-    calls = [s.fn for g in graph.graphs() for group in nncfuse.fusion_groups(g)
-             for s in kernel_of(group).stmt.stmts if isinstance(s, S.ExternalCall)]
+    calls = [s.fn for s in backend_kernel_stmts(model, x) if isinstance(s, S.ExternalCall)]
     assert calls and all(fn.startswith("nnc_mkldnn_linear_pointwise") for fn in calls), calls
     assert any(fn.endswith("_reused") for fn in calls), calls
-    torch._dynamo.reset()
 
 
 @pytest.mark.skipif(not onednn_dtype_ok(torch.float32), reason="oneDNN takes no float32 here")
