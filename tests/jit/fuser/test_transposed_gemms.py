@@ -88,3 +88,16 @@ def test_float32_linears_gemms_become_linears_where_mkls_gemm_is_slower(monkeypa
   return (%r)""")
     # (128 x 256 x 256 multiply-adds: at least REUSED_SGEMM_WORK; the (K, N) mm is left alone)
     assert gemms_as_linears(graph) == (0 if mkl_fast else 1)
+
+
+def test_a_weight_gradients_gemm_of_a_transposed_operand_stays_a_gemm():
+    """A backward graph's `mm(t(dy), x)` of a saved activation `x` (a graph input read as
+    (K, N)): oneDNN's linear of two transposed operands is slower than `mm`; left as it is."""
+    typ = "BFloat16({}, strides=[{}], requires_grad=0, device=cpu)"
+    graph = torch._C.parse_ir(f"""graph(%dy : {typ.format("32, 256", "256, 1")},
+                                       %x : {typ.format("32, 1024", "1024, 1")}):
+      %dyt : {typ.format("256, 32", "1, 256")} = aten::t(%dy)
+      %dw : {typ.format("256, 1024", "1024, 1")} = aten::mm(%dyt, %x)
+      return (%dw)""")
+    assert gemms_as_linears(graph) == 0
+    assert "aten::mm" in [n.kind() for n in graph.nodes()]
