@@ -37,6 +37,7 @@ import torch
 from ... import log
 from ...config import Options
 from ...tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
+from ...tensorexpr import shape_checks
 from ...tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import guard, runtime
 from .autocast_casts import make_autocast_casts_explicit
@@ -65,9 +66,11 @@ from .weight_casts import batch_weight_casts
 
 _log = log.get_logger(__file__)
 def _body(group: Any) -> list[Any]:
-    """The nodes of `group` that compute: not constants, not copied size expressions."""
+    """The nodes of `group` that compute: not constants, not copied size expressions, not
+    shape checks."""
     return [n for n in group.g("Subgraph").nodes()
-            if n.kind() != "prim::Constant" and not is_size_node(n)]
+            if n.kind() != "prim::Constant" and not is_size_node(n)
+            and not shape_checks.is_check_node(n)]
 
 
 def _body_size(group: Any) -> int:
@@ -200,8 +203,9 @@ class _Fuser:
 
     def scan(self, node: Any) -> Any | None:
         """Pull one producer into `node`; the group if that happened, else None."""
-        if not is_group(node) and (self.why_not(node) is not None or is_external(node)):
-            return None
+        if not is_group(node) and (shape_checks.is_check_value(node) or is_external(node)
+                                   or self.why_not(node) is not None):
+            return None  # (a check value joins the group of its check, as its producer)
         block = node.owningBlock()
         producers = [
             v.node()
@@ -294,12 +298,44 @@ def _order(a: Any, b: Any) -> int:
     return 0 if a == b else (-1 if a.isBefore(b) else 1)
 
 
+#: Nodes that neither raise nor have effects: a shape check may move across them.
+_INERT = frozenset({"prim::Constant", "prim::GetAttr", "prim::ListConstruct",
+                    "prim::TupleConstruct", "prim::unchecked_cast", "aten::dim",
+                    "nncfuse::channels_last_weight", "nncfuse::autocast_weight"})
+
+
+def _has_check(node: Any) -> bool:
+    """Whether `node` is a shape check (`shape_checks`), or a group that holds one."""
+    if is_group(node):
+        return any(map(shape_checks.is_check, node.g("Subgraph").nodes()))
+    return shape_checks.is_check(node)
+
+
+def _keeps_check_order(producer: Any, consumer: Any) -> bool:
+    """Whether moving `producer` and `consumer` together keeps the order of every shape
+    check and the nodes that could raise (or have effects) between them: eager's error for a
+    bad input is the first check's, or the first failing op's. A check crosses inert nodes
+    only, and nothing crosses a check."""
+    between = []
+    node = consumer.prev()
+    while node != producer:
+        between.append(node)
+        node = node.prev()
+    if any(map(_has_check, between)):
+        return False
+    moved = _has_check(producer) or _has_check(consumer)
+    return not moved or all(n.kind() in _INERT for n in between)
+
+
 def _move_together(producer: Any, consumer: Any) -> bool:
-    """Make `producer` immediately precede `consumer` if data dependences allow."""
+    """Make `producer` immediately precede `consumer` if data dependences allow, and the
+    order of shape checks (`_keeps_check_order`)."""
     if not producer.isBefore(consumer):
         return False
     if consumer.prev() == producer:
         return True
+    if not _keeps_check_order(producer, consumer):
+        return False
     users_between = any(use.user.isBefore(consumer)
                         for v in outputs_of(producer) for use in v.uses())
     if not users_between:
