@@ -29,6 +29,7 @@ import torch
 
 from .. import log
 from . import expr as E
+from . import shape_checks
 from . import stmt as S
 from .buffer import Buf
 from .codegen.entry import InputGuard, InputOutput, SizeSymbol
@@ -51,7 +52,6 @@ from .lowerings import (
 )
 from .lowerings.shapes import add_sizes, monomial, product
 from .meta import TensorMeta, infer_types, inputs_of, is_tensor, outputs_of
-from . import shape_checks
 from .size_symbols import SizeSymbols
 
 _log = log.get_logger(__file__)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...tensorexpr import shape_checks
 from ...tensorexpr.dtype import from_torch
 from ...tensorexpr.lowerings import (
     EXTERNAL_KINDS,
@@ -27,7 +28,6 @@ from ...tensorexpr.lowerings import (
     lowering_for,
     onednn_gemm_alone,
 )
-from ...tensorexpr import shape_checks
 from ...tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
 from . import sizes
 from .autocast_casts import casts_nothing, has_autocast_kernel

@@ -36,8 +36,8 @@ import torch
 
 from ... import log
 from ...config import Options
-from ...tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
 from ...tensorexpr import shape_checks
+from ...tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
 from ...tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import guard, runtime
 from .autocast_casts import make_autocast_casts_explicit
