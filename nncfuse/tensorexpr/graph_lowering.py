@@ -51,7 +51,7 @@ from .lowerings import (
     scalar_dtype,
 )
 from .lowerings.shapes import add_sizes, monomial, product
-from .meta import TensorMeta, infer_types, inputs_of, is_tensor, outputs_of
+from .meta import TensorMeta, blocks_of, infer_types, inputs_of, is_tensor, outputs_of
 from .size_symbols import SizeSymbols
 
 _log = log.get_logger(__file__)
@@ -241,6 +241,18 @@ def _lower_check(state: _GraphLowering, node: Any) -> None:
             raise LoweringError("a shape check whose condition is not a constant")
         if (0 if cond.const else 1) == shape_checks.raising_block(node):
             raise LoweringError("a shape check raises for these input types")
+        return
+    if node.kind() == "prim::If":  # (`and`, `or`): the block the condition takes
+        cond = state.env[node.input().unique()]
+        if not isinstance(cond, ScalarArg) or cond.const is None:
+            raise LoweringError("a shape check's `and` or `or` of values not constants")
+        block = blocks_of(node)[0 if cond.const else 1]
+        for inner in block.nodes():
+            if inner.kind() == "prim::Constant":
+                _lower_constant(state, inner)
+            else:
+                _lower_check(state, inner)
+        state.env[node.output().unique()] = state.env[outputs_of(block)[0].unique()]
         return
     operands: list[Any] = []
     for k, v in enumerate(inputs_of(node)):

@@ -61,10 +61,15 @@ def _number(value: Any) -> bool:
 
 def is_check_value(node: Any) -> bool:
     """Whether `node` computes one int or bool of a check's condition: a read of a tensor's
-    shape (`aten::size` along a given dim, not the list of sizes), or an op of `OPS` on ints
-    and bools."""
+    shape (`aten::size` along a given dim, not the list of sizes), an op of `OPS` on ints
+    and bools, or a `prim::If` choosing between such values (`and`, `or`: the second
+    operand is computed only where the first does not decide)."""
     if node.outputsSize() != 1 or not _number(node.output()):
         return False
+    if node.kind() == "prim::If":
+        return all(len(outputs_of(b)) == 1 and all(
+            n.kind() == "prim::Constant" or is_check_value(n) for n in b.nodes())
+            for b in blocks_of(node))
     operands = inputs_of(node)
     if node.kind() in READS:
         return bool(operands) and is_tensor(operands[0]) and all(map(_number, operands[1:]))
@@ -120,6 +125,15 @@ def owning_check(node: Any, holds_check: Callable[[Any], bool] = is_check) -> An
     return next(iter(owners), None)
 
 
+def operands(node: Any) -> list[Any]:
+    """The values `node` reads: its inputs, and those its blocks read from outside them."""
+    inside = {v.unique() for b in blocks_of(node) for n in b.nodes() for v in outputs_of(n)}
+    inner = [v for b in blocks_of(node) for n in b.nodes() for v in operands(n)]
+    inner += [v for b in blocks_of(node) for v in outputs_of(b)]
+    found = inputs_of(node) + [v for v in inner if v.unique() not in inside]
+    return list({v.unique(): v for v in found}.values())
+
+
 def condition(check: Any) -> list[Any]:
     """The check values in `check`'s block that its condition is computed from, in order."""
     found: dict[Any, None] = {}
@@ -128,7 +142,7 @@ def condition(check: Any) -> list[Any]:
         node = value.node()
         if node.owningBlock() == check.owningBlock() and is_check_value(node) and (
                 node not in found):
-            for operand in inputs_of(node):
+            for operand in operands(node):
                 visit(operand)
             found[node] = None
 
@@ -141,8 +155,8 @@ def leaves(check: Any) -> list[Any]:
     whose shape it reads, constants, and anything else (which makes it no constant)."""
     nodes = condition(check)
     inner = {n.output().unique() for n in nodes}
-    operands = [v for n in nodes for v in inputs_of(n)] or [check.inputsAt(0)]
-    return list({v.unique(): v for v in operands if v.unique() not in inner}.values())
+    read = [v for n in nodes for v in operands(n)] or [check.inputsAt(0)]
+    return list({v.unique(): v for v in read if v.unique() not in inner}.values())
 
 
 def evaluate(kind: str, operands: list[Any]) -> Any:
@@ -162,7 +176,4 @@ def evaluate(kind: str, operands: list[Any]) -> Any:
 
 def message_operands(check: Any) -> list[Any]:
     """The values defined outside check `check` that its raising block reads."""
-    block = blocks_of(check)[raising_block(check) or 0]
-    inside = {v.unique() for n in block.nodes() for v in outputs_of(n)}
-    operands = [v for n in block.nodes() for v in inputs_of(n) if v.unique() not in inside]
-    return list({v.unique(): v for v in operands}.values())
+    return operands(check)[1:]
