@@ -9,6 +9,7 @@ from nncfuse.config import Options
 from nncfuse.tensorexpr import shape_checks
 from nncfuse.tensorexpr.lowerings import LoweringError
 
+
 def checked(x):
     if x.dim() != 2 or x.size(1) != 3:
         raise ValueError(f"expected a matrix of 3 columns (got {x.dim()}D)")
