@@ -235,18 +235,16 @@ def _lower_check(state: _GraphLowering, node: Any) -> None:
     value an immediate, a check that passes nothing at all. LoweringError for one that
     raises at these types, or that reads a size symbol (a dynamic kernel's: then a static
     one is built)."""
-    if shape_checks.is_check(node):
+    if node.kind() == "prim::If":  # the block its condition takes
         cond = state.env[node.input().unique()]
         if not isinstance(cond, ScalarArg) or cond.const is None:
             raise LoweringError("a shape check whose condition is not a constant")
-        if (0 if cond.const else 1) == shape_checks.raising_block(node):
+        taken = 0 if cond.const else 1
+        if taken == shape_checks.raising_block(node):
             raise LoweringError("a shape check raises for these input types")
-        return
-    if node.kind() == "prim::If":  # (`and`, `or`): the block the condition takes
-        cond = state.env[node.input().unique()]
-        if not isinstance(cond, ScalarArg) or cond.const is None:
-            raise LoweringError("a shape check's `and` or `or` of values not constants")
-        block = blocks_of(node)[0 if cond.const else 1]
+        if shape_checks.is_check(node):
+            return
+        block = blocks_of(node)[taken]  # (`and`, `or`: a value)
         for inner in block.nodes():
             if inner.kind() == "prim::Constant":
                 _lower_constant(state, inner)

@@ -81,7 +81,7 @@ def why_not_fusible(node: Any) -> str | None:
     if node.kind() == "prim::ListConstruct":
         return _list_problem(node)
     if shape_checks.is_check_value(node):
-        owner = shape_checks.owning_check(node, _holds_check)
+        owner = shape_checks.owning_check(node, holds_check)
         if owner is None:
             return "a shape check's value used outside the one check"
         return None if owner.kind() == _GROUP else _check_problem(owner)
@@ -90,7 +90,7 @@ def why_not_fusible(node: Any) -> str | None:
     return _node_problem(node)
 
 
-def _holds_check(node: Any) -> bool:
+def holds_check(node: Any) -> bool:
     """Whether `node` is a shape check, or a fusion group that holds one."""
     if node.kind() == _GROUP:
         return any(map(shape_checks.is_check, node.g("Subgraph").nodes()))

@@ -56,6 +56,7 @@ from .supported import (
     copied_operand,
     feeds_external,
     fuses_alone,
+    holds_check,
     is_external,
     size_sources,
     why_not_fusible,
@@ -117,6 +118,9 @@ class _Fuser:
         # makes no new writes, so without one no merge crosses a write-back (AOTAutograd's
         # graphs: `_crosses_write_back` walked the nodes between each pair for nothing).
         self.writes = _writes(graph.block())
+        # Whether a shape check may join a group: else no move needs `_keeps_check_order`
+        # (a trace has none).
+        self.checks = _has_checks(graph.block())
 
     def _find_written(self, block: Any, aliases: Any) -> None:
         values = inputs_of(block)
@@ -218,7 +222,7 @@ class _Fuser:
                     or self.writes and _crosses_write_back(producer, node)
                     or _feeds_external(node, producer)):
                 continue
-            if not _move_together(producer, node):
+            if not _move_together(producer, node, self.checks):
                 continue
             group = node if is_group(node) else make_group(self.graph, node, copied_operand)
             _log.update("Merging ", producer.kind(), " into ", group.kind())
@@ -252,6 +256,12 @@ def _written_inputs(node: Any) -> set[int]:
                 root = root.node().inputsAt(0)
             found.add(outer[root.unique()].unique())
     return found
+
+
+def _has_checks(block: Any) -> bool:
+    """Whether `block` (or a block nested in it) holds a shape check (`shape_checks`)."""
+    return any(shape_checks.is_check(n) or any(map(_has_checks, blocks_of(n)))
+               for n in block.nodes())
 
 
 def _writes(block: Any) -> bool:
@@ -304,13 +314,6 @@ _INERT = frozenset({"prim::Constant", "prim::GetAttr", "prim::ListConstruct",
                     "nncfuse::channels_last_weight", "nncfuse::autocast_weight"})
 
 
-def _has_check(node: Any) -> bool:
-    """Whether `node` is a shape check (`shape_checks`), or a group that holds one."""
-    if is_group(node):
-        return any(map(shape_checks.is_check, node.g("Subgraph").nodes()))
-    return shape_checks.is_check(node)
-
-
 def _keeps_check_order(producer: Any, consumer: Any) -> bool:
     """Whether moving `producer` and `consumer` together keeps the order of every shape
     check and the nodes that could raise (or have effects) between them: eager's error for a
@@ -321,20 +324,20 @@ def _keeps_check_order(producer: Any, consumer: Any) -> bool:
     while node != producer:
         between.append(node)
         node = node.prev()
-    if any(map(_has_check, between)):
+    if any(map(holds_check, between)):
         return False
-    moved = _has_check(producer) or _has_check(consumer)
+    moved = holds_check(producer) or holds_check(consumer)
     return not moved or all(n.kind() in _INERT for n in between)
 
 
-def _move_together(producer: Any, consumer: Any) -> bool:
+def _move_together(producer: Any, consumer: Any, checks: bool = True) -> bool:
     """Make `producer` immediately precede `consumer` if data dependences allow, and the
-    order of shape checks (`_keeps_check_order`)."""
+    order of shape checks (`_keeps_check_order`; with `checks`: the graph may hold some)."""
     if not producer.isBefore(consumer):
         return False
     if consumer.prev() == producer:
         return True
-    if not _keeps_check_order(producer, consumer):
+    if checks and not _keeps_check_order(producer, consumer):
         return False
     users_between = any(use.user.isBefore(consumer)
                         for v in outputs_of(producer) for use in v.uses())
