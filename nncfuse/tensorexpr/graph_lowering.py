@@ -256,18 +256,23 @@ def _lower_check(state: _GraphLowering, node: Any) -> None:
     for k, v in enumerate(inputs_of(node)):
         arg = state.env.get(v.unique())
         if k == 0 and node.kind() in shape_checks.READS and isinstance(arg, TensorArg):
-            operands.append(arg.shape)
+            operands.append(shape_checks.Shape(arg.shape))
         elif isinstance(arg, ScalarArg) and arg.const is not None:
             operands.append(arg.const)
+        elif isinstance(arg, ConstArg) and isinstance(arg.value, list):  # sizes
+            operands.append(arg.value)
         else:
             raise LoweringError(f"{node.kind()} in a shape check of values not constants")
     try:
         result = shape_checks.evaluate(node.kind(), operands)
     except ValueError as e:
         raise LoweringError(f"a shape check raises: {e}") from e
-    if not isinstance(result, (bool, int)):  # a size symbol's expression
+    if isinstance(result, list) and all(isinstance(r, int) for r in result):
+        state.env[node.output().unique()] = ConstArg(result)
+    elif isinstance(result, (bool, int)):
+        state.env[node.output().unique()] = ScalarArg(E.imm(result, scalar_dtype(result)), result)
+    else:  # a size symbol's expression
         raise LoweringError(f"{node.kind()} in a shape check of a size symbol")
-    state.env[node.output().unique()] = ScalarArg(E.imm(result, scalar_dtype(result)), result)
 
 
 _CATS = ("aten::cat", "aten::concat", "aten::concatenate")

@@ -47,7 +47,7 @@ PREDICATES: dict[str, Callable[..., bool]] = {
     "aten::__or__": operator.or_,
 }
 OPS = {**INT_OPS, **PREDICATES}
-#: Reads of a tensor's shape that give an int: rank, size along a dim, and `len` (dim 0's).
+#: Reads of a tensor's shape: rank, sizes (all, or along a dim), and `len` (dim 0's size).
 READS = frozenset({"aten::dim", "aten::size", "aten::len"})
 #: What a raising block may hold: the message's making (it runs only when the check fails).
 RAISE_KINDS = frozenset({"prim::RaiseException", "prim::Constant", "aten::format", "aten::str",
@@ -59,21 +59,38 @@ def _number(value: Any) -> bool:
     return isinstance(value.type(), (torch._C.IntType, torch._C.BoolType))
 
 
+def _ints(value: Any) -> bool:
+    ty = value.type()
+    return isinstance(ty, torch._C.ListType) and isinstance(ty.getElementType(), torch._C.IntType)
+
+
 def is_check_value(node: Any) -> bool:
-    """Whether `node` computes one int or bool of a check's condition: a read of a tensor's
-    shape (`aten::size` along a given dim, not the list of sizes), an op of `OPS` on ints
-    and bools, or a `prim::If` choosing between such values (`and`, `or`: the second
-    operand is computed only where the first does not decide)."""
-    if node.outputsSize() != 1 or not _number(node.output()):
+    """Whether `node` computes a value of a check's condition: a read of a tensor's shape
+    (`READS`: its rank, its sizes, one size, `len`), an item or the length of such a list of
+    sizes, an op of `OPS` on ints and bools, or a `prim::If` choosing between such values
+    (`and`, `or`: the second operand is computed only where the first does not decide)."""
+    if node.outputsSize() != 1:
+        return False
+    operands = inputs_of(node)
+    if node.kind() == "aten::size" and len(operands) == 1:  # `x.shape`
+        return is_tensor(operands[0]) and _ints(node.output())
+    if not _number(node.output()):
         return False
     if node.kind() == "prim::If":
         return all(len(outputs_of(b)) == 1 and all(
             n.kind() == "prim::Constant" or is_check_value(n) for n in b.nodes())
             for b in blocks_of(node))
-    operands = inputs_of(node)
+    if node.kind() == "aten::__getitem__":  # `x.shape[1]`
+        return len(operands) == 2 and _ints(operands[0]) and _number(operands[1])
     if node.kind() in READS:
-        return bool(operands) and is_tensor(operands[0]) and all(map(_number, operands[1:]))
+        first = operands[0] if operands else None
+        return first is not None and (is_tensor(first) or node.kind() == "aten::len" and _ints(
+            first)) and all(map(_number, operands[1:]))
     return node.kind() in OPS and bool(operands) and all(map(_number, operands))
+
+
+class Shape(tuple):
+    """The sizes of a tensor a check reads, as `evaluate` takes them (not a list of ints)."""
 
 
 def raising_block(node: Any) -> int | None:
@@ -160,15 +177,20 @@ def leaves(check: Any) -> list[Any]:
 
 
 def evaluate(kind: str, operands: list[Any]) -> Any:
-    """The value of a check value of `kind` on `operands`: ints and bools, and for `READS`
-    the sizes (a sequence) of the tensor read first; ValueError where eager would raise."""
+    """The value of a check value of `kind` on `operands`: ints, bools, lists of ints, and a
+    tensor's `Shape`; ValueError where eager would raise."""
+    first = operands[0]
     if kind == "aten::dim":
-        return len(operands[0])
-    if kind in ("aten::size", "aten::len"):
-        sizes, dim = operands[0], operands[1] if kind == "aten::size" else 0
-        if not -len(sizes) <= dim < len(sizes):
-            raise ValueError(f"{kind} along dim {dim} of a {len(sizes)}-d tensor")
-        return sizes[dim]
+        return len(first)
+    if kind == "aten::len":
+        return len(first) if not isinstance(first, Shape) else evaluate("aten::size", [first, 0])
+    if kind == "aten::size" and len(operands) == 1:
+        return list(first)
+    if kind in ("aten::size", "aten::__getitem__"):
+        k = operands[1]
+        if not -len(first) <= k < len(first):
+            raise ValueError(f"{kind} at {k} of {len(first)} sizes")
+        return first[k]
     if kind == "aten::floordiv" and operands[1] == 0:
         raise ValueError("integer division by zero")
     return OPS[kind](*operands)

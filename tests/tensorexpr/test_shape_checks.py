@@ -70,17 +70,23 @@ def test_if_that_does_more_than_raise_is_no_check():
     assert not shape_checks.is_check(check)
 
 
+Shape = shape_checks.Shape
+
+
 @pytest.mark.parametrize("kind, operands, want", [
-    ("aten::dim", [(2, 3)], 2), ("aten::size", [(2, 3), -1], 3), ("aten::len", [(4, 1)], 4),
-    ("aten::floordiv", [-7, 2], -4), ("aten::ne", [2, 2], False), ("aten::__or__", [False, True],
-                                                                     True),
+    ("aten::dim", [Shape((2, 3))], 2), ("aten::size", [Shape((2, 3)), -1], 3),
+    ("aten::size", [Shape((2, 3))], [2, 3]), ("aten::len", [Shape((4, 1))], 4),
+    ("aten::len", [[4, 1, 7]], 3), ("aten::__getitem__", [[4, 1, 7], -2], 1),
+    ("aten::floordiv", [-7, 2], -4), ("aten::ne", [2, 2], False),
+    ("aten::__or__", [False, True], True),
 ])
 def test_evaluate(kind, operands, want):
     assert shape_checks.evaluate(kind, operands) == want
 
 
 @pytest.mark.parametrize("kind, operands", [
-    ("aten::size", [(2, 3), 2]), ("aten::len", [()]), ("aten::floordiv", [1, 0])])
+    ("aten::size", [Shape((2, 3)), 2]), ("aten::len", [Shape(())]),
+    ("aten::__getitem__", [[1, 2], 2]), ("aten::floordiv", [1, 0])])
 def test_evaluate_raises_where_eager_does(kind, operands):
     with pytest.raises(ValueError):
         shape_checks.evaluate(kind, operands)

@@ -141,6 +141,32 @@ def test_size_check_fails_after_the_kernel_is_compiled():
         torch.testing.assert_close(f(x), m(x))  # the kernel still serves good inputs
 
 
+class ShapeChecked(nn.Module):
+    """Checks through `x.shape`: a list of sizes, its items and its length."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if len(y.shape) != 4 or y.shape[-1] != y.shape[-2]:
+            raise ValueError("expected square images")
+        return torch.relu(y) * 2.0
+
+
+def test_checks_of_shape_items_fuse():
+    m = ShapeChecked().eval()
+    x = torch.randn(2, 3, 16, 16)
+    f = compiled(m, x)
+    (group,) = nncfuse.fusion_groups(f.graph_for(x))
+    kinds = group_kinds(group)
+    assert "aten::conv2d" in kinds and "aten::size" in kinds  # (its items: in the `or`)
+    torch.testing.assert_close(f(x), m(x))
+    wide = torch.randn(2, 3, 16, 20)
+    assert error_of(f, wide) == error_of(m, wide) == (ValueError, "expected square images")
+
+
 class ChecksAnArgument(nn.Module):
     """A check that reads an int argument is no constant in a kernel: it stays outside."""
 
