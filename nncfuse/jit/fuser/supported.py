@@ -10,7 +10,9 @@ lowerings that compile them in: view sizes, dims, slice bounds, only
 constants, or sizes of tensors a kernel can take: `sizes.py`, which the
 group copies in with the node, `copied_operand`). A `prim::ListConstruct`
 of tensors fuses with the one cat or stack that reads it, and only with it:
-the list is no value a kernel returns. The reasons are what
+the list is no value a kernel returns. A shape check of scripted code (`shape_checks`)
+fuses when its condition is computed from the shapes of tensors a kernel can take and from
+constants, by values that serve it alone. The reasons are what
 `>>tensorexpr_fuser` logs for nodes left out.
 """
 

@@ -21,6 +21,11 @@ neither pulls in its producers nor is merged after a node it reads. Alone, with 
 of its result at most, a GEMM is no group (nothing to fuse, and eager hands out views of
 what the library returns) but where oneDNN's routine beats ATen's (`onednn_gemm_alone`).
 
+Scripted code's shape checks (an `if` that only raises, on the rank or sizes of tensors:
+`tensorexpr/shape_checks.py`) join the group of what they read, with the values of their
+condition; the kernel lowers them to nothing. So that a bad input meets eager's error, a
+check moves only across nodes that cannot raise (`_INERT`), and nothing moves across one.
+
 Alias safety: only nodes whose inputs nothing writes to (per the graph's
 AliasDb, taken before fusion) are fused, so moving them never reorders a
 read across a write. `guard.py` then compiles each group and guards it.
