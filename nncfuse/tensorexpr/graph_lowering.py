@@ -29,6 +29,7 @@ import torch
 
 from .. import log
 from . import expr as E
+from . import shape_checks
 from . import stmt as S
 from .buffer import Buf
 from .codegen.entry import InputGuard, InputOutput, SizeSymbol
@@ -50,7 +51,7 @@ from .lowerings import (
     scalar_dtype,
 )
 from .lowerings.shapes import add_sizes, monomial, product
-from .meta import TensorMeta, infer_types, inputs_of, is_tensor, outputs_of
+from .meta import TensorMeta, blocks_of, infer_types, inputs_of, is_tensor, outputs_of
 from .size_symbols import SizeSymbols
 
 _log = log.get_logger(__file__)
@@ -192,11 +193,7 @@ def _lower_list(state: _GraphLowering, node: Any) -> None:
 
 
 #: Integer ops on sizes (a group's copies of view sizes: `jit/fuser/sizes.py`), Python's meaning.
-_SIZE_OPS = {
-    "aten::add": lambda a, b: a + b, "aten::sub": lambda a, b: a - b,
-    "aten::mul": lambda a, b: a * b, "aten::floordiv": lambda a, b: a // b,
-    "aten::neg": lambda a: -a,
-}
+_SIZE_OPS = shape_checks.INT_OPS
 _SIZE_KINDS = frozenset({"aten::size", *_SIZE_OPS})
 
 
@@ -230,6 +227,52 @@ def _lower_size(state: _GraphLowering, node: Any) -> None:
             raise LoweringError(f"{node.kind()} of sizes overflows int64")
         value = ScalarArg(E.imm(result, INT64), result)
     state.env[node.output().unique()] = value
+
+
+def _lower_check(state: _GraphLowering, node: Any) -> None:
+    """A shape check (`shape_checks`) is a constant, from the types of the tensors it reads
+    (guarded: a static kernel's TypeCheck, a dynamic one's ranks and static sizes): a check
+    value an immediate, a check that passes nothing at all. LoweringError for one that
+    raises at these types, or that reads a size symbol (a dynamic kernel's: then a static
+    one is built)."""
+    if node.kind() == "prim::If":  # the block its condition takes
+        cond = state.env[node.input().unique()]
+        if not isinstance(cond, ScalarArg) or cond.const is None:
+            raise LoweringError("a shape check whose condition is not a constant")
+        taken = 0 if cond.const else 1
+        if taken == shape_checks.raising_block(node):
+            raise LoweringError("a shape check raises for these input types")
+        if shape_checks.is_check(node):
+            return
+        block = blocks_of(node)[taken]  # (`and`, `or`: a value)
+        for inner in block.nodes():
+            if inner.kind() == "prim::Constant":
+                _lower_constant(state, inner)
+            else:
+                _lower_check(state, inner)
+        state.env[node.output().unique()] = state.env[outputs_of(block)[0].unique()]
+        return
+    operands: list[Any] = []
+    for k, v in enumerate(inputs_of(node)):
+        arg = state.env.get(v.unique())
+        if k == 0 and node.kind() in shape_checks.READS and isinstance(arg, TensorArg):
+            operands.append(shape_checks.Shape(arg.shape))
+        elif isinstance(arg, ScalarArg) and arg.const is not None:
+            operands.append(arg.const)
+        elif isinstance(arg, ConstArg) and isinstance(arg.value, list):  # sizes
+            operands.append(arg.value)
+        else:
+            raise LoweringError(f"{node.kind()} in a shape check of values not constants")
+    try:
+        result = shape_checks.evaluate(node.kind(), operands)
+    except ValueError as e:
+        raise LoweringError(f"a shape check raises: {e}") from e
+    if isinstance(result, list) and all(isinstance(r, int) for r in result):
+        state.env[node.output().unique()] = ConstArg(result)
+    elif isinstance(result, (bool, int)):
+        state.env[node.output().unique()] = ScalarArg(E.imm(result, scalar_dtype(result)), result)
+    else:  # a size symbol's expression
+        raise LoweringError(f"{node.kind()} in a shape check of a size symbol")
 
 
 _CATS = ("aten::cat", "aten::concat", "aten::concatenate")
@@ -414,6 +457,8 @@ def lower_graph(
             _lower_list(state, node)
         elif node.kind() in _SIZE_KINDS and _int_node(node):
             _lower_size(state, node)
+        elif shape_checks.is_check_node(node):
+            _lower_check(state, node)
         elif dynamic and node.kind() == "aten::copy_":
             raise LoweringError(f"{node.kind()} in a dynamic kernel")
         elif node.kind() == "aten::copy_":

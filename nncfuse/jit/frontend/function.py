@@ -280,12 +280,14 @@ class FusedFunction:
                     if plan is not None:
                         return plan.run(args)
             return self._call(args, kwargs)
-        except RuntimeError as e:
+        except (RuntimeError, torch.jit.Error) as e:
             if _INTERPRETER not in str(e) or isinstance(self.target, _SCRIPTED) or any(
                     v is not None and v.program.writes for v in self._variants.values()):
                 raise
             # TorchScript's interpreter raises what eager raised as a RuntimeError (an
-            # IndexError, a ValueError): eager's own exception, of eager's type, from eager.
+            # IndexError), and what scripted code raises (a module's shape check's
+            # ValueError) as a `torch.jit.Error`: eager's own exception, of eager's type,
+            # from eager.
             # (Not for a program that writes in place: the failed call may have written.)
             return self.target(*args, **kwargs)
 

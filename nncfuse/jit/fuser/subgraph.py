@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ...tensorexpr import shape_checks
 from ...tensorexpr.meta import inputs_of, outputs_of
 from . import sizes
 from .sizes import is_size_node
@@ -57,9 +58,10 @@ def merge_into(graph: Any, group: Any, producer: Any, copies: Copies = _no_copie
     """Move `producer` (a node or a group of `group`'s kind), which precedes `group`, into
     it. A group's size expressions are copied in again with the nodes that read them."""
     nodes = unmerge(graph, producer) if producer.kind() == group.kind() else [producer]
-    copied = [n for n in nodes if is_size_node(n)]
+    # (a shape check's sizes are its own, not copied: `shape_checks`)
+    copied = [n for n in nodes if is_size_node(n) and not shape_checks.is_check_value(n)]
     for node in reversed(nodes):
-        if node.kind() != "prim::Constant" and not is_size_node(node):
+        if node.kind() != "prim::Constant" and node not in copied:
             _absorb(group, node, copies, drop=not copied)
     for node in reversed(copied):  # users first
         if not any(v.uses() for v in outputs_of(node)):

@@ -10,7 +10,9 @@ lowerings that compile them in: view sizes, dims, slice bounds, only
 constants, or sizes of tensors a kernel can take: `sizes.py`, which the
 group copies in with the node, `copied_operand`). A `prim::ListConstruct`
 of tensors fuses with the one cat or stack that reads it, and only with it:
-the list is no value a kernel returns. The reasons are what
+the list is no value a kernel returns. A shape check of scripted code (`shape_checks`)
+fuses when its condition is computed from the shapes of tensors a kernel can take and from
+constants, by values that serve it alone. The reasons are what
 `>>tensorexpr_fuser` logs for nodes left out.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ...tensorexpr import shape_checks
 from ...tensorexpr.dtype import from_torch
 from ...tensorexpr.lowerings import (
     EXTERNAL_KINDS,
@@ -79,7 +82,43 @@ def why_not_fusible(node: Any) -> str | None:
         return "constants are copied into groups, not fused"
     if node.kind() == "prim::ListConstruct":
         return _list_problem(node)
+    if shape_checks.is_check_value(node):
+        owner = shape_checks.owning_check(node, holds_check)
+        if owner is None:
+            return "a shape check's value used outside the one check"
+        return None if owner.kind() == _GROUP else _check_problem(owner)
+    if shape_checks.is_check(node):
+        return _check_problem(node)
     return _node_problem(node)
+
+
+def holds_check(node: Any) -> bool:
+    """Whether `node` is a shape check, or a fusion group that holds one."""
+    if node.kind() == _GROUP:
+        return any(map(shape_checks.is_check, node.g("Subgraph").nodes()))
+    return shape_checks.is_check(node)
+
+
+def _check_problem(check: Any) -> str | None:
+    """Why the shape check `check` (`shape_checks`) cannot join a group: it must be a
+    constant where the group's TypeCheck passes, computed from the shapes of tensors a kernel
+    takes and from constants, by values that serve this check only."""
+    if any(shape_checks.owning_check(n) != check for n in shape_checks.condition(check)):
+        return "a value of the shape check's condition is used outside it"
+    for value in shape_checks.leaves(check):
+        if is_tensor(value):
+            problem = _tensor_problem(value, "checked tensor")
+            if problem:
+                return problem
+        elif value.node().kind() != "prim::Constant":
+            return (f"the shape check's condition reads %{value.debugName()}, neither a "
+                    "constant nor a tensor's shape")
+    for value in shape_checks.message_operands(check):
+        if is_tensor(value):
+            problem = _tensor_problem(value, "tensor in the check's message")
+            if problem:
+                return problem
+    return None
 
 
 def _node_problem(node: Any) -> str | None:
@@ -139,6 +178,8 @@ def copied_operand(node: Any, value: Any) -> bool:
     """Whether `value`, an operand of `node`, is a size expression that a group copies in
     with `node` (`subgraph.make_group`): `node` compiles it in and it is no constant."""
     if is_tensor(value) or value.node().kind() == "prim::Constant" or _fused_list(node, value):
+        return False
+    if shape_checks.is_check_node(node):
         return False
     lowering, _ = lowering_for(node)
     return bool(lowering is not None and lowering.constant_operands

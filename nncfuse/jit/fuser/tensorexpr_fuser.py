@@ -21,6 +21,11 @@ neither pulls in its producers nor is merged after a node it reads. Alone, with 
 of its result at most, a GEMM is no group (nothing to fuse, and eager hands out views of
 what the library returns) but where oneDNN's routine beats ATen's (`onednn_gemm_alone`).
 
+Scripted code's shape checks (an `if` that only raises, on the rank or sizes of tensors:
+`tensorexpr/shape_checks.py`) join the group of what they read, with the values of their
+condition; the kernel lowers them to nothing. So that a bad input meets eager's error, a
+check moves only across nodes that cannot raise (`_INERT`), and nothing moves across one.
+
 Alias safety: only nodes whose inputs nothing writes to (per the graph's
 AliasDb, taken before fusion) are fused, so moving them never reorders a
 read across a write. `guard.py` then compiles each group and guards it.
@@ -36,6 +41,7 @@ import torch
 
 from ... import log
 from ...config import Options
+from ...tensorexpr import shape_checks
 from ...tensorexpr.lowerings import EXTERNAL_KINDS, VIEWS, aliases, lowering_for
 from ...tensorexpr.meta import blocks_of, inputs_of, is_tensor, outputs_of
 from . import guard, runtime
@@ -56,6 +62,7 @@ from .supported import (
     copied_operand,
     feeds_external,
     fuses_alone,
+    holds_check,
     is_external,
     size_sources,
     why_not_fusible,
@@ -66,9 +73,11 @@ from .weight_casts import batch_weight_casts
 
 _log = log.get_logger(__file__)
 def _body(group: Any) -> list[Any]:
-    """The nodes of `group` that compute: not constants, not copied size expressions."""
+    """The nodes of `group` that compute: not constants, not copied size expressions, not
+    shape checks."""
     return [n for n in group.g("Subgraph").nodes()
-            if n.kind() != "prim::Constant" and not is_size_node(n)]
+            if n.kind() != "prim::Constant" and not is_size_node(n)
+            and not shape_checks.is_check_node(n)]
 
 
 def _body_size(group: Any) -> int:
@@ -115,6 +124,9 @@ class _Fuser:
         # makes no new writes, so without one no merge crosses a write-back (AOTAutograd's
         # graphs: `_crosses_write_back` walked the nodes between each pair for nothing).
         self.writes = _writes(graph.block())
+        # Whether a shape check may join a group: else no move needs `_keeps_check_order`
+        # (a trace has none).
+        self.checks = _has_checks(graph.block())
 
     def _find_written(self, block: Any, aliases: Any) -> None:
         values = inputs_of(block)
@@ -201,8 +213,9 @@ class _Fuser:
 
     def scan(self, node: Any) -> Any | None:
         """Pull one producer into `node`; the group if that happened, else None."""
-        if not is_group(node) and (self.why_not(node) is not None or is_external(node)):
-            return None
+        if not is_group(node) and (shape_checks.is_check_value(node) or is_external(node)
+                                   or self.why_not(node) is not None):
+            return None  # (a check value joins the group of its check, as its producer)
         block = node.owningBlock()
         producers = [
             v.node()
@@ -215,7 +228,7 @@ class _Fuser:
                     or self.writes and _crosses_write_back(producer, node)
                     or _feeds_external(node, producer)):
                 continue
-            if not _move_together(producer, node):
+            if not _move_together(producer, node, self.checks):
                 continue
             group = node if is_group(node) else make_group(self.graph, node, copied_operand)
             _log.update("Merging ", producer.kind(), " into ", group.kind())
@@ -249,6 +262,12 @@ def _written_inputs(node: Any) -> set[int]:
                 root = root.node().inputsAt(0)
             found.add(outer[root.unique()].unique())
     return found
+
+
+def _has_checks(block: Any) -> bool:
+    """Whether `block` (or a block nested in it) holds a shape check (`shape_checks`)."""
+    return any(shape_checks.is_check(n) or any(map(_has_checks, blocks_of(n)))
+               for n in block.nodes())
 
 
 def _writes(block: Any) -> bool:
@@ -295,12 +314,37 @@ def _order(a: Any, b: Any) -> int:
     return 0 if a == b else (-1 if a.isBefore(b) else 1)
 
 
-def _move_together(producer: Any, consumer: Any) -> bool:
-    """Make `producer` immediately precede `consumer` if data dependences allow."""
+#: Nodes that neither raise nor have effects: a shape check may move across them.
+_INERT = frozenset({"prim::Constant", "prim::GetAttr", "prim::ListConstruct",
+                    "prim::TupleConstruct", "prim::unchecked_cast", "aten::dim",
+                    "nncfuse::channels_last_weight", "nncfuse::autocast_weight"})
+
+
+def _keeps_check_order(producer: Any, consumer: Any) -> bool:
+    """Whether moving `producer` and `consumer` together keeps the order of every shape
+    check and the nodes that could raise (or have effects) between them: eager's error for a
+    bad input is the first check's, or the first failing op's. A check crosses inert nodes
+    only, and nothing crosses a check."""
+    between = []
+    node = consumer.prev()
+    while node != producer:
+        between.append(node)
+        node = node.prev()
+    if any(map(holds_check, between)):
+        return False
+    moved = holds_check(producer) or holds_check(consumer)
+    return not moved or all(n.kind() in _INERT for n in between)
+
+
+def _move_together(producer: Any, consumer: Any, checks: bool = True) -> bool:
+    """Make `producer` immediately precede `consumer` if data dependences allow, and the
+    order of shape checks (`_keeps_check_order`; with `checks`: the graph may hold some)."""
     if not producer.isBefore(consumer):
         return False
     if consumer.prev() == producer:
         return True
+    if checks and not _keeps_check_order(producer, consumer):
+        return False
     users_between = any(use.user.isBefore(consumer)
                         for v in outputs_of(producer) for use in v.uses())
     if not users_between:
