@@ -36,7 +36,8 @@ from typing import Any
 import torch
 
 from ... import log
-from ...tensorexpr.meta import inputs_of
+from ...tensorexpr.external import native_conv_faster
+from ...tensorexpr.meta import constant, inputs_of
 from . import cast_cache
 
 _log = log.get_logger(__file__)
@@ -113,7 +114,22 @@ def _seed(node: Any) -> bool:
     if dtype == torch.float16 and not (  # (float16: only where measured faster, not grouped)
             groups.node().kind() == "prim::Constant" and groups.toIValue() == 1):
         return False
-    return _nchw(out) and _nchw(node.inputsAt(0))
+    if not (_nchw(out) and _nchw(node.inputsAt(0))):
+        return False
+    # float32: not where ATen's own routine is the faster (small 1x1s: `native_conv_faster`)
+    return dtype != torch.float32 or not _native(node)
+
+
+def _native(node: Any) -> bool:
+    """Whether float32 convolution `node` is faster as ATen's own routine
+    (`native_conv_faster`); not where its geometry is not constant."""
+    stride, dilation = (constant(node.inputsAt(k)) for k in (3, 5))
+    sizes, kernel = _meta(node.inputsAt(0).type()), _meta(node.inputsAt(1).type())
+    if not (isinstance(stride, list) and isinstance(dilation, list)) \
+            or sizes is None or kernel is None:
+        return False
+    return native_conv_faster(sizes.shape[0], kernel.shape[2:], stride, dilation,
+                              kernel.shape[0] * kernel.shape[1])
 
 
 def _keeps(node: Any, retyped: set[Any]) -> bool:

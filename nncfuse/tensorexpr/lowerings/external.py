@@ -53,6 +53,7 @@ from ..external import (
     aten_routine,
     mkl_packed_ok,
     mkl_sgemm_fast,
+    native_conv_faster,
     onednn_dtype_ok,
     post_op,
 )
@@ -253,6 +254,8 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
             plans.append(_Plan(f"nnc_mkldnn_linear_pointwise_binary{reused}",
                                (x, other(residual), w, b, "add"), user.output(), (user,)))
     conv = _conv2d_operands(kind, operands) if len(meta.sizes) == 4 else None
+    if conv is not None and meta.dtype == torch.float32 and _native_conv(conv):
+        conv = None  # (ATen's own routine and the loops, the faster there)
     if conv is not None:
         x, w, b, stride, padding, dilation, groups = conv
         geometry = (padding, stride, dilation, groups)
@@ -288,6 +291,16 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
         plans.append(_Plan("nnc_mkldnn_linear_pointwise_reused",
                            (*operands, "none", (), None), value, ()))
     return plans
+
+
+def _native_conv(conv: Sequence[Any]) -> bool:
+    """Whether float32 convolution `conv` (its operands: `_conv2d_operands`) is faster as
+    ATen's own routine (`native_conv_faster`); not where its sizes are symbolic."""
+    x, w, _, stride, _, dilation, _ = conv
+    sizes, kernel = (b.static_dims() if isinstance(b, Buf) else None for b in (x, w))
+    if sizes is None or kernel is None:
+        return False
+    return native_conv_faster(sizes[0], kernel[2:], stride, dilation, kernel[0] * kernel[1])
 
 
 def _reusable(w: Any, constant: frozenset[Buf], meta: TensorMeta) -> bool:

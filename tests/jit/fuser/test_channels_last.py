@@ -207,3 +207,36 @@ def test_a_max_pool_with_indices_keeps_the_layout_of_both_its_outputs():
     flatten = next(n for n in graph.nodes() if n.kind() == "aten::flatten")
     back = flatten.inputsAt(0).node()
     assert back.kind() == "aten::contiguous" and back.output().type().strides() == [128, 16, 4, 1]
+
+
+def test_small_float32_1x1_convolutions_take_atens_routine_on_one_thread():
+    """A float32 1x1 convolution of a small weight, few rows, one thread: ATen's own routine
+    (eager's choice there, and the faster) and the loops, in NCHW; a 3x3 one of the same
+    model stays oneDNN's, channels-last, its weight packed."""
+    from nncfuse.tensorexpr.external import NATIVE_1X1_WEIGHT, native_conv_faster
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert native_conv_faster(1, (1, 1), (1, 1), (1, 1), 32 * 64)
+        assert not native_conv_faster(1, (1, 1), (1, 1), (1, 1), NATIVE_1X1_WEIGHT)
+        assert not native_conv_faster(1, (3, 3), (1, 1), (1, 1), 32 * 64)
+        assert not native_conv_faster(1, (1, 1), (2, 2), (1, 1), 32 * 64)
+        assert not native_conv_faster(16, (1, 1), (1, 1), (1, 1), 32 * 64)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6(),
+                              nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()).eval()
+        x = torch.randn(1, 8, 12, 12)
+        x[0, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+        fused = _fused(model, x)
+        with torch.no_grad():
+            for _ in range(3):
+                _as_eager([fused(x)], [model(x)], 1e-4)
+            graph = fused.graph_for(x)
+        calls = [s.fn for g in nncfuse.fusion_groups(graph)
+                 for s in kernel_of(g).stmt.stmts if isinstance(s, S.ExternalCall)]
+        assert len(calls) == 2 and "mkldnn" not in calls[0], calls
+        if onednn_dtype_ok(torch.float32):
+            assert calls[1].startswith("nnc_mkldnn_convolution_pointwise"), calls
+            assert _kinds(graph).count("nncfuse::channels_last_weight") == 1
+    finally:
+        torch.set_num_threads(threads)
