@@ -31,6 +31,7 @@ then takes packed.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 import torch
@@ -132,7 +133,7 @@ def _native(node: Any) -> bool:
                               kernel.shape[0] * kernel.shape[1])
 
 
-def _keeps(node: Any, retyped: set[Any]) -> bool:
+def _keeps(node: Any, retyped: Container[int]) -> bool:
     """Whether `node` computes its 4-d values from a retyped one in the same layout."""
     if node.kind() not in _KEEPS or not all(_nchw(v) for v in node.outputs()):
         return False
@@ -176,11 +177,33 @@ def _reads_retyped(use: Any, graph: Any, seeds: set[int], retyped: set[int]) -> 
     return (out in seeds and use.offset == 0) or out in retyped
 
 
+def _chained(seeds: dict[int, Any], nodes: list[Any]) -> set[int]:
+    """The seeds (uniques of convolutions' outputs) worth retyping: reduced-precision ones,
+    and float32 ones in a chain, whose input comes channels-last from an earlier seed
+    (through ops that keep the layout) or whose result reaches a later one so. A float32
+    convolution alone pays both conversions for itself: 96 channels depthwise 3x3 at 56x56,
+    batch 8, 1 thread, 8.3 ms so against 2.5 in NCHW."""
+    origin: dict[int, int] = {}  # a retyped value's unique -> the seed it comes from
+    chained: set[int] = set()
+    for node in nodes:
+        if node.outputsSize() == 1 and node.output().unique() in seeds:
+            source = origin.get(node.inputsAt(0).unique())
+            if source is not None:
+                chained.update((source, node.output().unique()))
+            origin[node.output().unique()] = node.output().unique()
+        elif _keeps(node, origin):
+            source = next(origin[v.unique()] for v in inputs_of(node) if v.unique() in origin)
+            for out in node.outputs():
+                origin[out.unique()] = source
+    return {u for u, n in seeds.items()
+            if u in chained or n.output().type().dtype() != torch.float32}
+
+
 def convolutions_to_channels_last(graph: torch._C.Graph) -> int:
     """Retype, in place, the reduced-precision convolutions of `graph` and what they feed to
     channels-last, converting at the edges; the count of convolutions."""
     nodes = list(graph.block().nodes())
-    seeds = {n.output().unique() for n in nodes if _seed(n)}
+    seeds = _chained({n.output().unique(): n for n in nodes if _seed(n)}, nodes)
     if not seeds:
         return 0
     retyped: set[int] = set()  # the uniques of values now typed channels-last

@@ -211,8 +211,8 @@ def test_a_max_pool_with_indices_keeps_the_layout_of_both_its_outputs():
 
 def test_small_float32_1x1_convolutions_take_atens_routine_on_one_thread():
     """A float32 1x1 convolution of a small weight, few rows, one thread: ATen's own routine
-    (eager's choice there, and the faster) and the loops, in NCHW; a 3x3 one of the same
-    model stays oneDNN's, channels-last, its weight packed."""
+    (eager's choice there, and the faster) and the loops, in NCHW; the chained 3x3s after it
+    stay oneDNN's, channels-last, their weights packed."""
     from nncfuse.tensorexpr.external import NATIVE_1X1_WEIGHT, native_conv_faster
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -224,6 +224,7 @@ def test_small_float32_1x1_convolutions_take_atens_routine_on_one_thread():
         assert not native_conv_faster(16, (1, 1), (1, 1), (1, 1), 32 * 64)
         torch.manual_seed(0)
         model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6(),
+                              nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
                               nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()).eval()
         x = torch.randn(1, 8, 12, 12)
         x[0, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
@@ -234,9 +235,25 @@ def test_small_float32_1x1_convolutions_take_atens_routine_on_one_thread():
             graph = fused.graph_for(x)
         calls = [s.fn for g in nncfuse.fusion_groups(graph)
                  for s in kernel_of(g).stmt.stmts if isinstance(s, S.ExternalCall)]
-        assert len(calls) == 2 and "mkldnn" not in calls[0], calls
+        assert len(calls) == 3 and "mkldnn" not in calls[0], calls
         if onednn_dtype_ok(torch.float32):
-            assert calls[1].startswith("nnc_mkldnn_convolution_pointwise"), calls
-            assert _kinds(graph).count("nncfuse::channels_last_weight") == 1
+            assert all(c.startswith("nnc_mkldnn_convolution_pointwise") for c in calls[1:])
+            assert _kinds(graph).count("nncfuse::channels_last_weight") == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_float32_convolution_alone_stays_nchw():
+    """A float32 convolution that no other retyped one feeds or reads would pay both
+    conversions for itself: it stays in eager's layout (a reduced-precision one does not)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8, padding=1), nn.Hardtanh(0, 6)).eval()
+    x = torch.randn(2, 8, 10, 10)
+    for dtype, expected in ((torch.float32, 0), (torch.bfloat16, 1)):
+        m, xs = model.to(dtype), x.to(dtype)
+        fused = _fused(m, xs)
+        with torch.no_grad():
+            for _ in range(3):
+                _as_eager([fused(xs)], [m(xs)], 1e-4 if dtype == torch.float32 else 2e-2)
+            kinds = _kinds(fused.graph_for(xs))
+        assert kinds.count("aten::contiguous") == 2 * expected, (dtype, kinds)
