@@ -26,7 +26,8 @@ another op has eager's layout. (A value computed unfused, by the guard's fallbac
 eager's layout instead: the next kernel's type check fails and its fallback runs, which is
 exact too.) Only the top-level block. float32 convolutions too, where their weight is
 module state autograd does not track (`cast_cache.STATE_KINDS`: inference), which oneDNN
-then takes packed.
+then takes packed: only in a chain of them (`_chained`: one alone pays both conversions),
+and not 1x1s that ATen's own routine computes faster (`native_conv_faster`).
 """
 
 from __future__ import annotations
