@@ -120,11 +120,8 @@ def test_matches_eager_float32(name, n, use_llvm):
     assert len(calls) == 1
     # A float32 linear is ATen's (MKL), with nncfuse's epilogue: faster than oneDNN's.
     onednn = name in ONEDNN and not (name == "linear_gelu" and (MKL or n < ONEDNN_LINEAR_ROWS))
-    if onednn and onednn_dtype_ok(torch.float32) and name.startswith("conv"):
-        # channels-last inside (the weight packed once reused); the result converted back
-        assert calls[0].fn == "nnc_mkldnn_convolution_pointwise_reused"
-        assert len(kernel.stmt.stmts) == 2
-    elif onednn and onednn_dtype_ok(torch.float32):
+    # (a float32 convolution alone stays in eager's layout: `channels_last._chained`)
+    if onednn and onednn_dtype_ok(torch.float32):
         assert calls[0].fn.startswith("nnc_mkldnn_") and len(kernel.stmt.stmts) == 1
     elif not onednn:
         assert len(kernel.stmt.stmts) > 1  # nncfuse's loops run the epilogue
@@ -353,7 +350,7 @@ def test_printed_stmt_shows_the_external_call():
             fused.stmt)
     conv = check(conv_silu, inputs("conv_silu", 2, torch.float32))
     if onednn_dtype_ok(torch.float32):
-        assert ('ExternalCall(aten_conv2d, "nnc_mkldnn_convolution_pointwise_reused", '
+        assert ('ExternalCall(aten_conv2d, "nnc_mkldnn_convolution_pointwise", '
                 "{t0, t1, t2}, "
                 "{(1, 1), (1, 1), (1, 1), 1, 'swish', (), None});") in str(conv.stmt)
 
