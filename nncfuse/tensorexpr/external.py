@@ -377,23 +377,28 @@ def onednn_dtype_ok(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-#: below this many weight elements (a 1x1 convolution's in x out channels)
+#: below this many weight elements (a 1x1 convolution's in x out channels), and below
+#: this many multiply-adds
 NATIVE_1X1_WEIGHT = 1 << 16
+NATIVE_1X1_WORK = 1 << 22
 
 
 def native_conv_faster(batch: int, kernel: Sequence[int], stride: Sequence[int],
-                       dilation: Sequence[int], weight: int) -> bool:
+                       dilation: Sequence[int], weight: int, positions: int) -> bool:
     """Whether a float32 2-d convolution is faster as ATen's own routine (a GEMM) than as
     oneDNN's: a 1x1 kernel, not strided nor dilated, of fewer than 16 rows on one thread,
     where eager takes ATen's too (its `use_mkldnn` condition), of a weight of fewer than
-    `NATIVE_1X1_WEIGHT` elements. Zen 4, 1 thread, with a ReLU, ATen's against oneDNN's
+    `NATIVE_1X1_WEIGHT` elements and fewer than `NATIVE_1X1_WORK` multiply-adds (`weight`
+    times the output `positions`). Zen 4, 1 thread, with a ReLU, ATen's against oneDNN's
     fused routine with its weight packed (channels-last): 32 -> 64 at 16x16 20 against 44 us,
-    96 -> 24 at 8x8 14 against 61, 96 -> 576 at 4x4 39 against 71 (at 14x14 270 against
-    254); of larger weights oneDNN's: 160 -> 960 at 2x2 199 against 45 us, 320 -> 1280 at
-    2x2 517 against 81, at 7x7 624 against 413. (Eager's condition takes ATen's for 3x3s of
-    few elements too, where oneDNN's packed is 1.4-11x faster: 512 -> 512 at 2x2 3.1 ms
+    96 -> 24 at 8x8 14 against 61, 64 -> 384 at 14x14 124 against 149 (4.8M), 32 -> 192 at
+    28x28 129 against 133 (4.8M); oneDNN's from more work, 24 -> 144 at 56x56 323 against
+    255, 16 -> 96 at 112x112 931 against 507, or larger weights, 160 -> 960 at 2x2 199
+    against 45, 320 -> 1280 at 2x2 517 against 81. (Eager's condition takes ATen's for 3x3s
+    of few elements too, where oneDNN's packed is 1.4-11x faster: 512 -> 512 at 2x2 3.1 ms
     against 0.27.)"""
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
         return True
     return (all(k == 1 for k in kernel) and all(v == 1 for v in (*stride, *dilation))
-            and batch < 16 and torch.get_num_threads() == 1 and weight < NATIVE_1X1_WEIGHT)
+            and batch < 16 and torch.get_num_threads() == 1 and weight < NATIVE_1X1_WEIGHT
+            and weight * positions < NATIVE_1X1_WORK)

@@ -130,8 +130,10 @@ def _native(node: Any) -> bool:
     if not (isinstance(stride, list) and isinstance(dilation, list)) \
             or sizes is None or kernel is None:
         return False
-    return native_conv_faster(sizes.shape[0], kernel.shape[2:], stride, dilation,
-                              kernel.shape[0] * kernel.shape[1])
+    out = _meta(node.output().type())
+    return out is not None and native_conv_faster(
+        sizes.shape[0], kernel.shape[2:], stride, dilation, kernel.shape[0] * kernel.shape[1],
+        out.numel() // max(out.shape[1], 1))
 
 
 def _keeps(node: Any, retyped: Container[int]) -> bool:

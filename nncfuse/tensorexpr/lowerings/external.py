@@ -254,7 +254,7 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
             plans.append(_Plan(f"nnc_mkldnn_linear_pointwise_binary{reused}",
                                (x, other(residual), w, b, "add"), user.output(), (user,)))
     conv = _conv2d_operands(kind, operands) if len(meta.sizes) == 4 else None
-    if conv is not None and meta.dtype == torch.float32 and _native_conv(conv):
+    if conv is not None and meta.dtype == torch.float32 and _native_conv(conv, meta):
         conv = None  # (ATen's own routine and the loops, the faster there)
     if conv is not None:
         x, w, b, stride, padding, dilation, groups = conv
@@ -293,14 +293,16 @@ def _fused_plans(node: Any, operands: list[Any], outputs: set[int],
     return plans
 
 
-def _native_conv(conv: Sequence[Any]) -> bool:
-    """Whether float32 convolution `conv` (its operands: `_conv2d_operands`) is faster as
-    ATen's own routine (`native_conv_faster`); not where its sizes are symbolic."""
+def _native_conv(conv: Sequence[Any], meta: TensorMeta) -> bool:
+    """Whether float32 convolution `conv` (its operands: `_conv2d_operands`; its output's
+    `meta`) is faster as ATen's own routine (`native_conv_faster`); not where its sizes are
+    symbolic."""
     x, w, _, stride, _, dilation, _ = conv
     sizes, kernel = (b.static_dims() if isinstance(b, Buf) else None for b in (x, w))
     if sizes is None or kernel is None:
         return False
-    return native_conv_faster(sizes[0], kernel[2:], stride, dilation, kernel[0] * kernel[1])
+    return native_conv_faster(sizes[0], kernel[2:], stride, dilation, kernel[0] * kernel[1],
+                              math.prod(meta.sizes) // max(meta.sizes[1], 1))
 
 
 def _reusable(w: Any, constant: frozenset[Buf], meta: TensorMeta) -> bool:

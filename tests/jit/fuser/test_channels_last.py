@@ -217,11 +217,12 @@ def test_small_float32_1x1_convolutions_take_atens_routine_on_one_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert native_conv_faster(1, (1, 1), (1, 1), (1, 1), 32 * 64)
-        assert not native_conv_faster(1, (1, 1), (1, 1), (1, 1), NATIVE_1X1_WEIGHT)
-        assert not native_conv_faster(1, (3, 3), (1, 1), (1, 1), 32 * 64)
-        assert not native_conv_faster(1, (1, 1), (2, 2), (1, 1), 32 * 64)
-        assert not native_conv_faster(16, (1, 1), (1, 1), (1, 1), 32 * 64)
+        assert native_conv_faster(1, (1, 1), (1, 1), (1, 1), 32 * 64, 16 * 16)
+        assert not native_conv_faster(1, (1, 1), (1, 1), (1, 1), NATIVE_1X1_WEIGHT, 4)
+        assert not native_conv_faster(1, (1, 1), (1, 1), (1, 1), 24 * 144, 56 * 56)  # (work)
+        assert not native_conv_faster(1, (3, 3), (1, 1), (1, 1), 32 * 64, 16 * 16)
+        assert not native_conv_faster(1, (1, 1), (2, 2), (1, 1), 32 * 64, 16 * 16)
+        assert not native_conv_faster(16, (1, 1), (1, 1), (1, 1), 32 * 64, 16 * 16)
         torch.manual_seed(0)
         model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6(),
                               nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
