@@ -140,8 +140,9 @@ class _VectorizeReductions(Mutator):
             lanes = lanes_for(body, self.vector_bits)
             while registers > 1 and count < registers * lanes:
                 registers //= 2
-        if registers < ACCUMULATORS:
-            new = _RowSteps(s.var).mutate(new)
+        # (a loop of more columns: only sums of products walk rows in steps, whose products
+        # then chain in fused multiply-adds: one operation a point, not two)
+        new = _RowSteps(s.var, products=registers == ACCUMULATORS).mutate(new)
         return new if registers < 2 else vectorize_inner_loops(new, self.vector_bits * registers)
 
     def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
@@ -284,11 +285,13 @@ class _RowSteps(Mutator):
     """The column sums of a loop over columns `var` (each load that moves with a column
     moves by one element), as `row_steps`."""
 
-    def __init__(self, var: E.Var):
-        self.var = var
+    def __init__(self, var: E.Var, products: bool = False):
+        self.var, self.products = var, products
 
     def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
         e = self.generic_mutate(e)
+        if self.products:
+            return row_steps(e) if isinstance(e.body, E.Mul) and e.dtype.is_float else e
         return row_steps(e) if _contiguous(e.body, self.var) else e
 
 
