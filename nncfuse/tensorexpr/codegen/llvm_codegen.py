@@ -541,10 +541,10 @@ def _lane_offsets(index: E.Expr) -> tuple[E.Expr | None, list[int]] | None:
 
 
 def _window(index: E.Expr, lanes: int) -> tuple[E.Expr, list[int]] | None:
-    """`index` as a scalar index and constant lane offsets that span at most `lanes`
-    elements (one vector load holds them all), else None."""
+    """`index` as a scalar index and constant lane offsets that span fewer than `2 * lanes`
+    elements (two vectors' loads hold them all: a stride of 2, a lane repeated), else None."""
     split = _lane_offsets(index)
-    if split is None or max(split[1]) - min(split[1]) >= lanes:
+    if split is None or max(split[1]) - min(split[1]) >= 2 * lanes:
         return None
     return (split[0] if split[0] is not None else E.imm(0)), split[1]
 
