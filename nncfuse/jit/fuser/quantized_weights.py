@@ -50,15 +50,21 @@ group (`sum_k x_k * ((q_k - 8) * s + z) = s * (sum_k x_k * q_k - 8 * sum_k x_k) 
 sum_k x_k`): a weight's product needs no scale and no zero point, only its conversion:
 
     ->  %xs = sum(x.view(1, 1, K/128, 128), [-1], keepdim)
-        %lo = sum(x.view(1, 1, K/128, 128, 1) * (%p4 & 15).to(float32), [3])
-        %y_lo = sum((%lo - 8 * %xs) * s_lo + %xs * z_lo, [2], keepdim)     (and %y_hi)
-        %y = cat([%y_lo, %y_hi], 2).view(1, N)
+        %q = cat([%p4 & 15, %p4 >> 4], -1)                          (N/B, K/128, 128, B)
+        %gs = sum(x.view(1, 1, K/128, 128, 1) * %q.to(float32), [3])
+        %y = sum((%gs - 8 * %xs) * s + %xs * z, [2]).view(1, N)
         %y = %y if all(%y * 0 == 0) else aten::_weight_int4pack_mm_for_cpu(...)   (prim::If)
 
 and the fuser makes it one kernel that reads the packed bytes once, in place, and each
-scale and zero point once: 0.15 ms for that weight on one core, against 0.14 ms for the
-int8 reduction (as first written, with a copy of the packed bytes per call and each weight
-dequantized: 0.29 ms). Factored, an infinite x (or an overflow) gives NaN where eager's
+scale and zero point once. The low and high nibbles of a row block are one sum over its B
+columns (the `cat` is index arithmetic: each byte is loaded once for both of its columns,
+one vector load and a shuffle: `llvm_codegen`'s window loads), whose products chain in
+fused multiply-adds (`vectorize_reductions.row_steps`): 0.135 ms for that weight on one
+core, against 0.143 ms for the int8 reduction (the nibbles as two sums, each reading the
+bytes: 0.155 ms; as first written, with a copy of the packed bytes per call and each weight
+dequantized: 0.29 ms). Per weight the inner loop is bound by vector instructions, not
+bytes: a zero extension, a conversion to float and a fused multiply-add (AVX-512, two a
+cycle on the AMD EPYC). Factored, an infinite x (or an overflow) gives NaN where eager's
 products give an infinity of the weight's sign, so where the result is not finite, eager's
 kernel computes it again (a `prim::If`; its check is part of the kernel). Of more rows, the
 weights are dequantized as the reference kernel does, per half of the blocks and transposed

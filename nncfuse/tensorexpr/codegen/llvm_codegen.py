@@ -7,7 +7,14 @@ fallback otherwise; other inputs are only read) and a `double` or `i64`
 per scalar (bools as i64). Statements map directly: `For` to a counted loop
 with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free (a small
 buffer of a loop's body to a stack slot, which LLVM keeps in registers), vector
-loads of a unit-stride `Ramp` to one wide load. Operators emit what their
+loads of a unit-stride `Ramp` to one wide load, and loads whose lanes sit at constant
+offsets from one scalar index within two vectors' width (`_window`: a repeat `Ramp % 4`,
+a spread `Ramp / 4`, a stride of 2, a `cat`'s clamped reads) to one load and a shuffle:
+
+    x[Broadcast(64 * i, 16) + Ramp(0, 1, 16) % Broadcast(4, 16)]
+->  shufflevector(load <4 x float> x + 64 * i, [0, 1, 2, 3, 0, 1, 2, 3, ...])
+
+(other vector indices load lane by lane). Operators emit what their
 `ops` row's LLVM column names: an instruction, or one of `EMITTERS`.
 Arithmetic follows the interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating
 max/min, defined float-to-int conversion. bfloat16, which llvmlite cannot
@@ -33,6 +40,7 @@ from .. import ops
 from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
+from ..ir_eval import evaluate
 from ..ir_visitor import Visitor, walk
 from ..linear_form import linear
 from . import llvm_math, llvm_parallel, llvm_prefetch
@@ -536,7 +544,6 @@ def _lane_offsets(index: E.Expr) -> tuple[E.Expr | None, list[int]] | None:
             return (None if split[0] is None else split[0] / c), [k // c for k in split[1]]
     if any(isinstance(n, (E.Var, E.Load, E.Reduce)) for n in walk(index)):
         return None
-    from ..ir_eval import evaluate
     return None, [int(k) for k in evaluate(index)]
 
 

@@ -22,8 +22,10 @@ reductions is widened to `ACCUMULATORS` registers of columns first (a tail
 of fewer columns is left to `vectorize_inner_loops`); fewer columns than that, in an
 outer loop, fill as many registers as they can, and their sums walk `ACCUMULATORS`
 rows per step (`row_steps`: the adds that wait for the accumulator are fewer, a
-step's float products chained in fused multiply-adds). A top-level loop over the
-columns of a blocked column sum walks the rows instead, in memory order, into
+step's float products chained in fused multiply-adds); in a loop of more columns, sums of
+float products walk rows in steps too, for the fused multiply-adds (one operation a
+point, not two: int4 products' 64 columns of a row block, 0.155 -> 0.135 ms). A top-level
+loop over the columns of a blocked column sum walks the rows instead, in memory order, into
 partial sums per block of rows (`_by_rows`, which shows the loops). Run on flat
 indices, before `vectorize_inner_loops`.
 
