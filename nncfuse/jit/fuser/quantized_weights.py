@@ -315,17 +315,21 @@ def _int4_sums(e: _Emitter, x: Any, packed: Any, sz: Any,
     column. The columns of a row block are one sum, `b` read once for its two columns: per
     weight a mask, a conversion and a fused multiply-add."""
     m, n, k, block = sizes
-    p4 = e.op("aten::view", packed, [n // block, k // g, g, block // 2])
-    nibbles = e.op("aten::cat", e.tensors([e.op("aten::bitwise_and", p4, 15),
-                                           e.op("aten::bitwise_right_shift", p4, 4)]), -1)
+    half = block // 2
+    p4 = e.op("aten::view", packed, [n // block, k // g, g, 1, half])
+    masks = torch.tensor([[15], [240]], dtype=torch.int32)
+    nibbles = e.op("aten::view", e.op("aten::bitwise_and", e.to(p4, torch.int32), masks),
+                   [n // block, k // g, g, block])
     xv = e.op("aten::view", x, [m, 1, k // g, g, 1])
     xs = e.op("aten::sum", e.op("aten::view", x, [m, 1, k // g, g]), [-1], True, None)
     groups = e.op("aten::sum", e.op("aten::mul", xv, e.to(nibbles, torch.float32)), [3], False,
                   None)
+    scale_back = torch.tensor([[1.0], [1 / 16]]).expand(2, half).reshape(block).contiguous()
     s, z = (e.op("aten::permute", e.op("aten::view", e.op("aten::select", sz, 2, j),
                                          [k // g, n // block, block]), [1, 0, 2]) for j in (0, 1))
     # s * (sum x*q - 8 * sum x) + z * sum x: each scale and zero point read once
-    centred = e.op("aten::sub", groups, e.op("aten::mul", xs, 8), 1)
+    centred = e.op("aten::sub", e.op("aten::mul", groups, scale_back), e.op("aten::mul", xs, 8),
+                   1)
     y = e.op("aten::sum", e.op("aten::add", e.op("aten::mul", centred, s),
                                e.op("aten::mul", xs, z), 1), [2], False, None)
     return e.op("aten::view", y, [m, n])
