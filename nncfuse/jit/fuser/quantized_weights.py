@@ -50,26 +50,30 @@ group (`sum_k x_k * ((q_k - 8) * s + z) = s * (sum_k x_k * q_k - 8 * sum_k x_k) 
 sum_k x_k`): a weight's product needs no scale and no zero point, only its conversion:
 
     ->  %xs = sum(x.view(1, 1, K/128, 128), [-1], keepdim)
-        %q = cat([%p4 & 15, %p4 >> 4], -1)                          (N/B, K/128, 128, B)
+        %q = (%p4.view(N/B, K/128, 128, 1, B/2).to(int32) & [[15], [240]]).view(.., B)
         %gs = sum(x.view(1, 1, K/128, 128, 1) * %q.to(float32), [3])
-        %y = sum((%gs - 8 * %xs) * s + %xs * z, [2]).view(1, N)
+        %y = sum((%gs * [1, .., 1/16, ..] - 8 * %xs) * s + %xs * z, [2]).view(1, N)
         %y = %y if all(%y * 0 == 0) else aten::_weight_int4pack_mm_for_cpu(...)   (prim::If)
 
 and the fuser makes it one kernel that reads the packed bytes once, in place, and each
-scale and zero point once. The low and high nibbles of a row block are one sum over its B
-columns (the `cat` is index arithmetic: each byte is loaded once for both of its columns,
-one vector load and a shuffle: `llvm_codegen`'s window loads), whose products chain in
-fused multiply-adds (`vectorize_reductions.row_steps`): 0.135 ms for that weight on one
-core, against 0.143 ms for the int8 reduction (the nibbles as two sums, each reading the
-bytes: 0.155 ms; as first written, with a copy of the packed bytes per call and each weight
-dequantized: 0.29 ms). Per weight the inner loop is bound by vector instructions, not
-bytes: a zero extension, a conversion to float and a fused multiply-add (AVX-512, two a
-cycle on the AMD EPYC). Factored, an infinite x (or an overflow) gives NaN where eager's
-products give an infinity of the weight's sign, so where the result is not finite, eager's
-kernel computes it again (a `prim::If`; its check is part of the kernel). Of more rows, the
-weights are dequantized as the reference kernel does, per half of the blocks and transposed
-to (K, N/2), and multiplied by a GEMM (which reuses each weight across rows from the
-caches; the sums read them once per row): 32 rows, 2.8 ms against 4.5 ms as sums (the int8
+scale and zero point once. A high nibble is not shifted down: each column masks its
+nibble in place, which converts to float exactly as `q` or `16 * q`, and the sums of the
+high nibbles (16 times theirs, exactly: a product by a power of two) are scaled back. The
+low and high nibbles of a row block are one sum over its B columns, each byte zero-extended
+once for both of its columns (one vector load and a shuffle: `llvm_codegen`'s window
+loads), the products chained in fused multiply-adds (`vectorize_reductions.row_steps`):
+0.13 ms for that weight on one core, against 0.14-0.15 ms for the int8 reduction (the
+nibbles as two sums, each reading the bytes: 0.155 ms; as first written, with a copy of
+the packed bytes per call and each weight dequantized: 0.29 ms). The inner loop is bound
+by vector instructions, not bytes (the AMD EPYC issues two 512-bit ones a cycle): per 16
+weights a mask, a conversion and a fused multiply-add, and half a zero extension. (The
+masks are tensor constants: a dynamic kernel takes them along its static dims.) Factored,
+an infinite x (or an overflow) gives NaN where eager's products give an infinity of the
+weight's sign, so where the result is not finite, eager's kernel computes it again (a
+`prim::If`; its check is part of the kernel). Of more rows, the weights are dequantized as
+the reference kernel does, per half of the blocks and transposed to (K, N/2), and
+multiplied by a GEMM (which reuses each weight across rows from the caches; the sums read
+them once per row): 32 rows, 2.8 ms against 4.5 ms as sums (the int8
 product: 2.9 ms).
 
 Left alone: a weight whose K axis is not contiguous (the reduction would not vectorize), an
