@@ -50,6 +50,7 @@ from .lowerings import (
     lowering_for,
     scalar_dtype,
 )
+from .lowerings.registry import POINTWISE
 from .lowerings.shapes import add_sizes, monomial, product
 from .meta import TensorMeta, blocks_of, infer_types, inputs_of, is_tensor, outputs_of
 from .size_symbols import SizeSymbols
@@ -565,11 +566,12 @@ def _lower_constant(state: _GraphLowering, node: Any) -> None:
     ivalue = value.toIValue()
     if isinstance(ivalue, torch.Tensor):
         meta = TensorMeta.of(ivalue)
-        if state.symbols is not None and any(size != 1 for size in meta.sizes):
-            raise LoweringError("a tensor constant of fixed sizes in a dynamic kernel")
+        # (in a dynamic kernel, one of fixed sizes is read only by elementwise ops along dims
+        # of the same static sizes: `Ctx.load` checks it)
+        fixed = state.symbols is not None and any(size != 1 for size in meta.sizes)
         buf = Buf.make(state.unique("const"), from_torch(meta.dtype), meta.sizes, meta.strides)
         state.constants.append((buf, ivalue))
-        state.env[value.unique()] = TensorArg(buf, meta.sizes)
+        state.env[value.unique()] = TensorArg(buf, meta.sizes, fixed)
     elif isinstance(ivalue, (bool, int, float)):
         state.env[value.unique()] = ScalarArg(E.imm(ivalue, scalar_dtype(ivalue)), ivalue)
     else:
@@ -591,6 +593,9 @@ def _lower_node(
         raise LoweringError(f"{node.kind()} must have {lowering.outputs} tensor output(s)")
     args = [state.env[v.unique()] for v in inputs_of(node)]
     is_cat = node.kind() in _CATS
+    if node.kind() not in POINTWISE and any(isinstance(a, TensorArg) and a.fixed for a in args):
+        raise LoweringError("a tensor constant of fixed sizes in a dynamic kernel, not read "
+                            "by an elementwise op")
     op = node.kind().split("::")[-1]
     state.ops.append(op)
     shared: dict[str, Any] = {}

@@ -97,12 +97,38 @@ _CONST = torch.arange(16.0)
     lambda x: x.amax(0) * 2,  # a reduction that eager refuses over an empty dim
     lambda x: x.view(2, 8) * 2,  # constant sizes
     lambda x: x * _CONST,  # a tensor constant of fixed sizes
+    lambda x: x * _CONST[:16],  # a slice of one (its sizes no symbols)
 ])
 def test_what_cannot_take_symbolic_sizes_raises_lowering_error(fn):
     graph = graph_of(fn, torch.randn(16))
     with pytest.raises(LoweringError):
         TensorExprKernel(graph, Options.from_env(), dynamic=True)
     TensorExprKernel(graph, Options.from_env())  # static: fine
+
+
+_MASKS = torch.tensor([15, 240, 3, 48], dtype=torch.int32)
+_SCALES = torch.tensor([1.0, 1 / 16, 0.5, -2.0])
+
+
+def _masked(x, b):
+    return ((x.to(torch.int32) & _MASKS).to(torch.float32) * _SCALES) + b
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+@pytest.mark.parametrize("fn", [_masked, lambda x, b: (x * _SCALES).sum(1) + b[0]])
+def test_tensor_constants_along_static_dims(llvm, fn):
+    """Tensor constants of fixed sizes read by elementwise ops along dims that stay static: one
+    kernel for every length of the dim that changes; any other use (a slice of one, one
+    broadcast along a symbol: above) gives a static kernel."""
+    x, b = torch.randint(0, 256, (10, 4)).float(), torch.randn(4)
+    kernel = TensorExprKernel(graph_of(fn, x, b), Options.from_env(use_llvm=llvm),
+                              dynamic=True, static_sizes=frozenset({4}))
+    assert kernel.lowered.symbols
+    for n in (10, 0, 1, 37):
+        x = torch.randint(0, 256, (n, 4)).float()
+        if fn is not _masked and n:
+            x[0, 1], x[-1, 2] = float("nan"), float("-inf")
+        torch.testing.assert_close(kernel.run([x, b]), fn(x, b), equal_nan=True)
 
 
 def _head_split(x, b):

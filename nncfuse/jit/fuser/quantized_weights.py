@@ -50,20 +50,30 @@ group (`sum_k x_k * ((q_k - 8) * s + z) = s * (sum_k x_k * q_k - 8 * sum_k x_k) 
 sum_k x_k`): a weight's product needs no scale and no zero point, only its conversion:
 
     ->  %xs = sum(x.view(1, 1, K/128, 128), [-1], keepdim)
-        %lo = sum(x.view(1, 1, K/128, 128, 1) * (%p4 & 15).to(float32), [3])
-        %y_lo = sum((%lo - 8 * %xs) * s_lo + %xs * z_lo, [2], keepdim)     (and %y_hi)
-        %y = cat([%y_lo, %y_hi], 2).view(1, N)
+        %q = (%p4.view(N/B, K/128, 128, 1, B/2).to(int32) & [[15], [240]]).view(.., B)
+        %gs = sum(x.view(1, 1, K/128, 128, 1) * %q.to(float32), [3])
+        %y = sum((%gs * [1, .., 1/16, ..] - 8 * %xs) * s + %xs * z, [2]).view(1, N)
         %y = %y if all(%y * 0 == 0) else aten::_weight_int4pack_mm_for_cpu(...)   (prim::If)
 
 and the fuser makes it one kernel that reads the packed bytes once, in place, and each
-scale and zero point once: 0.15 ms for that weight on one core, against 0.14 ms for the
-int8 reduction (as first written, with a copy of the packed bytes per call and each weight
-dequantized: 0.29 ms). Factored, an infinite x (or an overflow) gives NaN where eager's
-products give an infinity of the weight's sign, so where the result is not finite, eager's
-kernel computes it again (a `prim::If`; its check is part of the kernel). Of more rows, the
-weights are dequantized as the reference kernel does, per half of the blocks and transposed
-to (K, N/2), and multiplied by a GEMM (which reuses each weight across rows from the
-caches; the sums read them once per row): 32 rows, 2.8 ms against 4.5 ms as sums (the int8
+scale and zero point once. A high nibble is not shifted down: each column masks its
+nibble in place, which converts to float exactly as `q` or `16 * q`, and the sums of the
+high nibbles (16 times theirs, exactly: a product by a power of two) are scaled back. The
+low and high nibbles of a row block are one sum over its B columns, each byte zero-extended
+once for both of its columns (one vector load and a shuffle: `llvm_codegen`'s window
+loads), the products chained in fused multiply-adds (`vectorize_reductions.row_steps`):
+0.13 ms for that weight on one core, against 0.14-0.15 ms for the int8 reduction (the
+nibbles as two sums, each reading the bytes: 0.155 ms; as first written, with a copy of
+the packed bytes per call and each weight dequantized: 0.29 ms). The inner loop is bound
+by vector instructions, not bytes (the AMD EPYC issues two 512-bit ones a cycle): per 16
+weights a mask, a conversion and a fused multiply-add, and half a zero extension. (The
+masks are tensor constants: a dynamic kernel takes them along its static dims.) Factored,
+an infinite x (or an overflow) gives NaN where eager's products give an infinity of the
+weight's sign, so where the result is not finite, eager's kernel computes it again (a
+`prim::If`; its check is part of the kernel). Of more rows, the weights are dequantized as
+the reference kernel does, per half of the blocks and transposed to (K, N/2), and
+multiplied by a GEMM (which reuses each weight across rows from the caches; the sums read
+them once per row): 32 rows, 2.8 ms against 4.5 ms as sums (the int8
 product: 2.9 ms).
 
 Left alone: a weight whose K axis is not contiguous (the reduction would not vectorize), an
@@ -154,7 +164,11 @@ class _Emitter:
         if isinstance(v, torch._C.Value):
             return self.value(v), self.examples[v]
         with self.graph.insert_point_guard(self.before):
-            return self.graph.insertConstant(v), v
+            constant = self.graph.insertConstant(v)
+        if isinstance(v, torch.Tensor):  # a tensor constant: typed, its example on meta
+            constant.setType(TensorMeta.of(v).to_type())
+            v = v.to("meta")
+        return constant, v
 
     def op(self, kind: str, *operands: Any) -> Any:
         values, examples = zip(*(self._operand(v) for v in operands))
@@ -263,55 +277,66 @@ def _rewrite_int4(graph: Any, node: Any) -> bool:
     m, n, k, block = layout
     g, half = constant(group), block // 2
     e = _Emitter(graph, node)
-    p4 = e.op("aten::view", e.value(packed), [n // block, k // g, g, half])
     sz = e.value(sz)
+    if m <= MAX_ROWS:
+        y = _int4_sums(e, e.value(x), e.value(packed), sz, (m, n, k, block), g)
+        # finite only where no x is infinite or NaN and nothing overflowed: the product
+        finite = e.op("aten::all", e.op("aten::eq", e.op("aten::mul", y, 0), 0))
+        e.replace(node, e.unless(finite, y, node))
+        return True
+    p4 = e.op("aten::view", e.value(packed), [n // block, k // g, g, half])
 
     def whole(j: int) -> Any:
         """The scales (`j` 0) or zero points (1), (N/B, K/group, 1, B)."""
         v = e.op("aten::view", e.op("aten::select", sz, 2, j), [k // g, n // block, 1, block])
         return e.op("aten::permute", v, [1, 0, 2, 3])
 
-    # The sums read a scale per group and column: each half its own, from `sz` itself (read
-    # once, so not copied); the GEMMs' dequantization one per weight: from a copy without
-    # the zero points in between (made once, for both halves), in whole vectors.
-    shared = [whole(0), whole(1)] if m > MAX_ROWS else None
+    # the dequantization reads a scale per weight: from a copy without the zero points in
+    # between (made once, for both halves), in whole vectors
+    shared = [whole(0), whole(1)]
 
     def part(j: int, lo: int) -> Any:
         """The scales (`j` 0) or zero points (1) of the half of the blocks from `lo`."""
-        v = whole(j) if shared is None else shared[j]
-        return e.op("aten::slice", v, -1, lo, lo + half, 1)
+        return e.op("aten::slice", shared[j], -1, lo, lo + half, 1)
 
     # per half of the block: the nibbles, their scales and zero points
     halves = [(q, part(0, lo), part(1, lo))
               for q, lo in ((e.op("aten::bitwise_and", p4, 15), 0),
                             (e.op("aten::bitwise_right_shift", p4, 4), half))]
-    if m > MAX_ROWS:
-        e.replace(node, _int4_gemm(e, e.value(x), halves, (m, n, k, block)))
-        return True
-    y = _int4_sums(e, e.value(x), halves, (m, n, k, block), g)
-    # finite only where no x is infinite or NaN and nothing overflowed: then it is the product
-    finite = e.op("aten::all", e.op("aten::eq", e.op("aten::mul", y, 0), 0))
-    e.replace(node, e.unless(finite, y, node))
+    e.replace(node, _int4_gemm(e, e.value(x), halves, (m, n, k, block)))
     return True
 
 
-def _int4_sums(e: _Emitter, x: Any, halves: list[tuple[Any, Any, Any]],
+def _int4_sums(e: _Emitter, x: Any, packed: Any, sz: Any,
                sizes: tuple[int, int, int, int], g: int) -> Any:
     """The product as sums per group with the zero point factored out: `sum_k x_k * ((q_k -
     8) * s + z) = s * (sum_k x_k * q_k - 8 * sum_k x_k) + z * sum_k x_k`, fewer operations
-    per weight than its dequantization (a weight's products need no scale, no zero point)."""
+    per weight than its dequantization (a weight's products need no scale, no zero point).
+
+    A high nibble is not shifted down: each column masks its nibble in place (`b & 15`, `b &
+    240`), which converts to float exactly as `q` or `16 * q`, so the sums of the high
+    nibbles are 16 times theirs (exactly: a product by a power of two), scaled back per
+    column. The columns of a row block are one sum, `b` read once for its two columns: per
+    weight a mask, a conversion and a fused multiply-add."""
     m, n, k, block = sizes
+    half = block // 2
+    p4 = e.op("aten::view", packed, [n // block, k // g, g, 1, half])
+    masks = torch.tensor([[15], [240]], dtype=torch.int32)
+    nibbles = e.op("aten::view", e.op("aten::bitwise_and", e.to(p4, torch.int32), masks),
+                   [n // block, k // g, g, block])
     xv = e.op("aten::view", x, [m, 1, k // g, g, 1])
     xs = e.op("aten::sum", e.op("aten::view", x, [m, 1, k // g, g]), [-1], True, None)
-    sums = []
-    for q, s, z in halves:
-        s, z = (e.op("aten::view", v, [n // block, k // g, block // 2]) for v in (s, z))
-        groups = e.op("aten::sum", e.op("aten::mul", xv, e.to(q, torch.float32)), [3], False, None)
-        # s * (sum x*q - 8 * sum x) + z * sum x: each scale and zero point read once
-        centred = e.op("aten::sub", groups, e.op("aten::mul", xs, 8), 1)
-        sums.append(e.op("aten::sum", e.op("aten::add", e.op("aten::mul", centred, s),
-                                           e.op("aten::mul", xs, z), 1), [2], True, None))
-    return e.op("aten::view", e.op("aten::cat", e.tensors(sums), 2), [m, n])
+    groups = e.op("aten::sum", e.op("aten::mul", xv, e.to(nibbles, torch.float32)), [3], False,
+                  None)
+    scale_back = torch.tensor([[1.0], [1 / 16]]).expand(2, half).reshape(block).contiguous()
+    s, z = (e.op("aten::permute", e.op("aten::view", e.op("aten::select", sz, 2, j),
+                                         [k // g, n // block, block]), [1, 0, 2]) for j in (0, 1))
+    # s * (sum x*q - 8 * sum x) + z * sum x: each scale and zero point read once
+    centred = e.op("aten::sub", e.op("aten::mul", groups, scale_back), e.op("aten::mul", xs, 8),
+                   1)
+    y = e.op("aten::sum", e.op("aten::add", e.op("aten::mul", centred, s),
+                               e.op("aten::mul", xs, z), 1), [2], False, None)
+    return e.op("aten::view", y, [m, n])
 
 
 def _int4_gemm(e: _Emitter, x: Any, halves: list[tuple[Any, Any, Any]],

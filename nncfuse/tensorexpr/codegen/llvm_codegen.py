@@ -7,7 +7,14 @@ fallback otherwise; other inputs are only read) and a `double` or `i64`
 per scalar (bools as i64). Statements map directly: `For` to a counted loop
 with a phi, `Let` to an SSA value, `Allocate`/`Free` to malloc/free (a small
 buffer of a loop's body to a stack slot, which LLVM keeps in registers), vector
-loads of a unit-stride `Ramp` to one wide load. Operators emit what their
+loads of a unit-stride `Ramp` to one wide load, and loads whose lanes sit at constant
+offsets from one scalar index within two vectors' width (`_window`: a repeat `Ramp % 4`,
+a spread `Ramp / 4`, a stride of 2, a `cat`'s clamped reads) to one load and a shuffle:
+
+    x[Broadcast(64 * i, 16) + Ramp(0, 1, 16) % Broadcast(4, 16)]
+->  shufflevector(load <4 x float> x + 64 * i, [0, 1, 2, 3, 0, 1, 2, 3, ...])
+
+(other vector indices load lane by lane). Operators emit what their
 `ops` row's LLVM column names: an instruction, or one of `EMITTERS`.
 Arithmetic follows the interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating
 max/min, defined float-to-int conversion. bfloat16, which llvmlite cannot
@@ -33,6 +40,7 @@ from .. import ops
 from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
+from ..ir_eval import evaluate
 from ..ir_visitor import Visitor, walk
 from ..linear_form import linear
 from . import llvm_math, llvm_parallel, llvm_prefetch
@@ -352,6 +360,16 @@ class LLVMCodeGen(Visitor):
         elif isinstance(index, E.Ramp) and E.is_const(index.stride, 1):
             ptr = self.address(e.buf, self.expr(index.base))
             v = b.load(ptr, typ=ir.VectorType(mem, lanes), align=e.buf.dtype.itemsize)
+        elif (window := _window(index, lanes)) is not None:
+            # lanes at constant offsets from one scalar index, within a vector's width: the
+            # window in one load, its lanes picked by a shuffle (no load per lane)
+            base, offsets = window
+            first = min(offsets)
+            ptr = self.address(e.buf, self.expr(base + first) if first else self.expr(base))
+            width = max(offsets) - first + 1
+            whole = b.load(ptr, typ=ir.VectorType(mem, width), align=e.buf.dtype.itemsize)
+            mask = ir.Constant(ir.VectorType(I32, lanes), [k - first for k in offsets])
+            v = b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), mask)
         else:
             v = ir.Constant(ir.VectorType(mem, lanes), ir.Undefined)
             for lane, ptr in enumerate(self.lane_addresses(e.buf, index, lanes)):
@@ -489,6 +507,53 @@ class LLVMCodeGen(Visitor):
             return
         free = self.declare("free", ir.VoidType(), [PTR])
         self.builder.call(free, [self.bufs[s.buf.root]])
+
+
+def _lane_offsets(index: E.Expr) -> tuple[E.Expr | None, list[int]] | None:
+    """A vector index as a scalar index (None: 0) plus each lane's constant offset, else
+    None: `Broadcast(i) + Ramp(0, 1, 4) % 2` is `(i, [0, 1, 0, 1])`."""
+    if isinstance(index, E.Broadcast):
+        return index.value, [0] * index.dtype.lanes
+    if isinstance(index, E.Ramp) and isinstance(index.stride, E.Imm):
+        step = index.stride.value
+        return index.base, [k * step for k in range(index.dtype.lanes)]  # type: ignore
+    if isinstance(index, E.Add):
+        a, b = _lane_offsets(index.a), _lane_offsets(index.b)
+        if a is None or b is None:
+            return None
+        bases = [x for x in (a[0], b[0]) if x is not None]
+        base = bases[0] + bases[1] if len(bases) == 2 else (bases or [None])[0]
+        return base, [x + y for x, y in zip(a[1], b[1])]
+    if isinstance(index, E.Mul) and isinstance(index.a, E.Broadcast) and isinstance(
+            index.a.value, E.Imm):
+        split, c = _lane_offsets(index.b), index.a.value.value
+        if split is None:
+            return None
+        return (None if split[0] is None else split[0] * c), [k * c for k in split[1]]
+    if isinstance(index, (E.Div, E.Mod)) and isinstance(index.b, E.Broadcast) and isinstance(
+            index.b.value, E.Imm) and index.b.value.value > 0:
+        # (b + k) / c = b / c + k / c and (b + k) % c = k % c where c divides b, b >= 0 (a
+        # sum of loop variables' multiples) and k >= 0
+        c, split = index.b.value.value, _lane_offsets(index.a)
+        form = split and split[0] is not None and linear(split[0])
+        if split and min(split[1]) >= 0 and (split[0] is None or form and form.const >= 0 and (
+                form.const % c == 0 and all(isinstance(v, E.Var) and k > 0 and k % c == 0
+                                            for v, k in form.terms.items()))):
+            if isinstance(index, E.Mod):
+                return None, [k % c for k in split[1]]
+            return (None if split[0] is None else split[0] / c), [k // c for k in split[1]]
+    if any(isinstance(n, (E.Var, E.Load, E.Reduce)) for n in walk(index)):
+        return None
+    return None, [int(k) for k in evaluate(index)]
+
+
+def _window(index: E.Expr, lanes: int) -> tuple[E.Expr, list[int]] | None:
+    """`index` as a scalar index and constant lane offsets that span fewer than `2 * lanes`
+    elements (two vectors' loads hold them all: a stride of 2, a lane repeated), else None."""
+    split = _lane_offsets(index)
+    if split is None or max(split[1]) - min(split[1]) >= 2 * lanes:
+        return None
+    return (split[0] if split[0] is not None else E.imm(0)), split[1]
 
 
 def _aligned(base: E.Expr, lanes: int, itemsize: int) -> bool:

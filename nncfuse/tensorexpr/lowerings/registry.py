@@ -108,6 +108,9 @@ class Arg:
 class TensorArg(Arg):
     buf: Buf
     shape: tuple[int, ...]
+    #: a tensor constant of fixed sizes in a dynamic kernel: it broadcasts only against dims
+    #: of its own (static) sizes, and is not viewed (its sizes are no symbols)
+    fixed: bool = False
 
     @property
     def dtype(self) -> Dtype:
@@ -249,6 +252,9 @@ class Ctx:
             offset = len(self.indices) - len(arg.shape)
             if offset < 0:
                 raise LoweringError("operand has more dimensions than the output")
+            if arg.fixed and any(size != 1 and self.out_shape[offset + k] != size
+                                 for k, size in enumerate(arg.shape)):
+                raise LoweringError("a tensor constant broadcast along a size symbol")
             idx = tuple(
                 E.imm(0) if size == 1 else self.indices[offset + k]
                 for k, size in enumerate(arg.shape)
@@ -269,6 +275,8 @@ class Ctx:
         """
         if not isinstance(arg, TensorArg):
             raise LoweringError(f"cannot index a non-tensor {arg}")
+        if arg.fixed:
+            raise LoweringError("a tensor constant of fixed sizes moved in a dynamic kernel")
         if len(indices) != len(arg.shape):
             raise LoweringError(f"{len(indices)} indices for a {len(arg.shape)}-dim tensor")
         idx = tuple(E.imm(0) if size == 1 else i for i, size in zip(indices, arg.shape))
@@ -360,6 +368,8 @@ _BY_OVERLOAD: dict[tuple[str, str], Lowering] = {}
 #: Kinds whose eager result is a view of their first input (or may be: reshape, contiguous).
 #: Inside a group they are index arithmetic; a group does not return one of an input.
 VIEWS: set[str] = set()
+#: Kinds of elementwise lowerings (`pointwise`): their operands broadcast through `Ctx.load`.
+POINTWISE: set[str] = set()
 
 
 def register(
@@ -429,6 +439,7 @@ def pointwise(
             return E.cast(ctx.out_dtype, fn(ctx, *values))
 
         register(kinds, overloads)(lower)
+        POINTWISE.update([kinds] if isinstance(kinds, str) else kinds)
         return fn
 
     return wrap

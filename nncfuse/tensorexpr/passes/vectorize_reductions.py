@@ -22,8 +22,10 @@ reductions is widened to `ACCUMULATORS` registers of columns first (a tail
 of fewer columns is left to `vectorize_inner_loops`); fewer columns than that, in an
 outer loop, fill as many registers as they can, and their sums walk `ACCUMULATORS`
 rows per step (`row_steps`: the adds that wait for the accumulator are fewer, a
-step's float products chained in fused multiply-adds). A top-level loop over the
-columns of a blocked column sum walks the rows instead, in memory order, into
+step's float products chained in fused multiply-adds); in a loop of more columns, sums of
+products of converted integers walk rows in steps too, for the fused multiply-adds (one
+operation a point, not two: int4 products' 64 columns of a row block). A top-level
+loop over the columns of a blocked column sum walks the rows instead, in memory order, into
 partial sums per block of rows (`_by_rows`, which shows the loops). Run on flat
 indices, before `vectorize_inner_loops`.
 
@@ -140,8 +142,9 @@ class _VectorizeReductions(Mutator):
             lanes = lanes_for(body, self.vector_bits)
             while registers > 1 and count < registers * lanes:
                 registers //= 2
-        if registers < ACCUMULATORS:
-            new = _RowSteps(s.var).mutate(new)
+        # (a loop of more columns: only sums of products of converted integers walk rows in
+        # steps, whose products then chain in fused multiply-adds: one operation a point)
+        new = _RowSteps(s.var, products=registers == ACCUMULATORS).mutate(new)
         return new if registers < 2 else vectorize_inner_loops(new, self.vector_bits * registers)
 
     def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
@@ -284,12 +287,23 @@ class _RowSteps(Mutator):
     """The column sums of a loop over columns `var` (each load that moves with a column
     moves by one element), as `row_steps`."""
 
-    def __init__(self, var: E.Var):
-        self.var = var
+    def __init__(self, var: E.Var, products: bool = False):
+        self.var, self.products = var, products
 
     def mutate_Reduce(self, e: E.Reduce) -> E.Expr:
         e = self.generic_mutate(e)
+        if self.products:
+            return row_steps(e) if _converted_product(e) else e
         return row_steps(e) if _contiguous(e.body, self.var) else e
+
+
+def _converted_product(e: E.Reduce) -> bool:
+    """Whether `e` sums float products of which one operand is converted from integers (a
+    quantized weight's): fused multiply-adds spare an add per converted point, which bounds
+    such sums (float products of floats are left in the order `_by_rows` keeps)."""
+    body = e.body
+    return isinstance(body, E.Mul) and e.dtype.is_float and any(
+        isinstance(v, E.Cast) and not v.value.dtype.is_float for v in (body.a, body.b))
 
 
 def _total(e: E.Reduce, parts: list[E.Expr]) -> E.Expr:

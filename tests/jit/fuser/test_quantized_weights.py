@@ -137,12 +137,12 @@ def test_torchao_int4_weight_only(rows):
     def config():
         from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
         return PrototypeInt4WeightOnlyConfig(group_size=128, set_inductor_config=False)
-    # (five sums a linear: the activations' sum per group, then per nibble of the packed
-    # bytes (low, high) the products' sums per group and the groups' total; beyond MAX_ROWS
-    # rows, a GEMM per nibble)
+    # (three sums a linear: the activations' sum per group, the products' sums per group over
+    # both nibbles of the packed bytes, the groups' total; beyond MAX_ROWS rows, a GEMM per
+    # nibble)
     kind = "aten::sum" if rows <= MAX_ROWS else "aten::mm"
     count = _compiled_sums(config, rows, kind, rtol=1e-4, atol=1e-4)
-    assert count == 2 * (5 if rows <= MAX_ROWS else 2) * (aten_capability() in (AVX512, AVX2))
+    assert count == 2 * (3 if rows <= MAX_ROWS else 2) * (aten_capability() in (AVX512, AVX2))
 
 
 # -- int4: ATen's packed layout ----------------------------------------------------------------

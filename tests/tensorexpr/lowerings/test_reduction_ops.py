@@ -593,3 +593,21 @@ def test_float_max_min_vectors_keep_nans_with_avx512_max_min():
     if vector_bits() >= 512:
         ir = kernel(torch.maximum, a, b).get_code_text("ir")
         assert "llvm.x86.avx512.max.ps.512" in ir
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_column_sums_of_converted_products_walk_rows_in_steps(dtype):
+    """Column sums of float products of converted integers (dequantizing products), over many
+    columns: fused multiply-adds, several rows a step; of floats, the order `_by_rows`
+    reproduces. Eager's results either way (NaN, infinities, zero-size rows)."""
+    def fn(x, w):
+        return (x.view(-1, 1) * w.to(torch.float32)).sum(0)
+    for rows in (100, 0, 7, 300):
+        x = torch.randn(rows)
+        w = torch.randint(0, 256, (rows, 256)).to(dtype)
+        if rows:
+            x[0], x[-1] = float("nan"), float("inf")
+        torch.testing.assert_close(run_fused(fn, x, w), fn(x, w), equal_nan=True)
+    # (of 100 rows: a long sum is blocked, and its columns walk the rows, `_by_rows`)
+    stmt = str(kernel_stmt(fn, torch.randn(100), torch.randint(0, 256, (100, 256)).to(dtype)))
+    assert ("fma(" in stmt) == (dtype == torch.uint8), stmt
