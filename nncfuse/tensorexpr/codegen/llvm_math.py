@@ -269,8 +269,8 @@ def _inline_erf(cg: LLVMCodeGen, x: Any, lanes: int) -> Any:
 
     a = cg.intrinsic("fabs", x.type, [x])
     near_zero = b.fmul(a, _horner(cg, ERF_SMALL, b.fmul(a, a)))
-    # NaN is clamped too: its lanes are x again at the end.
-    clamped = b.select(b.fcmp_unordered(">", a, c(ERF_ONE)), c(ERF_ONE), a)
+    # NaN stays NaN through the polynomial, and copysign gives it x's sign.
+    clamped = b.select(b.fcmp_ordered(">", a, c(ERF_ONE)), c(ERF_ONE), a)
     far = b.fcmp_ordered(">=", a, c(ERF_TWO))
     t = b.fsub(clamped, b.select(far, c(ERF_CENTER), c(ERF_MIDDLE_CENTER)))
     middle = (0.0,) * (len(ERF_LARGE) - len(ERF_MIDDLE)) + ERF_MIDDLE
@@ -278,8 +278,7 @@ def _inline_erf(cg: LLVMCodeGen, x: Any, lanes: int) -> Any:
     for large_k, middle_k in zip(ERF_LARGE[1:], middle[1:]):
         erfc = cg.intrinsic("fma", x.type, [erfc, t, b.select(far, c(large_k), c(middle_k))])
     magnitude = b.select(b.fcmp_ordered("<", a, c(1.0)), near_zero, b.fsub(c(1.0), erfc))
-    result = cg.intrinsic("copysign", x.type, [magnitude, x])
-    return b.select(b.fcmp_unordered("uno", x, x), x, result)
+    return cg.intrinsic("copysign", x.type, [magnitude, x])
 
 
 def _per_lane(cg: LLVMCodeGen, name: str, args: list[Any], dtype: Dtype) -> Any:
