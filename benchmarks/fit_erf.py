@@ -2,13 +2,19 @@
 
     python benchmarks/fit_erf.py
 
-Two pieces, both evaluated for every lane and then selected:
+Three pieces:
 
 - |x| < 1: erf(x) = x * P(x**2), P of degree 5, fitted for relative error;
-- 1 <= |x| <= 3.92: erf(x) = 1 - exp(-x**2 + R(x - 2.46)), R of degree 8 fitted to
-  log(erfc(x)) + x**2 for absolute error (a relative error of erfc). Near +-1,
-  where chains like acos(erf(x)) or gelu's negative tail magnify every ULP,
-  this rounds within half an ULP. Beyond 3.92 erf(x) rounds to 1.0f.
+- 1 <= |x| < 2: erf(x) = 1 - Q(|x| - 1.5), Q of degree 10 fitted to erfc(x) for
+  absolute error (fitting erf itself, the float32 rounding of its constant term
+  alone costs half an ULP);
+- 2 <= |x| <= 3.93: erf(x) = 1 - R(|x| - 2.96), R of degree 11 fitted to erfc(x)
+  for absolute error. Near +-1, where chains like acos(erf(x)) or gelu's negative
+  tail magnify every ULP, this rounds within 0.53 ULP. Beyond 3.92 erf(x) rounds
+  to 1.0f.
+
+The inline erf evaluates the first for every lane, and the last two as one
+polynomial whose coefficients each lane selects (Q's padded with zeros).
 
 Weighted least squares on Chebyshev nodes with Lawson re-weighting (towards
 minimax). Prints the coefficients (highest degree first, as float32) and the
@@ -21,8 +27,8 @@ import math
 
 import numpy as np
 
-SMALL_DEGREE, LARGE_DEGREE = 5, 8
-ONE, CENTER, LIMIT = 1.0, 2.46, 3.92
+SMALL_DEGREE, MIDDLE_DEGREE, LARGE_DEGREE = 5, 10, 11
+ONE, MIDDLE_CENTER, TWO, CENTER, LIMIT = 1.0, 1.5, 2.0, 2.96, 3.93
 erf, erfc = np.vectorize(math.erf), np.vectorize(math.erfc)
 
 
@@ -42,19 +48,25 @@ def lawson(columns: np.ndarray, y: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return c[::-1].astype(np.float32)
 
 
-def fit() -> tuple[np.ndarray, np.ndarray]:
+Pieces = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def fit() -> Pieces:
     x = chebyshev(1e-6, ONE)
     y = erf(x) / x
     small = lawson(np.vander(x * x, SMALL_DEGREE + 1, increasing=True), y, 1 / y)
-    x = chebyshev(ONE, LIMIT)
+    x = chebyshev(ONE, TWO)
+    middle = lawson(np.vander(x - MIDDLE_CENTER, MIDDLE_DEGREE + 1, increasing=True),
+                    erfc(x), np.ones_like(x))
+    x = chebyshev(TWO, LIMIT)
     large = lawson(np.vander(x - CENTER, LARGE_DEGREE + 1, increasing=True),
-                   np.log(erfc(x)) + x * x, np.ones_like(x))
-    return small, large
+                   erfc(x), np.ones_like(x))
+    return small, middle, large
 
 
-def float32_erf(x: np.ndarray, small: np.ndarray, large: np.ndarray) -> np.ndarray:
-    """The inline erf's arithmetic in float32 (an fma is exact in float64, then rounded;
-    numpy's exp stands in for the inline exp)."""
+def float32_erf(x: np.ndarray, pieces: Pieces) -> np.ndarray:
+    """The inline erf's arithmetic in float32 (an fma is exact in float64, then rounded)."""
+    small, middle, large = pieces
 
     def fma(p: np.ndarray, q: np.ndarray, r: np.ndarray) -> np.ndarray:
         return (p.astype(np.float64) * q + r).astype(np.float32)
@@ -67,22 +79,23 @@ def float32_erf(x: np.ndarray, small: np.ndarray, large: np.ndarray) -> np.ndarr
 
     a = np.abs(x)
     near_zero = a * horner(small, a * a)
+    between = np.float32(1) - horner(middle, a - np.float32(MIDDLE_CENTER))
     clamped = np.minimum(a, np.float32(LIMIT))
-    r = horner(large, clamped - np.float32(CENTER))
-    near_one = np.float32(1) - np.exp(fma(-clamped, clamped, r)).astype(np.float32)
-    return np.copysign(np.where(a < ONE, near_zero, near_one), x)
+    near_one = np.float32(1) - horner(large, clamped - np.float32(CENTER))
+    magnitude = np.where(a < ONE, near_zero, np.where(a < TWO, between, near_one))
+    return np.copysign(magnitude, x)
 
 
 def main() -> None:
-    small, large = fit()
+    pieces = fit()
     x = np.concatenate([np.linspace(-6, 6, 2_000_001),
                         np.geomspace(1e-30, 6, 500_000)]).astype(np.float32)
     reference = erf(x.astype(np.float64))
     ulp = np.spacing(np.abs(reference).astype(np.float32)).astype(np.float64)
-    error = np.abs(float32_erf(x, small, large) - reference) / ulp
-    print("ERF_SMALL =", tuple(float(c) for c in small))
-    print("ERF_LARGE =", tuple(float(c) for c in large))
-    for lo, hi in [(0, ONE), (ONE, 2), (2, 3), (3, 6)]:
+    error = np.abs(float32_erf(x, pieces) - reference) / ulp
+    for name, coefficients in zip(("ERF_SMALL", "ERF_MIDDLE", "ERF_LARGE"), pieces):
+        print(name, "=", tuple(float(c) for c in coefficients))
+    for lo, hi in [(0, ONE), (ONE, TWO), (TWO, 3), (3, 6)]:
         part = (np.abs(x) >= lo) & (np.abs(x) < hi)
         print(f"max error for {lo} <= |x| < {hi}: {error[part].max():.2f} ULP")
 

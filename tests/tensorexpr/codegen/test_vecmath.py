@@ -79,12 +79,33 @@ def test_inline_erf_is_within_2_5_ulp_half_an_ulp_near_one_and_exact_at_special_
     finite = ~reference.isnan()
     error = (got - reference).abs() / ulp
     assert error[finite].max() <= 2.5
+    assert error[finite & (x.abs() >= 1)].max() <= 0.75
     assert error[finite & (x.abs() >= 2)].max() <= 0.55  # acos(erf(x)) and 1 - erf(x) rely on it
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf")])
     at = [int((x == v).logical_and(x.signbit() == v.signbit()).nonzero()[0]) for v in special]
     assert got[at].tolist() == [0.0, -0.0, 1.0, -1.0]
     assert got[at].signbit().tolist() == [False, True, False, True]
     assert got[x.isnan()].isnan().all()
+
+
+def test_inline_erf_at_its_piece_boundaries_and_where_it_rounds_to_one():
+    """Each lane picks its piece (|x| < 1, < 2, <= 3.93) and its coefficients: the
+    float32 neighbours of the boundaries, in vectors mixing all pieces, within the
+    pieces' bounds, and erf(x) = 1 exactly where float64's erf rounds to 1."""
+    steps = torch.arange(-(N // 8), N // 8, dtype=torch.int32)
+    around = [(torch.tensor(edge).view(torch.int32) + steps).view(torch.float32)
+              for edge in (1.0, 2.0, 3.93)]
+    x = torch.cat([around[0], -around[1], around[2], torch.linspace(3.5, 5.0, N // 8)])
+    x = torch.cat([x, torch.zeros(N - x.numel())])
+    x = x[torch.randperm(N, generator=torch.Generator().manual_seed(6))].contiguous()
+    got, reference = run_kernel("erf", [x]).double(), torch.erf(x.double())
+    magnitude = reference.float().abs()
+    ulp = (torch.nextafter(magnitude, torch.tensor(float("inf"))) - magnitude).double()
+    error = (got - reference).abs() / ulp
+    assert error[x.abs() >= 1].max() <= 0.75
+    assert error[x.abs() >= 2].max() <= 0.55
+    rounds_to_one = reference.float().abs() == 1
+    assert rounds_to_one.any() and (got[rounds_to_one].abs() == 1).all()
 
 
 @pytest.mark.skipif("avx512f" not in llvm_jit.host_features(), reason="AVX-512's vscalefps")
