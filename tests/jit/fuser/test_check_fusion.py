@@ -230,3 +230,27 @@ def test_bf16_autocast_fuses_checks_too():
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     kinds = [k for g in nncfuse.fusion_groups(graph) for k in group_kinds(g)]
     assert "aten::conv2d" in kinds and "aten::batch_norm" in kinds
+
+
+def test_a_traced_views_size_reads_are_copied_into_groups_not_taken_as_checks():
+    """A trace reads sizes for its views (`x.shape[0]`, as transformers' attention does):
+    those are copied into the groups that need them, not held as a check's; the projection,
+    its head split and what follows fuse as one group after the norm's (they failed to
+    compile: an int output)."""
+
+    def heads(x, w):
+        h = torch.rsqrt(x * x + 1.0) * x  # (the sizes read of a value the group computes)
+        y = torch.nn.functional.linear(h, w)
+        q = y.view(h.shape[0], h.shape[1], -1, 8).transpose(1, 2)
+        return torch.sin(q) * 2.0 + 1.0
+
+    x, w = torch.randn(2, 6, 16), torch.randn(32, 16)
+    with torch.no_grad():
+        traced = torch.jit.trace(heads, (x, w))
+        fused = nncfuse.jit(traced)
+        for _ in range(3):
+            got = fused(x, w)
+        report = nncfuse.explain(fused, x, w)
+    torch.testing.assert_close(got, heads(x, w))
+    assert "compile failure" not in str(report), report
+    assert len(nncfuse.fusion_groups(fused.graph_for(x, w))) == 2
