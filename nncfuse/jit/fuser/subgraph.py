@@ -54,16 +54,19 @@ def make_group(graph: Any, node: Any, copies: Copies = _no_copies) -> Any:
     return group
 
 
+def holds_check(node: Any) -> bool:
+    """Whether `node` is a shape check, or a fusion group that holds one."""
+    if node.kind() == GROUP:
+        return any(map(shape_checks.is_check, node.g("Subgraph").nodes()))
+    return shape_checks.is_check(node)
+
+
 def merge_into(graph: Any, group: Any, producer: Any, copies: Copies = _no_copies) -> None:
     """Move `producer` (a node or a group of `group`'s kind), which precedes `group`, into
     it. A group's size expressions are copied in again with the nodes that read them."""
     nodes = unmerge(graph, producer) if producer.kind() == group.kind() else [producer]
     # (a shape check's sizes are its own, not copied: `shape_checks`; any other size read,
     # a view's, is copied in again, as a group's outputs are tensors)
-    def holds_check(node: Any) -> bool:  # (a check, or a group of `group`'s kind with one)
-        return shape_checks.is_check(node) or node.kind() == group.kind() and any(
-            map(shape_checks.is_check, node.g("Subgraph").nodes()))
-
     copied = [n for n in nodes if is_size_node(n) and not (
         shape_checks.is_check_value(n) and shape_checks.owning_check(n, holds_check))]
     for node in reversed(nodes):

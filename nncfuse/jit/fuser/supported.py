@@ -33,6 +33,8 @@ from ...tensorexpr.lowerings import (
 from ...tensorexpr.meta import TensorMeta, inputs_of, is_tensor, outputs_of
 from . import sizes
 from .autocast_casts import casts_nothing, has_autocast_kernel
+from .subgraph import GROUP as _GROUP
+from .subgraph import holds_check
 
 _NUMBER_KINDS = {"FloatType", "IntType", "BoolType"}
 
@@ -52,7 +54,6 @@ def _tensor_problem(value: Any, what: str) -> str | None:
     return None
 
 
-_GROUP = "prim::TensorExprGroup"  # subgraph.GROUP (a sibling module: not imported)
 _LIST_READERS = {"aten::cat", "aten::concat", "aten::concatenate", "aten::stack"}
 
 
@@ -90,13 +91,6 @@ def why_not_fusible(node: Any) -> str | None:
     if shape_checks.is_check(node):
         return _check_problem(node)
     return _node_problem(node)
-
-
-def holds_check(node: Any) -> bool:
-    """Whether `node` is a shape check, or a fusion group that holds one."""
-    if node.kind() == _GROUP:
-        return any(map(shape_checks.is_check, node.g("Subgraph").nodes()))
-    return shape_checks.is_check(node)
 
 
 def _check_problem(check: Any) -> str | None:

@@ -57,12 +57,11 @@ from .inplace import (
 )
 from .quantized_weights import fold_quantized_weights
 from .sizes import is_size_node
-from .subgraph import is_group, make_group, merge_into, move_aliases_out, unmerge
+from .subgraph import holds_check, is_group, make_group, merge_into, move_aliases_out, unmerge
 from .supported import (
     copied_operand,
     feeds_external,
     fuses_alone,
-    holds_check,
     is_external,
     size_sources,
     why_not_fusible,
