@@ -274,9 +274,13 @@ def test_dynamic_shapes_from_dynamo(backend, name):
         with torch.no_grad():
             for _ in range(2):
                 torch.testing.assert_close(f(a), torch.sigmoid(a) * a + 1.0)
-    # One graph, sizes as inputs; nncfuse specializes each signature (statically, as nncfuse.jit)
+    # One graph, sizes as inputs, fused at every size (through AOTAutograd, whose inputs show
+    # Dynamo's symbolic dims, one dynamic plan runs the later sizes without a signature
+    # of their own: `fxgraph._last_plan`)
     (compiled,) = backend.compiled_graphs()
-    assert [len(nncfuse.fusion_groups(g)) for g in compiled.graphs()] == [1, 1, 1]
+    graphs = compiled.graphs()
+    assert graphs and all(len(nncfuse.fusion_groups(g)) == 1 for g in graphs)
+    assert len(graphs) == (1 if name == "nncfuse" else 3)
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -477,6 +481,35 @@ def test_dynamo_symbolic_sizes_reuse_one_dynamic_kernel(backend, monkeypatch):
         x, b = torch.randn(n, 16), torch.randn(16)
         torch.testing.assert_close(f(x, b), fn(x, b))
     assert compiled == [True]
+
+
+def _repeat_kv(cache, new, scale):
+    """A decode step's key cache grown by one row, repeated for grouped-query attention
+    (transformers' `repeat_kv`), read up to its length: sizes computed from the length."""
+    k = torch.cat([cache, new], dim=2)
+    b, h, n, d = k.shape
+    k2 = k[:, :, None, :, :].expand(b, h, 2, n, d).reshape(b, h * 2, n, d)
+    return k, k2[:, :, : cache.shape[2] + 1] * scale
+
+
+def test_a_dynamic_plan_runs_new_lengths_without_a_signature(backend, monkeypatch):
+    """A graph of Dynamo's symbolic sizes whose plan serves every length checks a call with
+    the last call's C++ tensor check, its symbolic dims and their strides left out, and
+    the numbers' types: no `signature` per decode step."""
+    from nncfuse.jit.specialize import fxgraph
+
+    f = torch.compile(_repeat_kv, backend="nncfuse")
+    with torch.no_grad():
+        for n in (5, 6, 7, 7):
+            f(torch.randn(1, 2, n, 8), torch.randn(1, 2, 1, 8), torch.randn(8))
+        signatures = []
+        real = fxgraph.signature
+        monkeypatch.setattr(fxgraph, "signature", lambda args: signatures.append(1) or real(args))
+        for n in (9, 30, 8, 64, 7):
+            cache, new, scale = torch.randn(1, 2, n, 8), torch.randn(1, 2, 1, 8), torch.randn(8)
+            for g, e in zip(f(cache, new, scale), _repeat_kv(cache, new, scale)):
+                torch.testing.assert_close(g, e)
+    assert signatures == []
 
 
 # -- training graphs as one autograd node (autograd.FusedGraph) --------------------------------

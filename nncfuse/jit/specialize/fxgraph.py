@@ -78,10 +78,10 @@ class CompiledGraph:
         #: whether running the graph twice is harmless (AOTAutograd's graphs are functional)
         self.functional = kind != "dynamo" or _functional(gm)
         self.program: Program | None = None
-        #: (grad mode, a C++ check of the tensors' metadata, the plan) of the last signature
-        #: called with tensors alone: a repeated call is checked there, not by `signature`
-        #: (BERT's backward: 100 tensors, 7 us against 36)
-        self._last: tuple[bool, Any, Any] | None = None
+        #: (grad mode, the arguments' types, a C++ check of the tensors' metadata, the plan)
+        #: of the last signature: a repeated call is checked there, not by `signature` (BERT's
+        #: backward: 100 tensors, 7 us against 36)
+        self._last: tuple[bool, Any, Any, Any] | None = None
         try:
             # Dynamo and AOTAutograd compile under a fake-tensor mode; constant propagation
             # must make real tensors.
@@ -113,16 +113,17 @@ class CompiledGraph:
         if self.program is None or self.options.disable:
             return self.gm(*args)
         last = self._last
-        if last is not None and last[0] is torch.is_grad_enabled() and _holds(last[1], args):
+        if last is not None and last[0] is torch.is_grad_enabled() and _holds(last, args):
             try:
-                return last[2].run(args)
+                return last[3].run(args)
             except Exception as e:  # noqa: BLE001 - the FX graph decides whether this is an error
                 return self._after_failure(e, args)
         key = signature(args)
         try:
             plan = self.policy.plans.get(key)
             if plan is not None:
-                self._last = _last_plan(args, plan)
+                self._last = _last_plan(args, plan, self.policy.varying
+                                        if self.policy.serves_every_size(plan) else None)
                 return plan.run(args)
             prog, trains = self.program, self.trains
             if trains is not None and _needs_grad(args):
@@ -164,23 +165,43 @@ class CompiledGraph:
         return result
 
 
-def _last_plan(args: tuple[Any, ...], plan: Any) -> tuple[bool, Any, Any] | None:
-    """`CompiledGraph._last` for a call of `args` (tensors alone, else None) that `plan` runs:
-    Dynamo's C++ tensor check (dispatch keys, dtype, device, requires_grad, sizes, strides:
-    what `signature` compares, and more) with these exact sizes and strides."""
-    if not all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args):
+def _last_plan(args: tuple[Any, ...], plan: Any, varying: frozenset[tuple[int, int]] | None
+               ) -> tuple[bool, Any, Any, Any] | None:
+    """`CompiledGraph._last` for a call of `args` (tensors and numbers, else None) that `plan`
+    runs: the arguments' types, and Dynamo's C++ tensor check (dispatch keys, dtype, device,
+    requires_grad, sizes, strides: what `signature` compares, and more) with these exact
+    sizes and strides, but for the `varying` dims and the strides of their tensors (a dynamic
+    plan that serves every size of Dynamo's symbolic dims: a decode step's cache length,
+    which Dynamo's guards and the kernels' own check)."""
+    kinds = tuple(map(type, args))
+    if not all(k in (torch.Tensor, torch.nn.Parameter, int, float, bool) for k in kinds):
         return None
     from torch._C._dynamo.guards import TensorGuards
 
-    check = TensorGuards(*args, dynamic_dims_sizes=[list(a.shape) for a in args],
-                         dynamic_dims_strides=[list(a.stride()) for a in args])
-    return torch.is_grad_enabled(), check, plan
+    varying = varying or frozenset()
+    tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    moving = {i for i, _ in varying}
+    check = TensorGuards(
+        *(a for _, a in tensors),
+        dynamic_dims_sizes=[[None if (i, d) in varying else s for d, s in enumerate(a.shape)]
+                            for i, a in tensors],
+        dynamic_dims_strides=[[None] * a.dim() if i in moving else list(a.stride())
+                              for i, a in tensors])
+    positions = [i for i, _ in tensors]
+    ints = [i for i, k in enumerate(kinds) if k is int]
+    return torch.is_grad_enabled(), (kinds, positions, ints), check, plan
 
 
-def _holds(check: Any, args: tuple[Any, ...]) -> bool:
-    """Whether `args` pass `check` (a `TensorGuards`); False where one is not a tensor."""
+def _holds(last: tuple[bool, Any, Any, Any], args: tuple[Any, ...]) -> bool:
+    """Whether `args` pass `last`'s check (`_last_plan`): the same types, ints within int64
+    (`signature`'s `BIG_INT`), tensors that pass."""
+    (kinds, positions, ints), check = last[1], last[2]
+    if tuple(map(type, args)) != kinds or not all(
+            -(2**63) <= args[i] < 2**63 for i in ints):
+        return False
+    only_tensors = len(positions) == len(args)
     try:
-        return check.check(*args)
+        return check.check(*args) if only_tensors else check.check(*[args[i] for i in positions])
     except TypeError:
         return False
 

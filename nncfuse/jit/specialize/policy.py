@@ -258,6 +258,11 @@ class Policy:
                     self.plans[key] = plan
         return plan.run(args)
 
+    def serves_every_size(self, plan: Plan) -> bool:
+        """Whether `plan` is a size class's dynamic plan: it runs every signature of the class
+        with its static sizes, whatever the `varying` dims' sizes."""
+        return any(state.plan is plan for state in list(self._classes.values()))
+
     def graphs(self) -> list[torch._C.Graph]:
         """The optimized graphs of the signatures seen so far (for `nncfuse.fusion_groups`)."""
         return [p.graph for p in list(self.plans.values()) if p.graph is not None]
