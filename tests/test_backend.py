@@ -492,6 +492,33 @@ def _repeat_kv(cache, new, scale):
     return k, k2[:, :, : cache.shape[2] + 1] * scale
 
 
+def test_sizes_computed_from_a_symbolic_length_fuse(backend):
+    """Dynamo's symbolic cache length makes the expand's, the view's and the slice's sizes
+    computed values (`sym_size + 1`); where they follow from the input's, they are constants
+    to the fuser (`symbolic_sizes.py`), and the repeat fuses into the kernel that grows the
+    cache, a dynamic one: one plan serves every length, more lengths than plans may be made."""
+    from nncfuse.jit.fuser import runtime
+    from nncfuse.jit.specialize.plans import UnfusedPlan
+
+    f = torch.compile(_repeat_kv, backend="nncfuse")  # the length alone becomes symbolic
+    with torch.no_grad():
+        for n in [5, 6, 9, 9, 17, *range(20, 40)]:
+            cache, new = torch.randn(1, 2, n, 8), torch.randn(1, 2, 1, 8)
+            scale = torch.randn(8)
+            scale[0] = float("-inf")
+            got, expected = f(cache, new, scale), _repeat_kv(cache, new, scale)
+            for g, e in zip(got, expected):
+                torch.testing.assert_close(g, e)
+    compiled = backend.compiled_graphs()[-1]  # (the first, for n = 5, is static)
+    assert not any(isinstance(p, UnfusedPlan) for p in compiled.policy.plans.values())
+    graph = compiled.graphs()[-1]
+    assert any(isinstance(v.type(), torch._C.IntType) for v in graph.inputs())
+    outside = {n.kind() for n in graph.nodes()}
+    assert not {"aten::expand", "aten::clone", "aten::slice", "aten::cat", "aten::view"} & outside
+    kernels = [runtime.kernel_of(n) for n in nncfuse.fusion_groups(graph)]
+    assert len(kernels) == 1 and kernels[0].dynamic
+
+
 def test_a_dynamic_plan_runs_new_lengths_without_a_signature(backend, monkeypatch):
     """A graph of Dynamo's symbolic sizes whose plan serves every length checks a call with
     the last call's C++ tensor check, its symbolic dims and their strides left out, and

@@ -82,6 +82,7 @@ class Lowered:
     externals: tuple[S.ExternalCall, ...] = ()  # run before the loops, from the entry
     symbols: tuple[SizeSymbol, ...] = ()  # a dynamic kernel's sizes, bound from its inputs
     guards: tuple[InputGuard, ...] = ()  # what a dynamic kernel relies on, per tensor input
+    equal: tuple[tuple[E.Expr, E.Var], ...] = ()  # sizes it takes as equal: checked too
 
 
 def _sanitize(name: str) -> str:
@@ -297,7 +298,9 @@ def _cat_sizes(node: Any, args: Sequence[Arg], symbols: SizeSymbols) -> list[int
     total: int | E.Expr = 0
     for p in parts:
         length = p.shape[dim]
-        for var in monomial(length)[1]:  # (a sum: a cat of a cat, not supported)
+        for var in monomial(length)[1]:
+            if not isinstance(var, E.Var):
+                raise LoweringError("a cat of a part whose length is a sum (a cat's)")
             symbols.at_least(var, 1)
         total = add_sizes(total, length)
     out = list(parts[0].shape)
@@ -491,6 +494,7 @@ def lower_graph(
         externals=tuple(state.externals),
         symbols=symbols,
         guards=tuple(state.symbols.guards) if state.symbols is not None else (),
+        equal=tuple(state.symbols.equal) if state.symbols is not None else (),
     )
 
 

@@ -295,6 +295,7 @@ class TensorExprKernel:
             fallback=self._fallback_list if lowered.written or lowered.guards else None,
             symbols=lowered.symbols,
             guards=lowered.guards,
+            equal=lowered.equal,
             quick=self._quick,
         )
 

@@ -102,6 +102,8 @@ class SizeSymbols:
         self.static = static
         self.symbols: list[SizeSymbol] = []
         self.guards: list[InputGuard] = []
+        #: (a sum, a symbol) equal at the example and taken as equal: checked at run time
+        self.equal: list[tuple[E.Expr, E.Var]] = []
         for position, meta in inputs:
             for d, size in enumerate(meta.sizes):
                 if size != 1 and size not in static and size not in self._by_value:
@@ -163,14 +165,19 @@ class SizeSymbols:
     def _sum(self, value: int, size: E.Add) -> Size:
         """`size`, a sum of products of symbols whose value at the example is `value`, learnt
         as `derive` learns a product (the same sum, or a LoweringError where that value
-        already stands for another size)."""
+        already stands for another size). Where it stands for an input's symbol, the sum is
+        that symbol, and the kernel checks that they are equal when it runs (`equal`): a
+        decode step's cache grown by a row (`s1 + 1`) and its mask (`s0`), which are."""
         if evaluate(size, self.values) != value:
             raise LoweringError(f"size {size} is not {value} at the example")
         if value == 1 or value in self.static:
             raise LoweringError(f"size {size} has the static value {value}")
         known = self._by_value.setdefault(value, size)  # type: ignore[arg-type]
         if known != size:
-            raise LoweringError(f"sizes {size} and {known} are equal at the example")
+            if not isinstance(known, E.Var):
+                raise LoweringError(f"sizes {size} and {known} are equal at the example")
+            if (size, known) not in self.equal:
+                self.equal.append((size, known))
         return known
 
     def at_least(self, var: E.Var, minimum: int) -> None:

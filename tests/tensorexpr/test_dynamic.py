@@ -375,3 +375,24 @@ def test_reductions_over_a_symbolic_extent_are_vectorized_with_run_time_tails(ll
     for n in lengths if llvm else lengths[:-2]:
         x = torch.randn(3, n) if rows else torch.randn(n, 3)
         torch.testing.assert_close(kernel.run([x]), fn(x), rtol=1e-5, atol=1e-4)
+
+
+def _grown_and_masked(cache, new, mask):
+    """A decode step's cache grown by a row (`s1 + 1`), repeated (an unsqueeze, a reshape
+    that keeps that length whole), and a mask of the same length, another input (`s0`)."""
+    return torch.cat([cache, new], dim=0).unsqueeze(0).expand(2, -1, -1) + mask
+
+
+@pytest.mark.parametrize("llvm", [True, False])
+def test_a_cats_length_equal_to_an_input_size_is_checked_when_the_kernel_runs(llvm):
+    """At the example the grown cache's length equals the mask's: the kernel takes them as
+    one size (`SizeSymbols.equal`) and checks it at each call; where they differ the
+    fallback runs and raises eager's error."""
+    kernel = dynamic_kernels(_grown_and_masked, torch.randn(6, 8), torch.randn(1, 8),
+                             torch.randn(7, 1))[not llvm]
+    assert kernel.dynamic and kernel.lowered.equal
+    for n in (6, 9, 33, 1):
+        args = [torch.randn(n, 8), torch.randn(1, 8), torch.randn(n + 1, 1)]
+        torch.testing.assert_close(kernel.run(args), _grown_and_masked(*args))
+    with pytest.raises(RuntimeError, match="must match the size"):
+        kernel.run([torch.randn(9, 8), torch.randn(1, 8), torch.randn(7, 1)])

@@ -46,6 +46,7 @@ from ..fuser.weight_casts import cache_weight_casts
 from . import collector, hooks
 from .decompose import decompositions
 from .policy import Policy, Program, program, signature
+from .symbolic_sizes import sizes_from_inputs
 
 __all__ = ["CompiledGraph", "compiled_graphs", "clear_compiled_graphs", "decompositions", "brief"]
 
@@ -413,13 +414,15 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     overload, devices by type name, `_to_copy(x, dtype=...)` as `to`, `alias(x)` (detach,
     decomposed) and `t(t(x))` (linear's backward) as `x`, C++'s `c - y` as `rsub(y, c)`
     (`_number_minus`), the private ops of `_PUBLIC` as the public ones they equal in a
-    functional graph."""
+    functional graph, computed sizes that follow from their op's input as constants
+    (`symbolic_sizes.py`)."""
     graph = copy.deepcopy(gm.graph)
     for node, example in zip(graph.find_nodes(op="placeholder"), example_inputs):
         if node.type is None:
             node.type = next((t for kind, t in _NUMBER_TYPES if isinstance(example, kind)),
                              torch.Tensor if isinstance(example, torch.Tensor) else None)
     _sym_sums_as_adds(graph)
+    sizes_from_inputs(graph)
     for node in graph.find_nodes(op="call_function", target=aten._to_copy.default):
         if len(node.args) == 1 and list(node.kwargs) == ["dtype"]:
             node.target = aten.to.dtype

@@ -244,6 +244,8 @@ class KernelInterface:
     externals: tuple[ExternalStep, ...] = ()
     symbols: tuple[SizeSymbol, ...] = ()  # a dynamic kernel's sizes, read from its inputs
     guards: tuple[InputGuard, ...] = ()  # checked first; `fallback` runs otherwise
+    #: sizes a dynamic kernel takes as equal (a cat's length, a symbol): else `fallback`
+    equal: tuple[tuple[E.Expr, E.Expr], ...] = ()
     #: a dynamic kernel's `cfunc` that keeps the GIL (cheaper to call), and when to call
     #: `cfunc` instead: a bool of the size symbols (much work, or parallel loops)
     quick: tuple[Callable[..., Any], E.Expr] | None = None
@@ -437,6 +439,7 @@ def _bind_symbols(
     if not kernel.guards:
         return
     empty = [f"{sym.var.name} < {sym.minimum}" for sym in kernel.symbols if sym.minimum > 0]
+    empty += [f"{python(a)} != {python(b)}" for a, b in kernel.equal]
     if guarded:
         for sym in kernel.symbols:
             code.line(f"{sym.var.name} = a{sym.position}.shape[{sym.dim}]")

@@ -80,7 +80,7 @@ def _source(ctx: Ctx) -> TensorArg:
     return source
 
 
-Monomial = tuple[int, tuple[E.Var, ...]]
+Monomial = tuple[int, tuple[E.Expr, ...]]  # (its factors: symbols, and sums of sizes)
 
 
 def add_sizes(a: int | E.Expr, b: int | E.Expr) -> int | E.Expr:
@@ -96,7 +96,12 @@ def add_sizes(a: int | E.Expr, b: int | E.Expr) -> int | E.Expr:
 
 def monomial(size: int | E.Expr) -> Monomial:
     """`size` (an int, a size symbol or a product of them: a dynamic kernel's sizes) as its
-    int factor and its symbols in name order; LoweringError for any other expression."""
+    int factor and its factors in name order; LoweringError for any other expression. A sum
+    of sizes (`add_sizes`: a cat's length) is a factor of its own, as a symbol is, so that a
+    reshape keeping it whole (an unsqueeze after a cat) maps it to itself:
+
+        [2, s0 + 1, 8]  ->  (16, (s0 + 1,))
+    """
     if isinstance(size, int):
         return size, ()
     if isinstance(size, E.Imm):
@@ -105,8 +110,16 @@ def monomial(size: int | E.Expr) -> Monomial:
         return 1, (size,)
     if isinstance(size, E.Mul):
         (a, va), (b, vb) = monomial(size.a), monomial(size.b)
-        return a * b, tuple(sorted(va + vb, key=lambda v: v.name))
+        return a * b, tuple(sorted(va + vb, key=_factor_name))
+    if isinstance(size, E.Add):
+        monomial(size.a), monomial(size.b)  # (of sizes: raises for anything else)
+        return 1, (size,)
     raise LoweringError(f"size {size} is not a product of size symbols")
+
+
+def _factor_name(factor: E.Expr) -> str:
+    """A monomial's factors' order: a symbol's name, a sum's printed form."""
+    return factor.name if isinstance(factor, E.Var) else str(factor)
 
 
 def _divides(a: Monomial, b: Monomial) -> bool:
@@ -136,7 +149,7 @@ def product(shape: Sequence[int | E.Expr]) -> Monomial:
     for size in shape:
         c, v = monomial(size)
         coef, syms = coef * c, syms + v
-    return coef, tuple(sorted(syms, key=lambda v: v.name))
+    return coef, tuple(sorted(syms, key=_factor_name))
 
 
 def reshape_indices(
