@@ -215,6 +215,7 @@ class Policy:
         self._classes: dict[tuple[int, Signature | None], ClassState] = {}
         self._shown: dict[int, tuple[Plan, torch._C.Graph | None]] = {}  # see `graph_of`
         self._lock = threading.RLock()
+        self._warned = False  # whether `_warn_unfused` has
         #: the ops that the plans' graphs run: they live as long as this policy (and its
         #: plans), and are freed with it unless another policy shares them
         self._ops: list[runtime.FusedOp] = []
@@ -310,6 +311,7 @@ class Policy:
             plan = self._most_general(prog, cls[1], now)
             if plan is None:
                 _log.update("Too many input signatures; running unfused")
+                self._warn_unfused()
                 plan = UnfusedPlan(prog.unfused, prog.graph)
             else:
                 _log.update("Too many input signatures; running a more general dynamic plan")
@@ -320,6 +322,16 @@ class Policy:
             plan = self._optimize_class(graph, prog, cls, choice)
         self.plans[key] = plan
         return plan, None
+
+    def _warn_unfused(self) -> None:
+        """Say once per policy that its signatures past the bound run unfused: a program
+        that keeps meeting new sizes would otherwise slow down without a word."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"nncfuse: more than max_specializations={self.options.max_specializations} "
+                "input signatures; new ones run unfused (raise max_specializations, or pass "
+                "dynamic=True for kernels that take any size)", stacklevel=4)
 
     def _most_general(self, prog: Program, cls: Signature | None, now: Shapes) -> Plan | None:
         """A dynamic plan of `prog` whose kernels' guards admit the calls of size class `cls`

@@ -58,9 +58,11 @@ def test_dynamic_true_compiles_one_kernel_from_the_first_call(monkeypatch):
 def test_dynamic_false_is_static_per_signature_and_unfused_past_the_bound(monkeypatch):
     compiled = count_compiles(monkeypatch)
     f = nncfuse.jit(chain, dynamic=False, max_specializations=3)
-    for n in range(10, 15):
-        a, b = torch.randn(n), torch.randn(n)
-        torch.testing.assert_close(f(a, b), chain(a, b))
+    with pytest.warns(UserWarning, match="max_specializations=3") as caught:
+        for n in range(10, 15):
+            a, b = torch.randn(n), torch.randn(n)
+            torch.testing.assert_close(f(a, b), chain(a, b))
+    assert sum("max_specializations" in str(w.message) for w in caught) == 1  # once
     assert compiled == [False] * 3
     assert isinstance(f._plans[policy.signature((torch.randn(14), torch.randn(14)))],
                       UnfusedPlan)
