@@ -59,6 +59,7 @@ from . import rewrites
 from .autodiff_views import DIFFERENTIABLE_GRAPH
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
+from .dropouts import DROPOUTS
 
 _log = log.get_logger(__file__)
 _serial = itertools.count()
@@ -450,14 +451,21 @@ _SPECIALIZED = (bool, int, type(None))
 def _specialize(graph: torch._C.Graph, inputs: tuple[Any, ...]) -> None:
     """Uses of `graph`'s inputs that are booleans, integers or None use constants of their
     values in `inputs` (the variant's key fixes them): a module's `training` flag folds,
-    and with it batch norm's branches, and the batch norms fuse (`backward_ops.py`).
+    and with it batch norm's branches, and the batch norms fuse (`backward_ops.py`). A float
+    that is 0 and only a dropout's probability is a constant too: the dropout then goes
+    (`dropouts.py`), drawing no numbers, as eager's.
 
         graph(%x, %training : bool):              graph(%x, %training : bool):
           %y = aten::dropout(%x, %p, %training) ==>  %y = aten::dropout(%x, %p, True)
     """
     first = next(iter(graph.nodes()), graph.return_node())
     for value, v in zip(inputs_of(graph), inputs, strict=True):
-        if type(v) in _SPECIALIZED and value.uses():
+        if type(v) is float and v == 0 and value.uses() and all(
+                use.user.kind() in DROPOUTS and use.offset == 1 for use in value.uses()):
+            v = 0.0  # (a dropout's p: -0.0 is 0 there too, and the key holds the value)
+        elif type(v) not in _SPECIALIZED:
+            continue
+        if value.uses():
             const = graph.insertConstant(v)
             const.node().moveBefore(first)
             value.replaceAllUsesWith(const)

@@ -47,6 +47,7 @@ from ...tensorexpr.meta import blocks_of
 from ..specialize import collector
 from ..specialize.fxgraph import CompiledGraph, brief, decompositions
 from ..specialize.policy import Program
+from .dropouts import plain_dropouts
 
 _log = log.get_logger(__file__)
 _MAX_VARIANTS = 8  # patterns of non-tensor values per signature traced; then unfused
@@ -102,7 +103,7 @@ class AutogradPlan:
                 self._fn = None
         else:
             graph = prog.graph.copy()
-            changed = _plain_dropouts(graph) + _scalar_constants(graph)
+            changed = plain_dropouts(graph) + _scalar_constants(graph)
             self._attributes = _lift_constants(graph)
             if changed or self._attributes:
                 self._fn = torch._C._create_function_from_graph("nncfuse_constants", graph)
@@ -272,7 +273,7 @@ def _lifted(graph: torch._C.Graph, receiver: Any) -> tuple[Callable[..., Any], l
     visit(graph)
     for node in reversed(getattrs):
         node.destroy()
-    _plain_dropouts(graph)
+    plain_dropouts(graph)
     _scalar_constants(graph)
     attributes += _lift_constants(graph)
     if list(this.uses()):
@@ -288,33 +289,6 @@ def _wrapped(value: torch.Tensor) -> bool:
         return False
     other = torch.zeros((), dtype=torch.float32 if value.is_floating_point() else torch.int32)
     return (other * value).dtype == other.dtype
-
-
-#: dropouts that return their input itself at p == 0 or train=False (ATen's `_dropout_impl`)
-_DROPOUTS = ("aten::dropout", "aten::feature_dropout", "aten::alpha_dropout",
-             "aten::feature_alpha_dropout")
-
-
-def _plain_dropouts(graph: torch._C.Graph) -> int:
-    """Replace, in place, the dropouts of `graph` whose probability is a constant 0 or whose
-    `train` is a constant False by their input, as eager returns its input itself there; the
-    count replaced. A traced model in training mode with dropout 0 has them, and under
-    AOTAutograd's tracing each became `native_dropout`: a bool mask of ones saved by the
-    forward, and in the backward its cast, a multiply by the scale and a copy of the gradient.
-
-        %y = aten::dropout(%x, 0., True)            ==>   (uses of %y use %x)
-    """
-    done = 0
-    for node in [n for kind in _DROPOUTS for n in graph.findAllNodes(kind)]:
-        x, p, train = node.inputs()
-        if p.node().kind() != "prim::Constant" or train.node().kind() != "prim::Constant":
-            continue
-        if p.toIValue() != 0 and train.toIValue() is not False:
-            continue
-        node.output().replaceAllUsesWith(x)
-        node.destroy()
-        done += 1
-    return done
 
 
 def _scalar_constants(graph: torch._C.Graph) -> int:

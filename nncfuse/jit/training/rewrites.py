@@ -17,6 +17,7 @@ pattern it rewrites:
     fold_tuples            a tuple unpacked where it is packed: the values packed
     flat_linears           addmm between a flattening view and its inverse: one linear
     fold_conv_pads         a zero pad before convolutions: their own padding
+    plain_dropouts         a dropout of probability 0 or not training: its input (no draw)
     differentiable_graphs  differentiable nodes gathered into prim::DifferentiableGraphs
                            (graphs of one node too: views may join them)
     absorb_views           views between graphs moved in, the graphs they split joined;
@@ -42,6 +43,7 @@ from ... import log
 from ..fuser.autocast_casts import make_autocast_casts_explicit
 from ..rewrites.conv_pads import fold_conv_pads
 from .autodiff_views import absorb_views
+from .dropouts import plain_dropouts
 from .flat_linear import flat_linears
 from .fold_tuples import fold_tuples
 from .identities import drop_identities
@@ -92,6 +94,7 @@ def rewrites(shapes_fixed: bool) -> list[tuple[str, Rewrite]]:
         ("fold_tuples", fold_tuples),
         ("flat_linears", flat_linears),
         ("fold_conv_pads", fold_conv_pads),
+        ("plain_dropouts", plain_dropouts),
         ("differentiable_graphs", differentiable_graphs),
         ("absorb_views", partial(absorb_views, threshold=THRESHOLD)),
     ]

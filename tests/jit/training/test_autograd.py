@@ -2,6 +2,7 @@
 grad_fn semantics, through both mechanisms: TorchScript's autodiff (jit/training/autodiff.py, the
 default) and AOTAutograd (jit/training/autograd.py). Tests of one mechanism's internals name it."""
 
+import copy
 import functools
 import warnings
 
@@ -547,12 +548,36 @@ class Dropouts(torch.nn.Module):
         return y * z
 
 
+def test_dropout_masks_are_eagers_after_a_dropout_of_zero():
+    """A module's Dropout(0.0) in training mode draws no numbers in eager, so the masks of
+    the dropouts after it are the ones eager draws under the same seed. Its p is a module
+    attribute, an input of the variant: a p of 0 is a constant there and the dropout goes
+    (`dropouts.py`); autodiff's formula drew a number per element for it. (Under
+    autograd="aot" the masks are AOTAutograd's, as torch.compile's: not eager's.)"""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8),
+                                torch.nn.Dropout(0.0), torch.nn.Dropout(0.5)).train()
+    eager = copy.deepcopy(model)
+    fused = nncfuse.jit(model)  # (autograd="autodiff")
+    x = torch.randn(4, 8)
+    for step in range(5):
+        torch.manual_seed(step)
+        got = fused(x)
+        torch.manual_seed(step)
+        want = eager(x)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def _kinds(gm):
     return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
 
 
 def test_dropouts_that_return_their_input_leave_no_mask():
-    from nncfuse.jit.training.autograd import _plain_dropouts
+    from nncfuse.jit.training.dropouts import plain_dropouts
 
     torch.manual_seed(0)
     model = Dropouts().train()
@@ -562,7 +587,7 @@ def test_dropouts_that_return_their_input_leave_no_mask():
     traced = torch.jit.trace(model, (x,))
     graph = traced.inlined_graph
     assert len(graph.findAllNodes("aten::dropout")) == 3  # the test's premise
-    assert _plain_dropouts(graph) == 3 and not graph.findAllNodes("aten::dropout")
+    assert plain_dropouts(graph) == 3 and not graph.findAllNodes("aten::dropout")
     fused = nncfuse.jit(traced, autograd="aot")
     for _ in range(3):
         model.zero_grad()
@@ -583,13 +608,13 @@ def test_dropouts_that_return_their_input_leave_no_mask():
 
 
 def test_a_dropout_that_may_drop_is_kept():
-    from nncfuse.jit.training.autograd import _plain_dropouts
+    from nncfuse.jit.training.dropouts import plain_dropouts
 
     def fn(x):
         return torch.nn.functional.dropout(x, 0.5, training=True) + 1.0
 
     graph = torch.jit.trace(fn, (torch.randn(4),), check_trace=False).graph.copy()
-    assert _plain_dropouts(graph) == 0 and len(graph.findAllNodes("aten::dropout")) == 1
+    assert plain_dropouts(graph) == 0 and len(graph.findAllNodes("aten::dropout")) == 1
 
 
 def test_a_dropout_fuses_and_its_second_derivative_raises(autograd):

@@ -7,7 +7,8 @@ from nncfuse.jit.training import rewrites
 from nncfuse.jit.training.fold_tuples import fold_tuples
 
 ORDER = ["autocast_casts", "explicit_promotions", "fold_sizes", "drop_identities", "fold_tuples",
-         "flat_linears", "fold_conv_pads", "differentiable_graphs", "absorb_views"]
+         "flat_linears", "fold_conv_pads", "plain_dropouts", "differentiable_graphs",
+         "absorb_views"]
 
 
 def test_the_list_is_ordered_and_the_sized_rules_need_fixed_shapes():
