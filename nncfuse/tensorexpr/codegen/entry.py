@@ -455,7 +455,7 @@ def _bind_symbols(
         a = f"a{g.position}"
         dtype = code.bind(f"gd{g.position}", g.dtype)
         rank.append(f"not isinstance({a}, Tensor) or {a}.dtype is not {dtype}"
-                    f" or {a}.device.type != 'cpu' or len({a}.shape) != {len(g.sizes)}")
+                    f" or not {a}.is_cpu or {a}.dim() != {len(g.sizes)}")
         if not g.requires_grad:
             rank.append(f"({a}.requires_grad and grad_enabled())")
     conds = []
