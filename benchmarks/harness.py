@@ -136,17 +136,6 @@ def timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
-#: against float64 eager, a contender's result may be this many times as far (root mean
-#: square) as eager's own in the same precision: the rule of
-#: `torch._dynamo.utils.same(fp64_ref=...)`, by which PyTorch's benchmarks check compilers
-MULTIPLIER = 3.0
-
-
-def rms(a: Any, b: Any) -> float:
-    """The root mean square of `a - b`, in float64."""
-    return float((a.double() - b.double()).square().mean().sqrt()) if a.numel() else 0.0
-
-
 def copy_time(nbytes: int, threads: int, clock: str = "wall", rounds: int = 5) -> float:
     """Seconds a tensor copy that moves `nbytes` (half read, half written) takes at `threads`
     threads, the fastest of `rounds`: the memory roofline of a call that moves as much (the

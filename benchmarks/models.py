@@ -56,7 +56,6 @@ from typing import Any
 
 import torch
 from harness import (
-    MULTIPLIER,
     Timing,
     copy_time,
     fmt_time,
@@ -64,13 +63,13 @@ from harness import (
     measure,
     min_bytes,
     quiet_transformers,
-    rms,
     select,
 )
 from report import LABELS, draw_speedups, machine_info
 
 import nncfuse
 from nncfuse.explain import EXTERNAL_KINDS
+from nncfuse.testing import MULTIPLIER, rms
 
 CONTENDERS = ("eager", "script", "compile", "compile-frozen", "nncfuse", "nncfuse-frozen",
               "nncfuse-backend")

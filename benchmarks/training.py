@@ -89,9 +89,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from harness import MULTIPLIER, fmt_time, geomean, measure, rms
+from harness import fmt_time, geomean, measure
 
 import nncfuse
+from nncfuse.testing import MULTIPLIER, rms
 
 CONTENDERS = ("eager", "compile", "nncfuse-backend", "nncfuse-jit")
 #: Also accepted by --contenders: Dynamo and AOTAutograd's trace and partition with no

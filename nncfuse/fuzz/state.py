@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..testing import MULTIPLIER, rms
+
 _FEATURES = (4, 8, 16)
 
 
@@ -104,14 +106,6 @@ def _change(rng: random.Random, pair: tuple[nn.Module, nn.Module]) -> str:
     return "call"
 
 
-#: how many times eager float32's distance from float64's a result may be (see above)
-MULTIPLIER = 3.0
-
-
-def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).square().mean().sqrt()) if a.numel() else 0.0
-
-
 def rounding_explains(got: tuple[Any, ...], want: tuple[Any, ...],
                       exact: tuple[Any, ...]) -> bool:
     """Whether float32 `got` is as close to float64 `exact` as eager's `want` is, within
@@ -130,7 +124,7 @@ def rounding_explains(got: tuple[Any, ...], want: tuple[Any, ...],
             return False
         g, w, e = g[finite], w[finite], e[finite]
         tiny = 1e-7 * float(e.abs().max()) if e.numel() else 0.0
-        if _rms(g, e) > MULTIPLIER * _rms(w, e) + tiny:
+        if rms(g, e) > MULTIPLIER * rms(w, e) + tiny:
             return False
     return True
 
