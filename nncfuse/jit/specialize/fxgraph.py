@@ -35,7 +35,7 @@ import re
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -79,10 +79,9 @@ class CompiledGraph:
         #: whether running the graph twice is harmless (AOTAutograd's graphs are functional)
         self.functional = kind != "dynamo" or _functional(gm)
         self.program: Program | None = None
-        #: (grad mode, the arguments' types, a C++ check of the tensors' metadata, the plan)
-        #: of the last signature: a repeated call is checked there, not by `signature` (BERT's
-        #: backward: 100 tensors, 7 us against 36)
-        self._last: tuple[bool, Any, Any, Any] | None = None
+        #: the last signature's plan and its check (`_LastPlan`): a repeated call is checked
+        #: there, not by `signature` (BERT's backward: 100 tensors, 7 us against 36)
+        self._last: _LastPlan | None = None
         try:
             # Dynamo and AOTAutograd compile under a fake-tensor mode; constant propagation
             # must make real tensors.
@@ -114,9 +113,9 @@ class CompiledGraph:
         if self.program is None or self.options.disable:
             return self.gm(*args)
         last = self._last
-        if last is not None and last[0] is torch.is_grad_enabled() and _holds(last, args):
+        if last is not None and last.holds(args):
             try:
-                return last[3].run(args)
+                return last.plan.run(args)
             except Exception as e:  # noqa: BLE001 - the FX graph decides whether this is an error
                 return self._after_failure(e, args)
         key = signature(args)
@@ -166,14 +165,38 @@ class CompiledGraph:
         return result
 
 
+class _LastPlan(NamedTuple):
+    """A plan and what a call must be for it to run it without a `signature`: the grad mode,
+    the arguments' types, ints within int64 (`signature`'s `BIG_INT`), and Dynamo's C++
+    tensor check (dispatch keys, dtype, device, requires_grad, sizes, strides: what
+    `signature` compares, and more) of the tensors (`tensors`: their positions, None where
+    every argument is one)."""
+
+    grad: bool
+    kinds: tuple[type, ...]
+    tensors: list[int] | None
+    ints: list[int]
+    check: Any
+    plan: Any
+
+    def holds(self, args: tuple[Any, ...]) -> bool:
+        if self.grad is not torch.is_grad_enabled() or tuple(map(type, args)) != self.kinds:
+            return False
+        if not all(-(2**63) <= args[i] < 2**63 for i in self.ints):
+            return False
+        try:
+            return self.check.check(*(args if self.tensors is None
+                                      else [args[i] for i in self.tensors]))
+        except TypeError:
+            return False
+
+
 def _last_plan(args: tuple[Any, ...], plan: Any, varying: frozenset[tuple[int, int]] | None
-               ) -> tuple[bool, Any, Any, Any] | None:
+               ) -> _LastPlan | None:
     """`CompiledGraph._last` for a call of `args` (tensors and numbers, else None) that `plan`
-    runs: the arguments' types, and Dynamo's C++ tensor check (dispatch keys, dtype, device,
-    requires_grad, sizes, strides: what `signature` compares, and more) with these exact
-    sizes and strides, but for the `varying` dims and the strides of their tensors (a dynamic
-    plan that serves every size of Dynamo's symbolic dims: a decode step's cache length,
-    which Dynamo's guards and the kernels' own check)."""
+    runs: its check takes these exact sizes and strides, but for the `varying` dims and the
+    strides of their tensors (a dynamic plan that serves every size of Dynamo's symbolic
+    dims: a decode step's cache length, which Dynamo's guards and the kernels' own check)."""
     kinds = tuple(map(type, args))
     if not all(k in (torch.Tensor, torch.nn.Parameter, int, float, bool) for k in kinds):
         return None
@@ -188,23 +211,9 @@ def _last_plan(args: tuple[Any, ...], plan: Any, varying: frozenset[tuple[int, i
                             for i, a in tensors],
         dynamic_dims_strides=[[None] * a.dim() if i in moving else list(a.stride())
                               for i, a in tensors])
-    positions = [i for i, _ in tensors]
-    ints = [i for i, k in enumerate(kinds) if k is int]
-    return torch.is_grad_enabled(), (kinds, positions, ints), check, plan
-
-
-def _holds(last: tuple[bool, Any, Any, Any], args: tuple[Any, ...]) -> bool:
-    """Whether `args` pass `last`'s check (`_last_plan`): the same types, ints within int64
-    (`signature`'s `BIG_INT`), tensors that pass."""
-    (kinds, positions, ints), check = last[1], last[2]
-    if tuple(map(type, args)) != kinds or not all(
-            -(2**63) <= args[i] < 2**63 for i in ints):
-        return False
-    only_tensors = len(positions) == len(args)
-    try:
-        return check.check(*args) if only_tensors else check.check(*[args[i] for i in positions])
-    except TypeError:
-        return False
+    positions = None if len(tensors) == len(args) else [i for i, _ in tensors]
+    return _LastPlan(torch.is_grad_enabled(), kinds, positions,
+                     [i for i, k in enumerate(kinds) if k is int], check, plan)
 
 
 def _needs_grad(args: tuple[Any, ...]) -> bool:
