@@ -11,17 +11,17 @@ Dynamo's shape environment proves the computed size equal to what the op takes f
 its input, the entry becomes the constant that means that:
 
     expand(x : [1, 2, 1, s0 + 1, 64], [1, 2, 2, add, 64])   ==>   [1, 2, 2, -1, 64]
-        (add : s0 + 1, the input's size at that dim, which is not 1)
+        (add : s0 + 1, the input's size at that dim)
     view(y : [1, 2, 2, s0 + 1, 64], [1, 4, add, 64])        ==>   [1, 4, -1, 64]
         (the one computed entry; the others positive constants; y not empty)
     slice(m : [1, 1, 1, s0 + 1], 3, 0, add)                 ==>   slice(m, 3, 0, INT64_MAX)
         (add >= the input's size at that dim: the slice is all of it)
 
-Each holds for every input that passes Dynamo's guards: an expand's size at a dim that
-is not 1 must equal the input's (-1 keeps it), a view's sizes multiply to the input's
-element count (its one unknown is the quotient, what -1 infers), a slice's end is
-clamped to the size. The proof is the shape environment's (`statically_known_true`:
-no guard is added); anything it cannot prove stays.
+Each holds for every input that passes Dynamo's guards: an expand's size equal to the
+input's is what -1 keeps, a view's sizes multiply to the input's element count (its one
+unknown is the quotient, what -1 infers), a slice's end is clamped to the size. The
+proof is the shape environment's (`statically_known_true`: no guard is added); anything
+it cannot prove stays.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _number(arg: Any) -> Any:
 
 
 def _expand_sizes(x: torch.Tensor | None, sizes: Any) -> list[Any] | None:
-    """expand's sizes with each computed one that equals the input's size (not 1) as -1."""
+    """expand's sizes with each computed one that equals the input's size as -1."""
     if x is None or not isinstance(sizes, (list, tuple)) or len(sizes) < x.dim():
         return None
     lead = len(sizes) - x.dim()
@@ -84,8 +84,7 @@ def _expand_sizes(x: torch.Tensor | None, sizes: Any) -> list[Any] | None:
         if not isinstance(entry, torch.fx.Node):
             continue
         value = _number(entry)
-        if value is not None and not statically_known_true(size == 1) and statically_known_true(
-                size == value):
+        if value is not None and statically_known_true(size == value):
             out[lead + d], changed = -1, True
     return out if changed else None
 

@@ -460,15 +460,17 @@ def _specialize(graph: torch._C.Graph, inputs: tuple[Any, ...]) -> None:
     """
     first = next(iter(graph.nodes()), graph.return_node())
     for value, v in zip(inputs_of(graph), inputs, strict=True):
-        if type(v) is float and v == 0 and value.uses() and all(
-                use.user.kind() in DROPOUTS and use.offset == 1 for use in value.uses()):
+        uses = value.uses()
+        if not uses:
+            continue
+        if type(v) is float and v == 0 and all(
+                use.user.kind() in DROPOUTS and use.offset == 1 for use in uses):
             v = 0.0  # (a dropout's p: -0.0 is 0 there too, and the key holds the value)
         elif type(v) not in _SPECIALIZED:
             continue
-        if value.uses():
-            const = graph.insertConstant(v)
-            const.node().moveBefore(first)
-            value.replaceAllUsesWith(const)
+        const = graph.insertConstant(v)
+        const.node().moveBefore(first)
+        value.replaceAllUsesWith(const)
 
 
 def _shapes_fixed(graph: torch._C.Graph) -> bool:
