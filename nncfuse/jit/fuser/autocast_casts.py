@@ -16,6 +16,11 @@ GEMM with its epilogue in one kernel. Under bfloat16 autocast:
     %b.1 : BFloat16(32) = nncfuse::autocast_weight(%b, 15, True)
     %y : BFloat16(4, 32) = aten::linear(%x.1, %w.1, %b.1)
 
+Ops that cast the same value to the same dtype, with nothing written between them, read
+one cast (eager makes one per op), which then fuses with the value's producer: the
+activation feeding the query, key and value projections is rounded once, in the kernel
+that computes it.
+
 Each cast is typed from the profile: the operand's profiled type with the dtype cast to (its
 strides as `to` gives them). A parameter or buffer (read by `prim::GetAttr`) or a graph input
 that is cast to the autocast dtype is cast by `cast_cache.py`'s op, which makes the copy once
@@ -32,7 +37,7 @@ from typing import Any
 import torch
 
 from ... import log
-from ...tensorexpr.meta import blocks_of, inputs_of
+from ...tensorexpr.meta import all_nodes, blocks_of, inputs_of
 from . import cast_cache
 
 _log = log.get_logger(__file__)
@@ -202,15 +207,19 @@ def _cast(graph: Any, value: Any, dtype: torch.dtype, autocast_dtype: torch.dtyp
 
 
 def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None], dtype: torch.dtype,
-             training: bool) -> bool:
+             training: bool, made: dict[tuple[int, torch.dtype], Any]) -> bool:
     operands = _operands(node)
     assert operands is not None
     casts: list[Any] = []
     with graph.insert_point_guard(node):
         for (value, _, _), target in zip(operands, targets):
-            cast = None if target is None else _cast(graph, value, target, dtype, training)
-            if target is not None and cast is None:
-                return False  # (the casts made so far are dead: DCE removes them)
+            cast = None
+            if target is not None:
+                key = (value.unique(), target)
+                cast = made.get(key) or _cast(graph, value, target, dtype, training)
+                if cast is None:
+                    return False  # (the casts made so far are dead: DCE removes them)
+                made[key] = cast
             casts.append(cast)
         lists: dict[int, list[Any]] = {}
         for (value, i, k), cast in zip(operands, casts):
@@ -230,13 +239,32 @@ def _rewrite(graph: Any, node: Any, targets: list[torch.dtype | None], dtype: to
     return True
 
 
-def _rewrite_block(graph: Any, block: Any, dtype: torch.dtype, training: bool) -> int:
+def _writes(node: Any) -> bool:
+    """Whether `node` (or a node of its blocks) writes one of its inputs (its schema says so;
+    a node without one: no)."""
+    for n in [node, *(inner for block in blocks_of(node) for inner in all_nodes(block))]:
+        try:
+            schema = torch._C.parse_schema(n.schema())
+        except RuntimeError:  # "(no schema)"
+            continue
+        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            return True
+    return False
+
+
+def _rewrite_block(graph: Any, block: Any, dtype: torch.dtype, training: bool,
+                   made: dict[tuple[int, torch.dtype], Any]) -> int:
+    """The casts of `block`'s nodes written out; `made`: the casts made before the block
+    that dominate it, by (value, dtype), which a later op casting the same value reads too
+    until a node writes (eager casts at each op; none can differ where nothing writes)."""
     count = 0
     for node in list(block.nodes()):
         for sub in blocks_of(node):
-            count += _rewrite_block(graph, sub, dtype, training)
+            count += _rewrite_block(graph, sub, dtype, training, dict(made))
+        if _writes(node):
+            made.clear()
         targets = _targets(node, dtype)
-        if targets and any(targets) and _rewrite(graph, node, targets, dtype, training):
+        if targets and any(targets) and _rewrite(graph, node, targets, dtype, training, made):
             count += 1
     return count
 
@@ -250,7 +278,8 @@ def make_autocast_casts_explicit(graph: torch._C.Graph, training: bool = False) 
     too, not through `cast_cache` (whose op has no derivative)."""
     if not torch.is_autocast_enabled("cpu"):
         return
-    count = _rewrite_block(graph, graph.block(), torch.get_autocast_dtype("cpu"), training)
+    count = _rewrite_block(graph, graph.block(), torch.get_autocast_dtype("cpu"), training,
+                           {})
     if count:
         torch._C._jit_pass_dce(graph)
         _log.dump(f"After making {count} ops' autocast casts explicit:\n", graph)

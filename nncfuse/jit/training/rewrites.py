@@ -42,10 +42,10 @@ import torch
 from ... import log
 from ..fuser.autocast_casts import make_autocast_casts_explicit
 from ..rewrites.conv_pads import fold_conv_pads
+from ..rewrites.fold_tuples import fold_tuples
 from .autodiff_views import absorb_views
 from .dropouts import plain_dropouts
 from .flat_linear import flat_linears
-from .fold_tuples import fold_tuples
 from .identities import drop_identities
 from .promotions import explicit_promotions
 

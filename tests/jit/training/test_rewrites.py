@@ -1,10 +1,9 @@
 """The training rewrites: one ordered, named list (`rewrites.rewrites`), each logged by the
-driver under `>>rewrites`, and `fold_tuples` alone."""
+driver under `>>rewrites`."""
 
 import torch
 
 from nncfuse.jit.training import rewrites
-from nncfuse.jit.training.fold_tuples import fold_tuples
 
 ORDER = ["autocast_casts", "explicit_promotions", "fold_sizes", "drop_identities", "fold_tuples",
          "flat_linears", "fold_conv_pads", "plain_dropouts", "differentiable_graphs",
@@ -24,14 +23,6 @@ def _graph() -> torch._C.Graph:
           %z : Tensor = aten::mul(%x, %y)
           %w : Tensor = aten::sin(%z)
           return (%w)""")
-
-
-def test_fold_tuples_uses_the_values_packed():
-    graph = _graph()
-    fold_tuples(graph)
-    kinds = [n.kind() for n in graph.nodes()]
-    assert kinds == ["aten::mul", "aten::sin"]
-    assert [v.debugName() for v in next(iter(graph.nodes())).inputs()] == ["a", "b"]
 
 
 def test_the_driver_logs_each_rewrite(monkeypatch, capsys):
