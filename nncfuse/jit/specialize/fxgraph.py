@@ -416,13 +416,32 @@ _NUMBER_TYPES = ((torch.SymBool, bool), (bool, bool), (torch.SymInt, int), (int,
                  (torch.SymFloat, float), (float, float))
 
 
+def _dtype_only(node: torch.fx.Node) -> bool:
+    """Whether the `_to_copy` `node` casts the dtype alone: its layout and device, where
+    given, are its input's (strided, on its device). AOTAutograd writes `x.to(dtype)`,
+    `type_as` and the backward of a traced ReLU's float mask so:
+
+        _to_copy(gt, dtype=torch.float32, layout=torch.strided, device=cpu)
+          ==>  to(gt, dtype=torch.float32)                      (a cast that fuses)
+    """
+    source = node.args[0] if len(node.args) == 1 else None
+    example = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    kwargs = node.kwargs
+    if not isinstance(example, torch.Tensor) or "dtype" not in kwargs or not set(
+            kwargs) <= {"dtype", "layout", "device"}:
+        return False
+    device = kwargs.get("device")
+    return (kwargs.get("layout") in (None, torch.strided) and example.layout == torch.strided
+            and (device is None or torch.device(device) == example.device))
+
+
 def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.Graph:
     """A copy of `gm`'s graph whose code TorchScript compiles (the original stays as it is,
     for the fallback): inputs annotated by their examples (AOTAutograd's graphs take
     sizes unannotated, which TorchScript would read as tensors), ops by packet rather than
-    overload, devices by type name, `_to_copy(x, dtype=...)` as `to`, `alias(x)` (detach,
-    decomposed) and `t(t(x))` (linear's backward) as `x`, C++'s `c - y` as `rsub(y, c)`
-    (`_number_minus`), the private ops of `_PUBLIC` as the public ones they equal in a
+    overload, devices by type name, a `_to_copy` of the dtype alone as `to` (`_dtype_only`),
+    `alias(x)` (detach, decomposed) and `t(t(x))` (linear's backward) as `x`, C++'s `c - y`
+    as `rsub(y, c)` (`_number_minus`), the private ops of `_PUBLIC` as the public ones they equal in a
     functional graph, computed sizes that follow from their op's input as constants
     (`symbolic_sizes.py`)."""
     graph = copy.deepcopy(gm.graph)
@@ -433,8 +452,8 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     _sym_sums_as_adds(graph)
     sizes_from_inputs(graph)
     for node in graph.find_nodes(op="call_function", target=aten._to_copy.default):
-        if len(node.args) == 1 and list(node.kwargs) == ["dtype"]:
-            node.target = aten.to.dtype
+        if _dtype_only(node):
+            node.target, node.kwargs = aten.to.dtype, {"dtype": node.kwargs["dtype"]}
     for node in graph.find_nodes(op="call_function", target=aten.sub.Tensor):
         found = _number_minus(node)
         if found is not None:

@@ -443,8 +443,6 @@ class _Joint:
         #: per output, the strides its gradient was traced with (the output's: a transposed
         #: output's gradient is transposed too), None where they are not numbers
         self.tangent_strides = _tangent_strides(backward, self.outputs)
-        _plain_casts(forward)
-        _plain_casts(backward)
         self.forward = CompiledGraph(forward, _examples(forward), "forward", options)
         self.backward = CompiledGraph(backward, _examples(backward), "backward", options)
         if self.forward.program is None or self.backward.program is None:
@@ -522,31 +520,6 @@ def _placeholders_read(gm: torch.fx.GraphModule,
             reads[node] = frozenset().union(*(reads[n] for n in node.all_input_nodes))
     results = gm.graph.find_nodes(op="output")[0].args[0]
     return [reads[r] if isinstance(r, torch.fx.Node) else frozenset() for r in results]
-
-
-def _plain_casts(gm: torch.fx.GraphModule) -> None:
-    """Drop, in place, the layout and device of `gm`'s `_to_copy`s that keep their input's
-    (strided, on its device): a cast of dtype alone, which the conversion to TorchScript makes
-    `to`, a cast that fuses. The backward of a traced ReLU has `(x > 0)` as a float mask:
-
-        _to_copy(gt, dtype=torch.float32, layout=torch.strided, device=cpu)
-          ==>  _to_copy(gt, dtype=torch.float32)
-    """
-    changed = False
-    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten._to_copy.default):
-        kwargs, source = dict(node.kwargs), node.args[0] if len(node.args) == 1 else None
-        example = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-        if not isinstance(example, torch.Tensor) or "dtype" not in kwargs or not set(
-                kwargs) <= {"dtype", "layout", "device"}:
-            continue
-        layout, device = kwargs.pop("layout", None), kwargs.pop("device", None)
-        if layout not in (None, torch.strided) or example.layout != torch.strided or (
-                device is not None and torch.device(device) != example.device):
-            continue
-        node.kwargs = kwargs
-        changed = True
-    if changed:
-        gm.recompile()
 
 
 def _examples(gm: torch.fx.GraphModule) -> list[Any]:
