@@ -441,8 +441,8 @@ def _scriptable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torc
     sizes unannotated, which TorchScript would read as tensors), ops by packet rather than
     overload, devices by type name, a `_to_copy` of the dtype alone as `to` (`_dtype_only`),
     `alias(x)` (detach, decomposed) and `t(t(x))` (linear's backward) as `x`, C++'s `c - y`
-    as `rsub(y, c)` (`_number_minus`), the private ops of `_PUBLIC` as the public ones they equal in a
-    functional graph, computed sizes that follow from their op's input as constants
+    as `rsub(y, c)` (`_number_minus`), the private ops of `_PUBLIC` as the public ones they
+    equal in a functional graph, computed sizes that follow from their op's input as constants
     (`symbolic_sizes.py`)."""
     graph = copy.deepcopy(gm.graph)
     for node, example in zip(graph.find_nodes(op="placeholder"), example_inputs):
