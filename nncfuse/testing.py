@@ -63,6 +63,8 @@ OPS: list[tuple[str, str]] = [
     ("var_mean", ""), ("var_mean", "unbiased"), ("std_mean", ""), ("std_mean", "unbiased"),
     ("nn.functional.batch_norm", ""), ("nn.functional.instance_norm", ""),
     ("nn.functional.rms_norm", ""), ("norm", ""), ("norm", "inf"),
+    # pooling (issue #40): max_pool2d, adaptive_avg_pool2d to 1x1
+    ("nn.functional.max_pool2d", ""), ("nn.functional.adaptive_avg_pool2d", ""),
 ]
 
 DTYPES = [

@@ -1,6 +1,7 @@
 """Reductions: sum, mean, prod, amax, amin, max/min (over all dims, or with dim: values and
 indices), any, all, argmax, argmin, var, std, var_mean, std_mean, logsumexp,
-linalg_vector_norm, softmax, log_softmax; dropout in eval. (Normalizations that reduce
+linalg_vector_norm, softmax, log_softmax; dropout in eval; max_pool2d and
+adaptive_avg_pool2d (a max, a mean, over each window). (Normalizations that reduce
 over rows, such as layer_norm, are in `normalization.py`.)
 
 An output element of a reduction is a `Reduce` over the reduced dims of its
@@ -21,7 +22,10 @@ Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `ReduceOpsKernel.cpp`,
   (`vectorize_reductions`), as close to eager's cascade as a serial sum is not;
 - max and min propagate NaN (the `Max`/`Min` rows), and their indices are
   those of the first max or the first NaN; amax/amin of an empty dim raise in
-  eager, so such nodes stay unfused;
+  eager, so such nodes stay unfused; max_pool2d's windows too (its padding
+  reads as -inf, which no element is below);
+- adaptive_avg_pool2d sums each window in the accumulation type and divides by its
+  size, as ATen's CPU kernel (`AdaptiveAvgPoolKernel.cpp`);
 - var/std are two-pass (the mean, then the mean squared deviation), never
   E[x^2] - E[x]^2, in float64 as eager's Welford accumulates; var_mean's mean
   is NaN where Welford's is (an infinity before the row's last element: over
@@ -679,3 +683,162 @@ def vector_norm(ctx: Ctx) -> E.Expr:
     powers = lambda r: E.call("pow", magnitude(r), power)  # noqa: E731
     total = box.reduce("Add", kept, powers, zero)
     return E.cast(out, E.call("pow", total, E.imm(1.0 / p, compute)))
+
+
+# -- pooling ----------------------------------------------------------------------------------
+
+
+def _pairs(ctx: Ctx, k: int, default: list[int] | None) -> tuple[int, int]:
+    """Operand `k` of max_pool2d as (height, width): one int is both, [] the default."""
+    value = ctx.const(k)
+    if isinstance(value, int):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
+        raise LoweringError("max_pool2d's sizes must be constant ints")
+    if not value and default is not None:
+        value = default
+    if len(value) == 1:
+        value = [value[0], value[0]]
+    if len(value) != 2:
+        raise LoweringError("max_pool2d takes one or two sizes")
+    return value[0], value[1]
+
+
+class _Windows:
+    """max_pool2d's windows over the last two dims of `x` (operands 1-4: kernel size,
+    stride, padding, dilation), with the reduction variables `p` (rows) and `q` (columns)."""
+
+    def __init__(self, ctx: Ctx, x: TensorArg):
+        self.kernel = _pairs(ctx, 1, None)
+        stride = _pairs(ctx, 2, list(self.kernel))
+        padding = _pairs(ctx, 3, None)
+        dilation = _pairs(ctx, 4, None)
+        self.height, self.width = x.shape[-2:]
+        if not isinstance(self.height, int) or not isinstance(self.width, int):
+            raise LoweringError("max_pool2d over symbolic sizes")
+        if min(*self.kernel, *stride, *dilation) < 1 or any(
+                p < 0 or 2 * p > k for p, k in zip(padding, self.kernel)):
+            raise LoweringError("max_pool2d's arguments: eager raises")
+        self.x, self.compute = x, compute_type(x.dtype)
+        self.vars = (E.Var("p"), E.Var("q"))
+        self.start = tuple(zip(stride, padding, dilation))
+
+    def at(self, out: Index) -> tuple[E.Expr, E.Expr]:
+        """The input row and column that the window of output index `out` reads at (p, q)."""
+        (sh, ph, dh), (sw, pw, dw) = self.start
+        p, q = self.vars
+        return out[-2] * sh - ph + p * dh, out[-1] * sw - pw + q * dw
+
+    def inside(self, h: E.Expr, w: E.Expr) -> E.Expr:
+        return E.And(E.And(E.cmp(">=", h, 0), E.cmp("<", h, self.height)),
+                     E.And(E.cmp(">=", w, 0), E.cmp("<", w, self.width)))
+
+    def load(self, out: Index, h: E.Expr, w: E.Expr) -> E.Expr:
+        clamp = lambda v, size: E.Min(E.Max(v, E.imm(0)), E.imm(size - 1))  # noqa: E731
+        at = (*out[:-2], clamp(h, self.height), clamp(w, self.width))
+        return E.cast(self.compute, E.Load(self.x.buf, at))
+
+    def reduce(self, op: str, body: E.Expr, init: E.Expr) -> E.Expr:
+        return E.Reduce(op, init, body, self.vars, tuple(map(E.imm, self.kernel)))
+
+    def max(self, out: Index) -> E.Expr:
+        """The window's max: the padding reads as the lowest value, NaN wins."""
+        h, w = self.at(out)
+        lowest = E.identity("Max", self.compute)
+        return self.reduce("Max", E.select(self.inside(h, w), self.load(out, h, w), lowest),
+                           lowest)
+
+    def index(self, out: Index, best: E.Expr) -> E.Expr:
+        """Where in its plane the window's max `best` is, as ATen's CPU kernel finds it (it
+        takes a value greater than the one it holds, or a NaN): the last NaN, else the first
+        position of the max."""
+        h, w = self.at(out)
+        value, inside = self.load(out, h, w), self.inside(h, w)
+        flat = h * self.width + w
+        plane = E.imm(self.height * self.width)
+        first = self.reduce("Min", E.select(E.And(inside, E.cmp("==", value, best)), flat,
+                                            plane), plane)
+        if not self.compute.is_float:
+            return first
+        nan = E.And(inside, E.cmp("!=", value, value))
+        last_nan = self.reduce("Max", E.select(nan, flat, E.imm(-1)), E.imm(-1))
+        return E.select(E.cmp("!=", best, best), last_nan, first)
+
+
+def _pooled(ctx: Ctx) -> TensorArg:
+    x = _tensor(ctx)
+    if x.dtype.is_bool or len(x.shape) not in (3, 4):
+        raise LoweringError("max_pool2d of a tensor of 3 or 4 dims, not bool")
+    return x
+
+
+@register("aten::max_pool2d", overloads=("",), constant_operands=True)
+def max_pool2d(ctx: Ctx) -> E.Expr:
+    """The max of each window, the padding -inf (the type's lowest for integers), NaN
+    winning (ATen's CPU kernel keeps a NaN once it meets one); tensors of 3 or 4 dims,
+    the output's size as profiled (which eager's `ceil_mode` decided; each window starts
+    inside the input or its left padding):
+
+        out[n, c, i, j] = max over (p, q) of x[n, c, 2 i - 1 + p, 2 j - 1 + q]   (3x3, stride
+                          2, padding 1; rows and columns outside x are -inf)
+    """
+    x = _pooled(ctx)
+    if x.dtype != ctx.out_dtype:
+        raise LoweringError("max_pool2d keeps the input's type")
+    return E.cast(ctx.out_dtype, _Windows(ctx, x).max(ctx.indices))
+
+
+@register("aten::max_pool2d_with_indices", overloads=("",), constant_operands=True, outputs=2)
+def max_pool2d_with_indices(ctx: Ctx) -> E.Expr:
+    """max_pool2d's values and, for each, where in its plane the window's max is (`index`):
+    both from one intermediate of the maxima."""
+    x = _pooled(ctx)
+    windows = _Windows(ctx, x)
+    if "max" not in ctx.shared:
+        ctx.shared["max"] = ctx.intermediate("max", windows.compute, ctx.out_shape,
+                                             lambda *out: windows.max(out))
+    best = E.Load(ctx.shared["max"].buf, tuple(ctx.indices))
+    if ctx.output == 0:
+        if ctx.out_dtype != x.dtype:
+            raise LoweringError("max_pool2d keeps the input's type")
+        return E.cast(ctx.out_dtype, best)
+    if ctx.out_dtype != INT64:
+        raise LoweringError("max_pool2d's indices are int64")
+    return windows.index(ctx.indices, best)
+
+
+@register("aten::adaptive_avg_pool2d", overloads=("",), constant_operands=True)
+def adaptive_avg_pool2d(ctx: Ctx) -> E.Expr:
+    """The mean of each window, as ATen's CPU kernel takes them: output row `i` of `n`
+    averages input rows `floor(i * h / n)` to `ceil((i + 1) * h / n)` (columns alike),
+    summed in the accumulation type (float32 for float16/bfloat16), then divided by the
+    window's size. The reduction runs over the widest window, the positions past a
+    narrower one's end adding nothing:
+
+        out[c, i, j] = (sum over p < 2, q < 2 of (p < hi - lo ? x[c, lo + p, ...] : 0))
+                       / ((hi - lo) * (wi - wo))              (lo = 3 i / 2, hi = ...)
+    """
+    x = _tensor(ctx)
+    if not x.dtype.is_float or x.dtype != ctx.out_dtype or len(x.shape) not in (3, 4):
+        raise LoweringError("adaptive_avg_pool2d of a float tensor of 3 or 4 dims")
+    sizes, outs = x.shape[-2:], ctx.out_shape[-2:]
+    if not all(isinstance(v, int) and v > 0 for v in (*sizes, *outs)):
+        raise LoweringError("adaptive_avg_pool2d of empty or symbolic sizes")
+    compute = compute_type(x.dtype)
+    lead, index = ctx.indices[:-2], ctx.indices[-2:]
+    offsets, counts, widest = [], [], []
+    for i, size, out in zip(index, sizes, outs):
+        lo = E.Div(i * size, E.imm(out))  # (indices are not negative: C's division floors)
+        hi = E.Div(i * size + (size + out - 1), E.imm(out))
+        offsets.append(lo)
+        counts.append(hi - lo)
+        widest.append(max((k * size + size + out - 1) // out - k * size // out
+                          for k in range(out)))
+    rows, cols = E.Var("p"), E.Var("q")
+    inside = E.And(E.cmp("<", rows, counts[0]), E.cmp("<", cols, counts[1]))
+    last = [E.imm(size - 1) for size in sizes]
+    at = (E.Min(offsets[0] + rows, last[0]), E.Min(offsets[1] + cols, last[1]))
+    value = E.cast(compute, E.Load(x.buf, (*lead, *at)))
+    body = E.select(inside, value, _zero(compute))
+    total = E.Reduce("Add", _zero(compute), body, (rows, cols), tuple(map(E.imm, widest)))
+    return E.cast(ctx.out_dtype, total / E.cast(compute, counts[0] * counts[1]))
