@@ -19,7 +19,7 @@ import torch
 from .. import expr as E
 from ..dtype import INT64, Dtype
 from .casts import checked, fits
-from .registry import Ctx, LoweringError, Promotion, ScalarArg, pointwise
+from .registry import Ctx, LoweringError, Promotion, ScalarArg, TensorArg, pointwise
 
 
 def _param(ctx: Ctx, k: int, dtype: Dtype, compute: Dtype) -> E.Expr:
@@ -224,14 +224,17 @@ def _onednn_device_check(dtype: str) -> bool:
     return check is not None and bool(check())
 
 
-def _gelu_uses_onednn(ctx: Ctx) -> bool:
-    """Whether eager computes this gelu with oneDNN (`use_mkldnn` in native/Activation.cpp).
+def _gelu_uses_onednn(ctx: Ctx) -> bool | E.Expr:
+    """Whether eager computes this gelu with oneDNN (`use_mkldnn` in native/Activation.cpp):
+    a bool, or in a dynamic kernel whose input's sizes are symbols the condition on them.
 
     ATen's condition: oneDNN enabled (as it is by default), a contiguous input
     of two or more elements, and float32, or bfloat16 where
     `mkldnn_bf16_device_check()` holds, or float16 where
     `mkldnn_fp16_device_check()` holds (AVX512-FP16 or AVX-NE-CONVERT CPUs).
-    The setting is read when the kernel is built (kernels are cached by graph).
+    The setting is read when the kernel is built (kernels are cached by graph). A dynamic
+    kernel keeps its inputs' layout but not their sizes: profiled on an empty tensor, it
+    serves inputs of many elements too, so the count is checked where the kernel runs.
     """
     dtype = ctx.out_dtype.name
     if dtype not in ("float32", "bfloat16", "float16") or not torch.backends.mkldnn.is_available():
@@ -244,12 +247,14 @@ def _gelu_uses_onednn(ctx: Ctx) -> bool:
     sizes, strides = ty.sizes(), ty.strides()
     if sizes is None or strides is None or None in sizes or None in strides:
         raise LoweringError("gelu of a tensor of unknown layout")
-    expected = 1
+    expected = 1  # (the strides of a contiguous layout: an empty dim counts as 1, as torch's)
     for size, stride in reversed(list(zip(sizes, strides))):
         if size != 1 and stride != expected:
             return False
-        expected *= size
-    return expected > 1
+        expected *= max(size, 1)
+    arg = ctx.arg(0)
+    numel = math.prod(arg.shape) if isinstance(arg, TensorArg) else math.prod(sizes)
+    return numel > 1 if isinstance(numel, int) else E.cmp(">", numel, 1)
 
 
 @functools.cache
@@ -281,9 +286,12 @@ def gelu(ctx: Ctx, x: E.Expr) -> E.Expr:
     if approximate != "none":
         raise LoweringError(f"gelu approximate={approximate!r}")
     erf = E.call("erf", x * E.as_expr(_SQRT1_2, x.dtype))
-    if not (_gelu_uses_onednn(ctx) and _onednn_gelu_is_avx512(ctx.out_dtype.name)):
-        return x * half * (one + erf)  # ATen's, or within rounding oneDNN's AVX2 kernel's
+    atens = x * half * (one + erf)  # ATen's, or within rounding oneDNN's AVX2 kernel's
+    onednn = _gelu_uses_onednn(ctx)
+    if onednn is False or not _onednn_gelu_is_avx512(ctx.out_dtype.name):
+        return atens
     # oneDNN's AVX-512 eltwise_gelu_erf: x * (1 + erf) * 0.5, so x > FLT_MAX / 2 overflows;
     # and its erf polynomial, evaluated at |x| = inf, makes gelu(+inf) NaN.
     inf = E.cmp("==", x, E.as_expr(math.inf, x.dtype))
-    return E.select(inf, E.as_expr(math.nan, x.dtype), x * (one + erf) * half)
+    onednns = E.select(inf, E.as_expr(math.nan, x.dtype), x * (one + erf) * half)
+    return onednns if onednn is True else E.select(onednn, onednns, atens)

@@ -274,6 +274,26 @@ def test_gelu_follows_eager_between_onednn_and_aten(dtype):
     assert F.gelu(x[:1])[0].isinf()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_dynamic_gelu_follows_eager_at_every_size(dtype):
+    """A dynamic kernel profiled on an empty input serves inputs of many elements, which
+    eager sends to oneDNN, and of one, which it does not: gelu(inf) follows each (the fuzzer's
+    seed 5862 got ATen's inf where eager's oneDNN gives NaN)."""
+    def f(t):
+        return F.gelu(t * 1.0)
+
+    fused = nncfuse.jit(f, dynamic=True)
+    fused(torch.empty(1, 8, 0, 3, dtype=dtype))  # (profiled once: its kernel serves the rest)
+    x = torch.tensor([math.inf, -math.inf, 3e38, -3e38, 1.0, -6.0, 7.0, 0.0], dtype=dtype)
+    for sizes in [(1, 13, 5, 8), (1, 2, 2, 2), (1, 1, 1, 1), (1, 3, 1, 8)]:
+        t = x.repeat(math.prod(sizes))[:math.prod(sizes)].reshape(sizes)
+        torch.testing.assert_close(fused(t), f(t), equal_nan=True, rtol=1e-2, atol=1e-2)
+    from nncfuse.jit.fuser import runtime
+
+    nodes = [n for n in fused.graph_for(t).nodes() if runtime.is_fused_op(n)]
+    assert nodes and all(runtime.kernel_of(n).dynamic for n in nodes)  # (the premise)
+
+
 GELU_UNDER_ONEDNN_ISA = """
 import math, torch, torch.nn.functional as F
 from tests.fused import check
