@@ -76,6 +76,7 @@ from ..fuser.tensorexpr_fuser import fuse_tensor_exprs
 from ..rewrites.fold_tuples import fold_tuples
 from ..rewrites.module_attributes import refine_module_attributes
 from ..rewrites.traced_convolutions import untrace_convolutions
+from ..rewrites.type_as import type_as_to
 from . import collector, hooks, scripting
 from .container_writes import caller_container_written
 from .plans import OverlapGuardPlan, Plan, UnfusedPlan, optimized_plan, run_as_built
@@ -133,9 +134,10 @@ _ELEMENTWISE_INPUTS = (torch._C.TensorType, torch._C.FloatType, torch._C.IntType
 def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = None,
             module: torch.nn.Module | None = None) -> Program:
     """A copy of `graph` prepared for fusion: calls inlined, tuples unpacked where packed,
-    constants folded, in-place ops rewritten to out-of-place ones; with `module` (a Python
-    module whose state every call checks), its optional tensor attributes and training
-    flags as what it holds (`module_attributes`)."""
+    `type_as` as the `to` it is (`rewrites/type_as.py`), constants folded, in-place ops
+    rewritten to out-of-place ones; with `module` (a Python module whose state every call
+    checks), its optional tensor attributes and training flags as what it holds
+    (`module_attributes`)."""
     graph = graph.copy()
     # Inlining copies each callee's graph as TorchScript preoptimizes it for the ambient
     # autocast: its own casts and op lists (layer norm, gelu in float32) where eager's
@@ -148,6 +150,8 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
     # A traced submodule's tuple of results, unpacked by its caller: between the two, the
     # nodes on either side could not join one group.
     fold_tuples(graph)
+    # (Before anything reads the aliases: `type_as` may return its input.)
+    type_as_to(graph)
     # Folds lists of constants (expand's sizes) into constants, which fuse.
     torch._C._jit_pass_constant_propagation(graph)
     # Before the writes go (after the branches of constant flags): whether one hits a tensor
