@@ -41,7 +41,7 @@ from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
 from ..ir_eval import evaluate
-from ..ir_visitor import Visitor, walk
+from ..ir_visitor import Visitor, branches_reduce, walk
 from ..linear_form import linear
 from . import llvm_math, llvm_parallel, llvm_prefetch
 from .llvm_jit import JitFunction, compile_ir, vector_bits
@@ -317,9 +317,26 @@ class LLVMCodeGen(Visitor):
         return icmp(e.op, a, bv)
 
     def visit_Select(self, e: E.Select) -> ir.Value:
-        return self.builder.select(
-            self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value)
-        )
+        """An LLVM `select`; a scalar one with a reduction in a branch (`branches_reduce`)
+        as a branch, so that only the side taken runs its loops."""
+        if not branches_reduce(e):
+            return self.builder.select(
+                self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value)
+            )
+        b = self.builder
+        blocks = [self.fn.append_basic_block(f"select.{side}") for side in ("true", "false")]
+        done = self.fn.append_basic_block("select.done")
+        b.cbranch(self.expr(e.cond), *blocks)
+        incoming = []
+        for block, value in zip(blocks, (e.true_value, e.false_value)):
+            b.position_at_end(block)
+            incoming.append((self.expr(value), b.block))
+            b.branch(done)
+        b.position_at_end(done)
+        phi = b.phi(incoming[0][0].type)
+        for value, block in incoming:
+            phi.add_incoming(value, block)
+        return phi
 
     def visit_Cast(self, e: E.Cast) -> ir.Value:
         return self.cast_value(self.expr(e.value), e.value.dtype, e.dtype)
