@@ -196,6 +196,52 @@ def test_var_accumulates_in_float64_as_eager(use_llvm):
     both(lambda x: torch.var_mean(x, 1), x, use_llvm=use_llvm, exact=False)
 
 
+def _ulp(x):
+    """float32's unit in the last place at each element of `x` (float64)."""
+    f = x.float().abs()
+    return (torch.nextafter(f, torch.tensor(float("inf"))) - f).double()
+
+
+@pytest.mark.filterwarnings("ignore:var_mean|std_mean")
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_var_mean_of_float32_rows_keeps_float64s_accuracy(use_llvm):
+    # Rows where float32 sums of the deviations from a float32 mean would be off: a large
+    # mean with a small spread (the mean's own rounding is most of each deviation), an
+    # outlier, constant rows, float32's range overflowed (1e19) and underflowed (1e-20) by
+    # the squares; rows of 2 and 37 elements. Against float64 eager: the variance within a
+    # few float32 roundings, the mean within one unit in its last place (and a few float32
+    # roundings of the spread), 0 and the
+    # constant exactly (as eager's Welford: 0 from float32 sums of deviations from a mean
+    # rounded to float32 would take the row's spread for that rounding).
+    torch.manual_seed(0)
+    rows = {
+        "offset": 1e4 + torch.randn(4, 1024, dtype=torch.float64),
+        "offset_small_spread": 1e4 + 1e-2 * torch.randn(4, 1024, dtype=torch.float64),
+        "outlier": torch.cat([torch.full((4, 1), 1e6, dtype=torch.float64),
+                              torch.randn(4, 1023, dtype=torch.float64)], 1),
+        "huge": 1e19 * torch.randn(4, 1024, dtype=torch.float64),  # squares past 3.4e38
+        "tiny": 1e-20 * torch.randn(4, 1024, dtype=torch.float64),
+        "two": 1e3 + torch.randn(4, 2, dtype=torch.float64),
+        "odd": 1e3 + 3 * torch.randn(4, 37, dtype=torch.float64),
+    }
+    for name, x in rows.items():
+        x = x.float()
+        for correction in (0, 1):
+            var, mean = run_fused(lambda x: torch.var_mean(x, -1, correction=correction), x,
+                                  use_llvm=use_llvm)
+            want_var, want_mean = torch.var_mean(x.double(), -1, correction=correction)
+            assert ((var.double() - want_var).abs() <= 1e-6 * want_var + _ulp(want_var)).all(), name
+            # (float32 sums of deviations: off by a few roundings of the spread's size)
+            spread = 4 * 2.0 ** -24 * want_var.sqrt()
+            assert ((mean.double() - want_mean).abs() <= _ulp(want_mean) + spread).all(), name
+        std, _ = run_fused(lambda x: torch.std_mean(x, 1, keepdim=True), x, use_llvm=use_llvm)
+        want = torch.std(x.double(), 1, keepdim=True)
+        assert ((std.double() - want).abs() <= 1e-6 * want).all(), name
+    const = torch.tensor([[0.1] * 1023 + [0.1], [-0.0] * 1024, [3e38] * 1024, [7.0] * 1024])
+    got = both(lambda x: torch.var_mean(x, 1), const, use_llvm=use_llvm)
+    assert got[0].tolist() == [0.0] * 4
+
+
 @pytest.mark.parametrize("use_llvm", BACKENDS)
 def test_var_mean_mean_is_welfords_with_infinities(use_llvm):
     inf = float("inf")
