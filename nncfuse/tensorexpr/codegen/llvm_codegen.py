@@ -94,17 +94,23 @@ UNROLL_REDUCTIONS = False
 
 
 def _eager_reductions(e: E.Expr) -> list[E.Reduce]:
-    """The outermost reductions of `e` that run whatever happens: not in a branch of a
-    select that only runs when taken (`branches_reduce`)."""
-    found, stack = [], [e]
-    while stack:
-        n = stack.pop()
+    """The reductions of `e` that run whatever happens, those in another's initial value
+    before it: not those in a reduction's body (they run per point), nor those in a branch
+    of a select that runs only when taken (`branches_reduce`)."""
+    found: list[E.Reduce] = []
+
+    def visit(n: E.Expr) -> None:
         if isinstance(n, E.Reduce):
+            visit(n.init)
             found.append(n)
         elif branches_reduce(n):
-            stack.append(n.cond)  # type: ignore[attr-defined]
+            visit(n.cond)  # type: ignore[attr-defined]
         else:
-            stack.extend(c for c in children(n) if isinstance(c, E.Expr))
+            for c in children(n):
+                if isinstance(c, E.Expr):
+                    visit(c)
+
+    visit(e)
     return found
 
 
@@ -304,32 +310,47 @@ class LLVMCodeGen(Visitor):
 
     def join_reductions(self, stmts: Sequence[S.Stmt], k: int) -> None:
         """The reductions that the `Let` `stmts[k]` and the `Let`s right after it compute
-        whatever happens (not in a branch of a select, `branches_reduce`), over the same
-        ranges as its first, in one loop nest carrying an accumulator each, where two or
-        more are (each reads a row once from the cache, not once per reduction: a row's
-        sum of deviations from its mean and of their squares). A later one joins when it
+        whatever happens (`_eager_reductions`), those over the same ranges in one loop
+        nest carrying an accumulator each, where two or more are (each reads a row once
+        from the cache, not once per reduction: a row's sum of deviations from its mean and
+        of their squares, their vector parts and their tails). A later `Let`'s joins when it
         uses no value bound from `stmts[k]` on; the values wait in `joined` for their
-        `Let`s."""
-        own = [r for r in _eager_reductions(stmts[k].value) if id(r) not in self.joined]
-        if not own:
+        `Let`s. The reductions in a joined one's initial value are joined first."""
+        if not any(id(r) not in self.joined for r in _eager_reductions(stmts[k].value)):
             return
-        stops = own[0].stops
-        group = {id(r): r for r in own if r.stops == stops}
+        groups: dict[tuple[E.Expr, ...], list[E.Reduce]] = {}
+        seen: set[int] = set()
         bound: set[int] = set()
         for s in stmts[k:]:
             if not isinstance(s, S.Let):
                 break
             for r in _eager_reductions(s.value):
-                if r.stops == stops and id(r) not in self.joined and not any(
+                if id(r) in self.joined or id(r) in seen or any(
                         isinstance(n, E.Var) and id(n) in bound for n in walk(r)):
-                    group.setdefault(id(r), r)
+                    continue
+                seen.add(id(r))
+                group = groups.setdefault(r.stops, [])
+                if not any(n is m for m in group for n in walk(r.init)) and not any(
+                        n is r for m in group for n in walk(m.init)):
+                    group.append(r)
             bound.add(id(s.var))
-        if len(group) < 2:
-            return
-        reductions = list(group.values())
-        accs = self.join_axes(reductions, 0, [self.expr(r.init) for r in reductions])
-        for r, acc in zip(reductions, accs):
-            self.joined[id(r)] = (r, acc)
+        done: set[tuple[E.Expr, ...]] = set()
+
+        def emit(stops: tuple[E.Expr, ...]) -> None:
+            if stops in done:
+                return
+            done.add(stops)
+            group = groups[stops]
+            for inner in (n for r in group for n in _eager_reductions(r.init)):
+                if inner.stops in groups:
+                    emit(inner.stops)
+            if len(group) >= 2:
+                accs = self.join_axes(group, 0, [self.expr(r.init) for r in group])
+                for r, acc in zip(group, accs):
+                    self.joined[id(r)] = (r, acc)
+
+        for stops in list(groups):
+            emit(stops)
 
     def join_axes(self, reductions: list[E.Reduce], k: int, accs: list[ir.Value]) -> Any:
         if k == len(reductions[0].vars):

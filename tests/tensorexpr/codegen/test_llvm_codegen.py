@@ -118,3 +118,16 @@ def test_independent_reductions_of_adjacent_lets_share_a_loop():
     )))
     ir_text = _as_the_interpreter(stmt, [x, out], [torch.randn(32)], [4])
     assert len(re.findall(r"^r\.rheader.*:", ir_text, re.M)) == 2
+
+    def split_row(body):  # a vectorized row's shape: the tail's sum starts from the head's
+        r, t = E.Var("r"), E.Var("r")
+        head = E.reduce("Add", body(E.Load(x, (i * 8 + r,))), [(r, 6)])
+        return E.Reduce("Add", head, body(E.Load(x, (i * 8 + t + 6,))), (t,), (E.imm(2),))
+
+    stmt = S.For(i, E.imm(0), E.imm(4), S.Block((
+        S.Let(v1, split_row(lambda v: v)),
+        S.Let(v2, split_row(lambda v: v * v)),
+        S.Store(out, (i,), v1 + v2),
+    )))
+    ir_text = _as_the_interpreter(stmt, [x, out], [torch.randn(32)], [4])
+    assert len(re.findall(r"^r\.rheader.*:", ir_text, re.M)) == 2  # the heads', the tails'
