@@ -14,8 +14,12 @@ a spread `Ramp / 4`, a stride of 2, a `cat`'s clamped reads) to one load and a s
     x[Broadcast(64 * i, 16) + Ramp(0, 1, 16) % Broadcast(4, 16)]
 ->  shufflevector(load <4 x float> x + 64 * i, [0, 1, 2, 3, 0, 1, 2, 3, ...])
 
-(other vector indices load lane by lane). Operators emit what their
-`ops` row's LLVM column names: an instruction, or one of `EMITTERS`.
+(other vector indices load lane by lane). A scalar `Select` with a reduction in a
+branch (`ir_visitor.branches_reduce`) is a branch, so that only the side taken runs its
+loops; the independent reductions of adjacent `Let`s over the same ranges run in one loop
+(`join_reductions`: a row read once from the cache for both of a variance's sums).
+Operators emit what their `ops` row's LLVM column names: an instruction, or one of
+`EMITTERS`.
 Arithmetic follows the interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating
 max/min, defined float-to-int conversion. bfloat16, which llvmlite cannot
 spell, is carried as its 16 bits and converted with round-to-nearest-even.
