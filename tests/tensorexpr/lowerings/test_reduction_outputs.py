@@ -221,6 +221,7 @@ def test_var_mean_of_float32_rows_keeps_float64s_accuracy(use_llvm):
                               torch.randn(4, 1023, dtype=torch.float64)], 1),
         "huge": 1e19 * torch.randn(4, 1024, dtype=torch.float64),  # squares past 3.4e38
         "tiny": 1e-20 * torch.randn(4, 1024, dtype=torch.float64),
+        "squares_underflow": 1e-30 * torch.randn(4, 1024, dtype=torch.float64),  # not constant
         "two": 1e3 + torch.randn(4, 2, dtype=torch.float64),
         "odd": 1e3 + 3 * torch.randn(4, 37, dtype=torch.float64),
     }
