@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .expr import Expr, Var
+from .expr import Expr, Reduce, Select, Var
 from .stmt import Stmt
 
 Node = Expr | Stmt
@@ -162,6 +162,17 @@ def walk(node: Node) -> Iterator[Node]:
         if kids:
             kids.reverse()
             stack += kids
+
+
+def branches_reduce(e: Expr) -> bool:
+    """Whether `e` is a scalar `Select` with a `Reduce` in a branch: codegen then runs only
+    the branch taken (a rare row's slow path costs nothing on the others), so passes leave
+    the branches' values in them rather than compute them before it.
+
+        var[i] = ok[i] ? fast[i] : reduce_add(0., double(x[i, r]) ... for r < 1024);
+    """
+    return isinstance(e, Select) and e.dtype.lanes == 1 and any(
+        isinstance(n, Reduce) for branch in (e.true_value, e.false_value) for n in walk(branch))
 
 
 class Substitute(Mutator):

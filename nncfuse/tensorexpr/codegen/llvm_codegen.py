@@ -14,8 +14,12 @@ a spread `Ramp / 4`, a stride of 2, a `cat`'s clamped reads) to one load and a s
     x[Broadcast(64 * i, 16) + Ramp(0, 1, 16) % Broadcast(4, 16)]
 ->  shufflevector(load <4 x float> x + 64 * i, [0, 1, 2, 3, 0, 1, 2, 3, ...])
 
-(other vector indices load lane by lane). Operators emit what their
-`ops` row's LLVM column names: an instruction, or one of `EMITTERS`.
+(other vector indices load lane by lane). A scalar `Select` with a reduction in a
+branch (`ir_visitor.branches_reduce`) is a branch, so that only the side taken runs its
+loops; the independent reductions of adjacent `Let`s over the same ranges run in one loop
+(`join_reductions`: a row read once from the cache for both of a variance's sums).
+Operators emit what their `ops` row's LLVM column names: an instruction, or one of
+`EMITTERS`.
 Arithmetic follows the interpreter's semantics (`ir_eval`) exactly: no fast-math, NaN-propagating
 max/min, defined float-to-int conversion. bfloat16, which llvmlite cannot
 spell, is carried as its 16 bits and converted with round-to-nearest-even.
@@ -41,7 +45,7 @@ from .. import stmt as S
 from ..buffer import Buf
 from ..dtype import FLOAT32, FLOAT64, INT16, INT32, Dtype
 from ..ir_eval import evaluate
-from ..ir_visitor import Visitor, walk
+from ..ir_visitor import Visitor, branches_reduce, children, walk
 from ..linear_form import linear
 from . import llvm_math, llvm_parallel, llvm_prefetch
 from .llvm_jit import JitFunction, compile_ir, vector_bits
@@ -93,6 +97,27 @@ STACK_BYTES = 1024
 UNROLL_REDUCTIONS = False
 
 
+def _eager_reductions(e: E.Expr) -> list[E.Reduce]:
+    """The reductions of `e` that run whatever happens, those in another's initial value
+    before it: not those in a reduction's body (they run per point), nor those in a branch
+    of a select that runs only when taken (`branches_reduce`)."""
+    found: list[E.Reduce] = []
+
+    def visit(n: E.Expr) -> None:
+        if isinstance(n, E.Reduce):
+            visit(n.init)
+            found.append(n)
+        elif branches_reduce(n):
+            visit(n.cond)  # type: ignore[attr-defined]
+        else:
+            for c in children(n):
+                if isinstance(c, E.Expr):
+                    visit(c)
+
+    visit(e)
+    return found
+
+
 class LLVMCodeGen(Visitor):
     """Emits LLVM IR for `stmt` as a function `name` over `params`.
 
@@ -117,6 +142,8 @@ class LLVMCodeGen(Visitor):
         self.builder = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.bufs: dict[Buf, ir.Value] = {}
         self.vars: dict[E.Var, ir.Value] = {}
+        #: reductions computed in a shared loop (`join_reductions`), by id: (node, value)
+        self.joined: dict[int, tuple[E.Reduce, ir.Value]] = {}
         self.decls: dict[str, ir.Function] = {}
         self.vector_bits = vector_bits()
         #: per statement loop being emitted, innermost last: its variable and the buffers a
@@ -278,8 +305,73 @@ class LLVMCodeGen(Visitor):
         return out
 
     def visit_Reduce(self, e: E.Reduce) -> ir.Value:
-        """Counted loops, one per variable, carrying the accumulator in a phi."""
+        """Counted loops, one per variable, carrying the accumulator in a phi (unless a
+        `Let` before computed it in a shared loop: `join_reductions`)."""
+        joined = self.joined.pop(id(e), None)
+        if joined is not None:
+            return joined[1]
         return self.reduce_axes(e, 0, self.expr(e.init))
+
+    def join_reductions(self, stmts: Sequence[S.Stmt], k: int) -> None:
+        """The reductions that the `Let` `stmts[k]` and the `Let`s right after it compute
+        whatever happens (`_eager_reductions`), those over the same ranges in one loop
+        nest carrying an accumulator each, where two or more are (each reads a row once
+        from the cache, not once per reduction: a row's sum of deviations from its mean and
+        of their squares, their vector parts and their tails). A later `Let`'s joins when it
+        uses no value bound from `stmts[k]` on; the values wait in `joined` for their
+        `Let`s. The reductions in a joined one's initial value are joined first."""
+        if not any(id(r) not in self.joined for r in _eager_reductions(stmts[k].value)):
+            return
+        groups: dict[tuple[E.Expr, ...], list[E.Reduce]] = {}
+        seen: set[int] = set()
+        bound: set[int] = set()
+        for s in stmts[k:]:
+            if not isinstance(s, S.Let):
+                break
+            for r in _eager_reductions(s.value):
+                if id(r) in self.joined or id(r) in seen or any(
+                        isinstance(n, E.Var) and id(n) in bound for n in walk(r)):
+                    continue
+                seen.add(id(r))
+                group = groups.setdefault(r.stops, [])
+                if not any(n is m for m in group for n in walk(r.init)) and not any(
+                        n is r for m in group for n in walk(m.init)):
+                    group.append(r)
+            bound.add(id(s.var))
+        done: set[tuple[E.Expr, ...]] = set()
+
+        def emit(stops: tuple[E.Expr, ...]) -> None:
+            if stops in done:
+                return
+            done.add(stops)
+            group = groups[stops]
+            for inner in (n for r in group for n in _eager_reductions(r.init)):
+                if inner.stops in groups:
+                    emit(inner.stops)
+            if len(group) >= 2:
+                accs = self.join_axes(group, 0, [self.expr(r.init) for r in group])
+                for r, acc in zip(group, accs):
+                    self.joined[id(r)] = (r, acc)
+
+        for stops in list(groups):
+            emit(stops)
+
+    def join_axes(self, reductions: list[E.Reduce], k: int, accs: list[ir.Value]) -> Any:
+        if k == len(reductions[0].vars):
+            out = []
+            for r, acc in zip(reductions, accs):
+                llvm_prefetch.prefetch_next_row(self, r)
+                out.append(self.combine(r.row, acc, self.expr(r.body), r.dtype))
+            return out
+        var = reductions[0].vars[k]
+
+        def body(carried: list[ir.Value]) -> list[ir.Value]:
+            for r in reductions[1:]:
+                self.vars[r.vars[k]] = self.vars[var]
+            return self.join_axes(reductions, k + 1, carried)
+
+        return self.loop(var, ir.Constant(I64, 0), self.expr(reductions[0].stops[k]),
+                         body, accs, "r")
 
     def reduce_axes(self, e: E.Reduce, k: int, acc: ir.Value) -> ir.Value:
         if k == len(e.vars):
@@ -317,9 +409,26 @@ class LLVMCodeGen(Visitor):
         return icmp(e.op, a, bv)
 
     def visit_Select(self, e: E.Select) -> ir.Value:
-        return self.builder.select(
-            self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value)
-        )
+        """An LLVM `select`; a scalar one with a reduction in a branch (`branches_reduce`)
+        as a branch, so that only the side taken runs its loops."""
+        if not branches_reduce(e):
+            return self.builder.select(
+                self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value)
+            )
+        b = self.builder
+        blocks = [self.fn.append_basic_block(f"select.{side}") for side in ("true", "false")]
+        done = self.fn.append_basic_block("select.done")
+        b.cbranch(self.expr(e.cond), *blocks)
+        incoming = []
+        for block, value in zip(blocks, (e.true_value, e.false_value)):
+            b.position_at_end(block)
+            incoming.append((self.expr(value), b.block))
+            b.branch(done)
+        b.position_at_end(done)
+        phi = b.phi(incoming[0][0].type)
+        for value, block in incoming:
+            phi.add_incoming(value, block)
+        return phi
 
     def visit_Cast(self, e: E.Cast) -> ir.Value:
         return self.cast_value(self.expr(e.value), e.value.dtype, e.dtype)
@@ -384,7 +493,9 @@ class LLVMCodeGen(Visitor):
         self.visit(s)
 
     def visit_Block(self, s: S.Block) -> None:
-        for c in s.stmts:
+        for k, c in enumerate(s.stmts):
+            if isinstance(c, S.Let):
+                self.join_reductions(s.stmts, k)
             self.stmt(c)
 
     def visit_Let(self, s: S.Let) -> None:
@@ -429,14 +540,14 @@ class LLVMCodeGen(Visitor):
         var: E.Var,
         start: ir.Value,
         stop: ir.Value,
-        body: S.Stmt | Callable[[ir.Value], ir.Value],
-        carried: ir.Value | None = None,
+        body: S.Stmt | Callable[[Any], Any],
+        carried: ir.Value | list[ir.Value] | None = None,
         tag: str = "",
-    ) -> ir.Value | None:
+    ) -> Any:
         """A counted loop `for (var = start; var < stop; var++) body`. `body` is a statement,
-        or, with a `carried` start value (a reduction's accumulator), a function from the
-        value carried into an iteration to the one it carries out; then the loop's result
-        is the value at its exit."""
+        or, with a `carried` start value (a reduction's accumulator; or a list of them), a
+        function from the value carried into an iteration to the one it carries out; then
+        the loop's result is the value at its exit."""
         b = self.builder
         pre = b.block
         header = self.fn.append_basic_block(f"{var.name}.{tag}header")
@@ -446,27 +557,33 @@ class LLVMCodeGen(Visitor):
         b.position_at_end(header)
         i = b.phi(I64, name=var.name)
         i.add_incoming(start, pre)
-        phi = None
-        if carried is not None:
-            phi = b.phi(carried.type, name=f"{var.name}.acc")
-            phi.add_incoming(carried, pre)
+        starts = [] if carried is None else carried if isinstance(carried, list) else [carried]
+        phis = []
+        for value in starts:
+            phis.append(b.phi(value.type, name=f"{var.name}.acc"))
+            phis[-1].add_incoming(value, pre)
         b.cbranch(b.icmp_signed("<", i, stop), body_block, exit_)
         b.position_at_end(body_block)
         self.vars[var] = i
-        if phi is None:
+        outs = []
+        if carried is None:
             self.loops.append((var, set()))
             self.stmt(body)  # type: ignore[arg-type]
             self.loops.pop()
+        elif isinstance(carried, list):
+            outs = body(phis)  # type: ignore[operator]
         else:
-            out = body(phi)  # type: ignore[operator]
+            outs = [body(phis[0])]  # type: ignore[operator]
         i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
-        if phi is not None:
-            phi.add_incoming(out, b.block)
+        for phi, value in zip(phis, outs):
+            phi.add_incoming(value, b.block)
         latch = b.branch(header)
         if tag == "r" and not UNROLL_REDUCTIONS:
             latch.set_metadata("llvm.loop", self.loop_id("llvm.loop.unroll.disable"))
         b.position_at_end(exit_)
-        return phi
+        if carried is None:
+            return None
+        return phis if isinstance(carried, list) else phis[0]
 
     def loop_id(self, *properties: str) -> ir.MDValue:
         """A new loop's `llvm.loop` metadata: a node that names itself first (distinct from

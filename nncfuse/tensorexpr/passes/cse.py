@@ -11,7 +11,8 @@ stored earlier in the same body becomes the stored value, and then, largest
 first, every subexpression that occurs twice or more is bound by a `Let`
 before its first use. Index arithmetic is left alone: the vectorizer must
 see it, and LLVM shares it anyway. The body of a `Reduce` is not searched
-(its values depend on the reduction's variables; LLVM shares those).
+(its values depend on the reduction's variables; LLVM shares those), nor are the
+branches of a scalar select with a `Reduce` in one, which only the branch taken runs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from .. import expr as E
 from .. import stmt as S
 from ..dtype import INDEX
-from ..ir_visitor import Mutator, children, walk
+from ..ir_visitor import Mutator, branches_reduce, children, walk
 
 
 def _candidate(e: E.Expr) -> bool:
@@ -32,14 +33,18 @@ def _candidate(e: E.Expr) -> bool:
 
 
 def _outside_reductions(e: E.Expr) -> Any:
-    """The nodes of `e`, parents first, but not those inside a `Reduce`'s body: they may
-    use its variables, which a `Let` before the statement cannot see."""
+    """The nodes of `e`, parents first, but not those inside a `Reduce`'s body (they may
+    use its variables, which a `Let` before the statement cannot see), nor in the branches
+    of a select that reduces in one (`branches_reduce`: bound before it, they would be
+    computed whichever branch is taken)."""
     stack = [e]
     while stack:
         n = stack.pop()
         yield n
         if isinstance(n, E.Reduce):
             stack.extend(reversed((n.init, *n.stops)))
+        elif branches_reduce(n):
+            stack.append(n.cond)
         else:
             stack.extend(reversed(list(children(n))))
 

@@ -196,6 +196,53 @@ def test_var_accumulates_in_float64_as_eager(use_llvm):
     both(lambda x: torch.var_mean(x, 1), x, use_llvm=use_llvm, exact=False)
 
 
+def _ulp(x):
+    """float32's unit in the last place at each element of `x` (float64)."""
+    f = x.float().abs()
+    return (torch.nextafter(f, torch.tensor(float("inf"))) - f).double()
+
+
+@pytest.mark.filterwarnings("ignore:var_mean|std_mean")
+@pytest.mark.parametrize("use_llvm", BACKENDS)
+def test_var_mean_of_float32_rows_keeps_float64s_accuracy(use_llvm):
+    # Rows where float32 sums of the deviations from a float32 mean would be off: a large
+    # mean with a small spread (the mean's own rounding is most of each deviation), an
+    # outlier, constant rows, float32's range overflowed (1e19) and underflowed (1e-20) by
+    # the squares; rows of 2 and 37 elements. Against float64 eager: the variance within a
+    # few float32 roundings, the mean within one unit in its last place (and a few float32
+    # roundings of the spread), 0 and the
+    # constant exactly (as eager's Welford: 0 from float32 sums of deviations from a mean
+    # rounded to float32 would take the row's spread for that rounding).
+    torch.manual_seed(0)
+    rows = {
+        "offset": 1e4 + torch.randn(4, 1024, dtype=torch.float64),
+        "offset_small_spread": 1e4 + 1e-2 * torch.randn(4, 1024, dtype=torch.float64),
+        "outlier": torch.cat([torch.full((4, 1), 1e6, dtype=torch.float64),
+                              torch.randn(4, 1023, dtype=torch.float64)], 1),
+        "huge": 1e19 * torch.randn(4, 1024, dtype=torch.float64),  # squares past 3.4e38
+        "tiny": 1e-20 * torch.randn(4, 1024, dtype=torch.float64),
+        "squares_underflow": 1e-30 * torch.randn(4, 1024, dtype=torch.float64),  # not constant
+        "two": 1e3 + torch.randn(4, 2, dtype=torch.float64),
+        "odd": 1e3 + 3 * torch.randn(4, 37, dtype=torch.float64),
+    }
+    for name, x in rows.items():
+        x = x.float()
+        for correction in (0, 1):
+            var, mean = run_fused(lambda x: torch.var_mean(x, -1, correction=correction), x,
+                                  use_llvm=use_llvm)
+            want_var, want_mean = torch.var_mean(x.double(), -1, correction=correction)
+            assert ((var.double() - want_var).abs() <= 1e-6 * want_var + _ulp(want_var)).all(), name
+            # (float32 sums of deviations: off by a few roundings of the spread's size)
+            spread = 4 * 2.0 ** -24 * want_var.sqrt()
+            assert ((mean.double() - want_mean).abs() <= _ulp(want_mean) + spread).all(), name
+        std, _ = run_fused(lambda x: torch.std_mean(x, 1, keepdim=True), x, use_llvm=use_llvm)
+        want = torch.std(x.double(), 1, keepdim=True)
+        assert ((std.double() - want).abs() <= 1e-6 * want).all(), name
+    const = torch.tensor([[0.1] * 1023 + [0.1], [-0.0] * 1024, [3e38] * 1024, [7.0] * 1024])
+    got = both(lambda x: torch.var_mean(x, 1), const, use_llvm=use_llvm)
+    assert got[0].tolist() == [0.0] * 4
+
+
 @pytest.mark.parametrize("use_llvm", BACKENDS)
 def test_var_mean_mean_is_welfords_with_infinities(use_llvm):
     inf = float("inf")
@@ -215,18 +262,25 @@ def test_var_mean_mean_is_welfords_with_infinities(use_llvm):
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)
-def test_var_mean_of_long_rows_sums_the_head_once(use_llvm):
-    # Vectorized rows (the head sum's vector part and its tail): an infinity at the last
-    # element only gives an infinite mean; one before it (in either part) a NaN, as Welford.
+def test_var_mean_of_long_rows_with_infinities_and_overflow(use_llvm):
+    # Vectorized rows: an infinity at the last element only gives an infinite mean; one
+    # before it a NaN, as Welford; such rows, and those whose float32 sums overflow, are
+    # computed in float64 (bit for bit as eager's), the finite row from float32 sums.
     x = randn(6, 1024)
     x[0, 1023] = x[1, 1022] = x[2, 0] = float("inf")
-    x[3, :] = 3e38  # the float64 head does not overflow, as eager's Welford does not
+    x[3, :] = 3e38  # the float64 sums do not overflow, as eager's Welford does not
     x[4, 1000] = float("nan")
-    got = both(lambda x: torch.var_mean(x, 1), x, use_llvm=use_llvm)
+    for fn, y in ((lambda x: torch.var_mean(x, 1), x),
+                  (lambda x: torch.var_mean(x.t(), 0), x)):  # rows of stride 1 all the same
+        got = both(fn, y, use_llvm=use_llvm, exact=False)
+        want = fn(y)
+        for g, w in zip(got, want):
+            assert_exact(g[:5], w[:5])
     assert got[1].isinf().tolist() == [True, False, False, False, False, False]
     assert got[1][3] == 3e38 and got[1][1:3].isnan().all()
-    both(lambda x: torch.var_mean(x.t(), 0), x, use_llvm=use_llvm)  # strided rows
-    both(lambda x: torch.std_mean(x, -1, keepdim=True), randn(3, 7, 65), use_llvm=use_llvm)
+    both(lambda x: torch.var_mean(x, 0), x, use_llvm=use_llvm, exact=False)  # strided rows
+    both(lambda x: torch.std_mean(x, -1, keepdim=True), randn(3, 7, 65), use_llvm=use_llvm,
+         exact=False)
 
 
 @pytest.mark.parametrize("use_llvm", BACKENDS)

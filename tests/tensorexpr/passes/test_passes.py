@@ -207,6 +207,31 @@ for (int64_t i = 0; i < 16; i++) {
 
 
 
+def test_cse_leaves_the_branches_of_a_select_that_reduces():
+    # Bound before the select, the row's sum would run for every row, not only for the rows
+    # whose condition fails (codegen runs only the branch taken); the condition is shared.
+    x, c = buf("x", [4, 8]), buf("c", [4])
+    y, z = buf("y", [4]), buf("z", [4])
+    i, r = var(), var("r")
+
+    def row_sum() -> E.Expr:
+        return E.reduce("Add", E.Load(x, (i, r)), [(r, 8)])
+
+    cond = E.cmp(">", E.Load(c, (i,)), E.imm(0.0, FLOAT32))
+    prog = S.For(i, E.imm(0), E.imm(4), S.Block((
+        S.Store(y, (i,), E.select(cond, E.Load(c, (i,)), row_sum())),
+        S.Store(z, (i,), E.select(cond, E.imm(1.0, FLOAT32), row_sum() * row_sum())),
+    )))
+    after = eliminate_common_subexpressions(prog)
+    assert_expected_inline(text(after), """\
+for (int64_t i = 0; i < 4; i++) {
+  bool v = c[i] > 0.f;
+  y[i] = v ? c[i] : reduce_add(-0.f, x[i, r] for r < 8);
+  z[i] = v ? 1.f : reduce_add(-0.f, x[i, r] for r < 8) * reduce_add(-0.f, x[i, r] for r < 8);
+}""")
+    same_results(prog, after, [x, c, y, z], rand_args((4, 8), 4, 4, 4))
+
+
 def test_cse_returns_a_loop_with_nothing_to_share_itself():
     x, y = buf("x", [16]), buf("y", [16])
     i = var()
