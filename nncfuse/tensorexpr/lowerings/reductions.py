@@ -27,7 +27,11 @@ Numerics follow ATen's CPU kernels (`ReduceOps.cpp`, `ReduceOpsKernel.cpp`,
 - adaptive_avg_pool2d sums each window in the accumulation type and divides by its
   size, as ATen's CPU kernel (`AdaptiveAvgPoolKernel.cpp`);
 - var/std are two-pass (the mean, then the mean squared deviation), never
-  E[x^2] - E[x]^2, in float64 as eager's Welford accumulates; var_mean's mean
+  E[x^2] - E[x]^2: over contiguous float32/float16/bfloat16 rows of one dim the sums
+  are float32 (`_RowSums`: the deviations from a float32 mean, corrected for its
+  rounding), and rows where float32 may fall short (non-finite, out of its range,
+  nearly constant) take float64 in a branch only they run; otherwise in float64 as
+  eager's Welford accumulates; var_mean's mean
   is NaN where Welford's is (an infinity before the row's last element: over
   one dim, the float64 sum of the row but its last element, which the mean
   adds, is then not finite, so the row is swept twice, not three times);
