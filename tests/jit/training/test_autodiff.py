@@ -10,7 +10,7 @@ import torch
 import nncfuse
 from nncfuse.config import Options
 from nncfuse.jit.training.autodiff import AutodiffPlan
-from tests.fused import assert_step_as_eager
+from tests.fused import assert_as_close_as_eager, assert_step_as_eager
 
 
 def _plan(fused):
@@ -487,6 +487,7 @@ def test_channels_last_results_keep_eagers_layout(then_conv):
     block = ChannelsLast()
     model = torch.nn.Sequential(block, torch.nn.Conv2d(4, 4, 1)) if then_conv else block
     reference = copy.deepcopy(model)
+    wide = copy.deepcopy(model).double()
     fused = nncfuse.jit(torch.jit.trace(model, (torch.randn(2, 4, 5, 5),)), autograd="autodiff")
     for _ in range(4):
         x = torch.randn(2, 4, 5, 5, requires_grad=True)
@@ -494,8 +495,11 @@ def test_channels_last_results_keep_eagers_layout(then_conv):
         torch.testing.assert_close(out, ref)
         assert out.stride() == ref.stride()
         seed = torch.randn_like(ref)
-        torch.testing.assert_close(torch.autograd.grad(out, [x, *model.parameters()], seed),
-                                   torch.autograd.grad(ref, [x, *reference.parameters()], seed))
+        x64 = x.detach().double().requires_grad_()
+        assert_as_close_as_eager(
+            torch.autograd.grad(out, [x, *model.parameters()], seed),
+            torch.autograd.grad(ref, [x, *reference.parameters()], seed),
+            torch.autograd.grad(wide(x64), [x64, *wide.parameters()], seed.double()))
     assert _plan(fused).outers()
 
 
