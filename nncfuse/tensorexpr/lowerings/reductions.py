@@ -797,13 +797,21 @@ def max_min_dim(ctx: Ctx) -> E.Expr:
     compute = _extreme_type(x.dtype)
     kept = box.kept_indices(ctx.indices)
     best = E.Load(_best(ctx, x, box.dims, op, compute).buf, kept)
+    return _value_or_index(ctx, x, best, lambda: _first_index(box, kept, best, compute),
+                           "max/min")
+
+
+def _value_or_index(ctx: Ctx, x: TensorArg, best: E.Expr, index: Callable[[], E.Expr],
+                    what: str) -> E.Expr:
+    """Output 0 of a (values, indices) node: `best` in the input's type; output 1: `index()`,
+    int64."""
     if ctx.output == 0:
         if ctx.out_dtype != x.dtype:
-            raise LoweringError("max/min values keep the input's type")
+            raise LoweringError(f"{what} values keep the input's type")
         return E.cast(ctx.out_dtype, best)
     if ctx.out_dtype != INT64:
-        raise LoweringError("max/min indices are int64")
-    return _first_index(box, kept, best, compute)
+        raise LoweringError(f"{what} indices are int64")
+    return index()
 
 
 # -- linalg_vector_norm ----------------------------------------------------------------------------
@@ -959,13 +967,8 @@ def max_pool2d_with_indices(ctx: Ctx) -> E.Expr:
         ctx.shared["max"] = ctx.intermediate("max", windows.compute, ctx.out_shape,
                                              lambda *out: windows.max(out))
     best = E.Load(ctx.shared["max"].buf, tuple(ctx.indices))
-    if ctx.output == 0:
-        if ctx.out_dtype != x.dtype:
-            raise LoweringError("max_pool2d keeps the input's type")
-        return E.cast(ctx.out_dtype, best)
-    if ctx.out_dtype != INT64:
-        raise LoweringError("max_pool2d's indices are int64")
-    return windows.index(ctx.indices, best)
+    return _value_or_index(ctx, x, best, lambda: windows.index(ctx.indices, best),
+                           "max_pool2d")
 
 
 @register("aten::adaptive_avg_pool2d", overloads=("",), constant_operands=True)
