@@ -49,6 +49,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from .. import expr as E
 from ..dtype import BOOL, FLOAT64, INT64, UINT8, Dtype
 from ..meta import TensorMeta
@@ -298,7 +300,19 @@ def _var_args(ctx: Ctx) -> tuple[int | None, int | None, float]:
 _VAR_ALONE = _alone_from(1024)
 
 
-@register(("aten::var", "aten::std"), overloads=("", "dim", "correction"), alone=_VAR_ALONE)
+def _var_problem(node: Any) -> str | None:
+    """Why var/std of this node's input may not fuse: float64 values. Eager's Welford mean
+    moves by `(x - mean) / k`, so it stays finite where a float64 sum overflows (eight
+    elements of -1.8e308: mean -1.8e308, variance 0), and turns NaN where a deviation does
+    (1.8e308 then -1.8e308); float64 sums, exact for narrower floats, are not for these."""
+    ty = node.inputsAt(0).type()
+    if isinstance(ty, torch._C.TensorType) and ty.dtype() == torch.float64:
+        return "var/std of float64: eager's Welford recurrence (no overflowing sum) runs"
+    return None
+
+
+@register(("aten::var", "aten::std"), overloads=("", "dim", "correction"), alone=_VAR_ALONE,
+          problem=_var_problem)
 def var_std(ctx: Ctx) -> E.Expr:
     """The variance over `max(0, N - correction)`: of contiguous rows of float32, float16 or
     bfloat16, from float32 sums (`_RowSums`), where they are exact enough, else in float64;
@@ -318,7 +332,7 @@ def var_std(ctx: Ctx) -> E.Expr:
 
 
 @register(("aten::var_mean", "aten::std_mean"), overloads=("", "dim", "correction"),
-          outputs=2, alone=_VAR_ALONE)
+          outputs=2, alone=_VAR_ALONE, problem=_var_problem)
 def var_std_mean(ctx: Ctx) -> E.Expr:
     """`(var, mean)` or `(std, mean)`: var_std's sums, which give the mean output; it is NaN
     where Welford's is (an infinity before the row's last element)."""

@@ -223,6 +223,35 @@ def test_var_std(correction, use_llvm):
     close(lambda x: x.std(), x, use_llvm=use_llvm)
 
 
+def test_float64_var_stays_eagers_welford_where_a_sum_overflows():
+    """Rows of float64's largest values: Welford's mean stays finite (eight elements of
+    -max: mean -max, variance 0) where a float64 sum overflows, and turns NaN where a
+    deviation overflows (max, -max, ...). Such var/std nodes run unfused (fuzz seed 53395);
+    float32's, whose float64 sums cannot overflow, still fuse."""
+    big = torch.finfo(torch.float64).max
+    x = torch.tensor([[-big] * 8, [big] * 8, [big, -big] * 4, [1.0, 2.0] * 4],
+                     dtype=torch.float64)
+
+    def f(x):
+        v, m = torch.var_mean(x, -1, correction=0, keepdim=True)
+        return v, m, x.std(-1) + 1.0
+
+    fused = nncfuse.jit(torch.jit.trace(f, (x,)), min_group_size=1)
+    for _ in range(3):
+        got = fused(x)
+    for g, w in zip(got, f(x)):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    kinds = [n.kind() for n in fused.graph_for(x).nodes()]
+    assert "aten::var_mean" in kinds and "aten::std" in kinds  # unfused
+    x32 = x.float().clamp(-1e30, 1e30)
+    fused32 = nncfuse.jit(torch.jit.trace(f, (x32,)), min_group_size=1)
+    for _ in range(3):
+        got = fused32(x32)
+    for g, w in zip(got, f(x32)):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    assert "aten::var_mean" not in [n.kind() for n in fused32.graph_for(x32).nodes()]
+
+
 @pytest.mark.parametrize("use_llvm", BACKENDS)
 def test_logsumexp(use_llvm):
     x = extremes()
