@@ -55,6 +55,7 @@ is re-entrant, for a profiled graph that calls back into the same function.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 import warnings
@@ -166,8 +167,11 @@ def program(graph: torch._C.Graph, unfused: Callable[..., Any], receiver: Any = 
         and all(_elementwise(n) for n in graph.nodes())
         and all(isinstance(v.type(), _ELEMENTWISE_INPUTS) for v in inputs_of(graph))
     )
-    return Program(graph, unfused, receiver, elementwise_only, saved_write, writes,
-                   container_write)
+    # The unfused program runs as eager does: without TorchScript's optimizing passes, whose
+    # profiling executor would differentiate it by TorchScript's formulas (the gradient of a
+    # max where its operands tie, of clamp's tensor bounds), not eager's.
+    return Program(graph, functools.partial(run_as_built, unfused), receiver,
+                   elementwise_only, saved_write, writes, container_write)
 
 
 def _writes(node: Any) -> bool:

@@ -18,8 +18,12 @@ pattern it rewrites:
     flat_linears           addmm between a flattening view and its inverse: one linear
     fold_conv_pads         a zero pad before convolutions: their own padding
     plain_dropouts         a dropout of probability 0 or not training: its input (no draw)
+    hide_eager_gradients   ops whose TorchScript gradient is not eager's (max of a tie,
+                           clamp's tensor bounds) hidden from autodiff: eager's autograd
+                           runs them
     differentiable_graphs  differentiable nodes gathered into prim::DifferentiableGraphs
                            (graphs of one node too: views may join them)
+    restore_eager_gradients  the hidden ops themselves again, outside those graphs
     absorb_views           views between graphs moved in, the graphs they split joined;
                            graphs still below the threshold taken apart
 
@@ -45,6 +49,7 @@ from ..rewrites.conv_pads import fold_conv_pads
 from ..rewrites.fold_tuples import fold_tuples
 from .autodiff_views import absorb_views
 from .dropouts import plain_dropouts
+from .eager_gradients import hide, restore
 from .flat_linear import flat_linears
 from .identities import drop_identities
 from .promotions import explicit_promotions
@@ -95,7 +100,9 @@ def rewrites(shapes_fixed: bool) -> list[tuple[str, Rewrite]]:
         ("flat_linears", flat_linears),
         ("fold_conv_pads", fold_conv_pads),
         ("plain_dropouts", plain_dropouts),
+        ("hide_eager_gradients", hide),
         ("differentiable_graphs", differentiable_graphs),
+        ("restore_eager_gradients", restore),
         ("absorb_views", partial(absorb_views, threshold=THRESHOLD)),
     ]
 

@@ -6,8 +6,8 @@ import torch
 from nncfuse.jit.training import rewrites
 
 ORDER = ["autocast_casts", "explicit_promotions", "fold_sizes", "drop_identities", "fold_tuples",
-         "flat_linears", "fold_conv_pads", "plain_dropouts", "differentiable_graphs",
-         "absorb_views"]
+         "flat_linears", "fold_conv_pads", "plain_dropouts", "hide_eager_gradients",
+         "differentiable_graphs", "restore_eager_gradients", "absorb_views"]
 
 
 def test_the_list_is_ordered_and_the_sized_rules_need_fixed_shapes():

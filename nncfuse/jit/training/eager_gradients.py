@@ -1,0 +1,140 @@
+"""eager_gradients: ops whose TorchScript gradient is not eager's stay out of autodiff's graphs.
+
+TorchScript's autodiff differentiates an op by its formula in `symbolic_script.cpp`; a few
+of those are not eager's (`derivatives.yaml`) beyond rounding:
+
+    max/min/maximum/minimum(a, b)   where a == b each gets 0 (`a > b` and `b > a`); eager
+                                    gives each half the gradient
+    clamp(x, min, max) of tensors   no gradient for `min` and `max`; eager gives each the
+                                    gradient where it is the result
+    hardtanh(x, lo, hi)             the gradient passes at x == lo or hi; eager's stops
+    threshold(x, t, v)              the gradient passes at x == t; eager's stops
+    softplus(x, beta, t)            at beta * x == t the gradient passes unchanged; eager
+                                    takes the sigmoid
+    pow(x, y) of tensors            for y at x == 0: inf or NaN where eager's is 0
+
+A differentiable graph that holds one computes such a gradient; left out, the op runs under
+eager's autograd, with eager's. Before `differentiable_graphs` each such node is hidden as an
+op autodiff does not know (`hide`), and after it the node is itself again (`restore`):
+
+    %y = aten::clamp(%x, %lo, %hi)
+                 (hide)
+    %y = nncfuse::eager_gradient_too(%x, %lo, %hi, "aten::clamp")
+                 (differentiable_graphs: not in one; restore)
+    %y = aten::clamp(%x, %lo, %hi)
+
+Only where the difference can arise: clamp's and pow's when a tensor operand that the
+formula drops requires grad. (At a NaN input relu's, relu6's, hardswish's, hardshrink's and
+softshrink's gradients are 0 where eager passes the gradient on: those ops stay in the
+graphs, where their kernels fuse, for a difference that needs NaN activations.) The unfused
+program runs without TorchScript's optimizing passes (`policy.program`), so its gradients
+are eager's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...tensorexpr.meta import all_nodes
+
+__all__ = ["hide", "restore"]
+
+#: the hiding ops (registered below) by the operands' pattern: (t)ensor, (o)ptional tensor,
+#: (s)calar; each takes the hidden op's kind last
+_HIDING = {"tt": "eager_gradient_tt", "tss": "eager_gradient_tss",
+           "too": "eager_gradient_too", "st": "eager_gradient_st"}
+_SCHEMAS = {"tt": "Tensor a, Tensor b", "tss": "Tensor a, Scalar b, Scalar c",
+            "too": "Tensor a, Tensor? b, Tensor? c", "st": "Scalar a, Tensor b"}
+
+#: kinds whose formula differs from eager's for any operands
+_ALWAYS = frozenset({"aten::max", "aten::min", "aten::maximum", "aten::minimum",
+                     "aten::hardtanh", "aten::threshold", "aten::softplus"})
+#: kinds whose formula drops the gradient of these tensor operands (by position)
+_DROPPED = {"aten::clamp": (1, 2), "aten::clamp_min": (1,), "aten::clamp_max": (1,),
+            "aten::pow": (1,)}
+
+
+def _call_hidden(*args: Any) -> torch.Tensor:
+    """What a hiding op computes (it does not run: `restore` comes first): the op it hides."""
+    *operands, kind = args
+    return getattr(torch.ops.aten, kind.split("::")[1])(*operands)
+
+
+_library = torch.library.Library("nncfuse", "FRAGMENT")
+for _pattern, _name in _HIDING.items():
+    _library.define(f"{_name}({_SCHEMAS[_pattern]}, str kind) -> Tensor")
+    _library.impl(_name, _call_hidden, "CompositeExplicitAutograd")
+_HIDDEN = frozenset(f"nncfuse::{name}" for name in _HIDING.values())
+
+
+def _pattern(node: Any) -> str | None:
+    """The operands' pattern of `node` (`_HIDING`'s keys), or None."""
+    letters = ""
+    for v in node.inputs():
+        ty = v.type()
+        if isinstance(ty, torch._C.TensorType):
+            letters += "t"
+        elif isinstance(ty, torch._C.OptionalType) and isinstance(
+                ty.getElementType(), torch._C.TensorType):
+            letters += "o"
+        elif isinstance(ty, torch._C.NoneType):
+            letters += "o"
+        elif isinstance(ty, (torch._C.IntType, torch._C.FloatType, torch._C.NumberType)):
+            letters += "s"
+        else:
+            return None
+    if letters in ("ttt", "tto", "tot", "too"):
+        letters = "too"
+    return letters if letters in _HIDING else None
+
+
+def _requires_grad(value: Any) -> bool:
+    ty = value.type()
+    return isinstance(ty, torch._C.TensorType) and bool(ty.requires_grad())
+
+
+def _differs(node: Any) -> bool:
+    kind = node.kind()
+    if kind in ("aten::max", "aten::min"):  # only the binary form (not the reductions)
+        return _pattern(node) == "tt"
+    if kind in _ALWAYS:
+        return True
+    return any(k < node.inputsSize() and _requires_grad(node.inputsAt(k))
+               for k in _DROPPED.get(kind, ()))
+
+
+def hide(graph: torch._C.Graph) -> int:
+    """Replace, in place, each node of `graph` whose TorchScript gradient differs from eager's
+    (`_differs`) by a hiding op that `restore` turns back; the count."""
+    done = 0
+    for node in [n for n in all_nodes(graph.block()) if _differs(n)]:
+        pattern = _pattern(node)
+        if pattern is None or node.outputsSize() != 1:
+            continue
+        with graph.insert_point_guard(node):
+            kind = graph.insertConstant(node.kind())
+            hidden = graph.insertNode(graph.create(f"nncfuse::{_HIDING[pattern]}",
+                                                   [*node.inputs(), kind], 1))
+        hidden.output().setType(node.output().type())
+        node.output().replaceAllUsesWith(hidden.output())
+        node.destroy()
+        done += 1
+    return done
+
+
+def restore(graph: torch._C.Graph) -> int:
+    """Turn each hiding op of `graph` back into the op it hides, in place; the count."""
+    done = 0
+    for node in [n for n in all_nodes(graph.block()) if n.kind() in _HIDDEN]:
+        *operands, kind = node.inputs()
+        with graph.insert_point_guard(node):
+            op = graph.insertNode(graph.create(kind.toIValue(), operands, 1))
+        op.output().setType(node.output().type())
+        node.output().replaceAllUsesWith(op.output())
+        node.destroy()
+        if not kind.uses():
+            kind.node().destroy()
+        done += 1
+    return done
