@@ -324,7 +324,8 @@ def var_std(ctx: Ctx) -> E.Expr:
     if sums is None:
         value = _two_pass_variance(ctx, box, kept, correction)
     else:
-        value = sums.pick(kept, sums.variance(kept, correction), _zero(FLOAT64),
+        value = sums.pick(kept, sums.variance(kept, correction),
+                          _constant_rows_variance(box, correction),
                           _shifted_variance(box, kept, correction))
     if ctx.node.kind() in ("aten::std", "aten::std_mean"):
         value = E.call("sqrt", value)
@@ -364,6 +365,12 @@ def _var_box(ctx: Ctx, what: str) -> tuple[_Box, float]:
 
 def _divisor(box: _Box, correction: float) -> E.Expr:
     return E.imm(max(0.0, box.count - correction), FLOAT64)
+
+
+def _constant_rows_variance(box: _Box, correction: float) -> E.Expr:
+    """A constant row's variance: 0 over `N - correction`, NaN where that is 0 (eager's 0 / 0:
+    two elements with correction 2)."""
+    return E.imm(0.0 if box.count - correction > 0 else math.nan, FLOAT64)
 
 
 def _two_pass_variance(ctx: Ctx, box: _Box, kept: Index, correction: float) -> E.Expr:

@@ -223,6 +223,17 @@ def test_var_std(correction, use_llvm):
     close(lambda x: x.std(), x, use_llvm=use_llvm)
 
 
+def test_var_of_rows_no_longer_than_the_correction_is_eagers_0_over_0():
+    """A constant float32 row's variance is 0 over `N - correction`: NaN where that is 0, as
+    eager's (two elements, correction 2; fuzz seed 62477), inf for a row that varies."""
+    x = torch.tensor([[0.0, 0.0], [0.0, 1.0], [3.0, 3.0], [0.5, 0.25]])
+    for correction in (0, 1, 2, 3):
+        got = run_fused(lambda x: torch.var(x, -1, correction=correction, keepdim=True) * 2,
+                        x, use_llvm=True)
+        want = torch.var(x, -1, correction=correction, keepdim=True) * 2
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_float64_var_stays_eagers_welford_where_a_sum_overflows():
     """Rows of float64's largest values: Welford's mean stays finite (eight elements of
     -max: mean -max, variance 0) where a float64 sum overflows, and turns NaN where a
