@@ -207,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=1000, help="programs to run")
     parser.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
     parser.add_argument("--backend", default="both",
-                        help="llvm, interp or both; add sizes, state or autocast for those checks")
+                        help="llvm, interp or both; add sizes, state, autocast or grad for "
+                             "those checks")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     parser.add_argument("--recycle", type=int, default=500, help="cases per worker process")

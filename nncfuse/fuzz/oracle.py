@@ -52,7 +52,7 @@ import torch
 import nncfuse
 from nncfuse.tensorexpr.lowerings import LoweringError
 
-from . import resize, state
+from . import gradients, resize, state
 from .inputs import clone_input, describe, storage_of
 from .program import Case, generate
 
@@ -368,6 +368,19 @@ def check_sizes(case: Case, script: Any, out: Outcome) -> None:
             return
 
 
+def check_gradients(case: Case, script: Any, out: Outcome) -> None:
+    """The case's input gradients through `nncfuse.jit` against eager autograd's
+    (`gradients`); a failure in `out` (backend "grad") where a call's differ or raise."""
+    fused = nncfuse.jit(script, min_group_size=case.min_group_size)
+    try:
+        kind, call, message = gradients.check(case.program.eager(), script, case.inputs,
+                                              case.seed or 0, fused)
+    except gradients.Skip:
+        return
+    if kind:
+        out.failures.append(Failure("grad", kind, call, message))
+
+
 def check_state(case: Case, out: Outcome, backend: str = "state") -> None:
     """The case's seed as a module whose state changes between calls (`state`), with calls
     under autocast for backend "autocast"; a failure in `out` where a call differs from
@@ -417,6 +430,8 @@ def check_case(case: Case, backends: Sequence[str] = BACKENDS) -> Outcome:
             check_sizes(case, script, out)
         elif backend in ("state", "autocast"):  # a module changed between calls (`state`)
             check_state(case, out, backend)
+        elif backend == "grad":  # input gradients against eager autograd's (`gradients`)
+            check_gradients(case, script, out)
         else:
             _run_backend(case, backend, script, wants, out, after)
     out.fused = bool(out.fused_kinds)

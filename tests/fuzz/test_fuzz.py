@@ -403,3 +403,26 @@ def test_the_state_check_still_sees_a_small_error():
 
     found = [state.check(seed, off, oracle.compare) for seed in range(1, 4)]
     assert all(found), found
+
+
+def _float_case() -> Case:
+    """`v0 = torch.sin(x0) * x1` on float32 tensors (x1 broadcast), written by hand."""
+    params = (Param("x0", "Tensor", TensorSpec(torch.float32, (2, 3))),
+              Param("x1", "Tensor", TensorSpec(torch.float32, (3,))))
+    stmts = (Assign("v0", OpCall("mul", "torch.sin(x0) * x1", ("x0", "x1"))),)
+    x0 = torch.linspace(-2.0, 2.0, 6).view(2, 3)
+    x1 = torch.tensor([0.5, -1.0, 3.0])
+    return Case(Program(params, stmts, ("v0",)), ((x0, x1), (x0 * 2, x1 + 1)))
+
+
+def _gradient_times_1_01(run, args):
+    return tuple(o + 0.01 * (o - o.detach()) for o in run())  # same values, gradients x1.01
+
+
+def test_the_gradient_check_passes_a_good_case_and_catches_a_wrong_gradient(monkeypatch):
+    assert fuzz.check_case(_float_case(), ["grad"]).status == "ok"
+    monkeypatch.setattr(fuzz.nncfuse, "jit", _Wrong(_gradient_times_1_01))
+    outcome = fuzz.check_case(_float_case(), ["grad"])
+    assert outcome.status == "mismatch"
+    assert outcome.failures[0].backend == "grad"
+    assert "gradient of float input 0" in outcome.failures[0].message
