@@ -9,8 +9,10 @@ fixed random weights (in float64):
 
 whose gradients with respect to the inputs (`torch.autograd.grad`; an input it does not reach
 has zeros) are compared, on the calls of the case (A profiling, A optimized, B), with
-eager's: float64 to `(1e-7, 1e-7)`, float32 to `(1e-4, 1e-5)` with the absolute tolerance
-scaled by the largest gradient (a broadcast input's gradient sums many terms). A case whose
+eager's: float64 to `(1e-7, 1e-7)`, float32 to `(1e-4, 1e-5)`, and where a float16 or
+bfloat16 input feeds the program to that type's precision (its values round there in the
+forward), the absolute tolerance scaled by the largest gradient (a broadcast input's
+gradient sums many terms). A case whose
 eager run raises under autograd (an in-place write to a leaf that requires grad) or has no
 output that requires grad is skipped.
 
@@ -35,6 +37,9 @@ __all__ = ["check"]
 
 #: (rtol, atol relative to the largest gradient) per dtype of the input
 TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-7, 1e-7)}
+#: ... and where a float16 or bfloat16 input feeds the program: its values round to that
+#: type's precision in the forward (one ulp apart is within the forward's tolerance)
+REDUCED = {torch.float16: (2e-3, 1e-4), torch.bfloat16: (1.6e-2, 1e-3)}
 CALLS = (0, 0, 1)  # input set per call: profile on A, run A optimized, then B
 
 
@@ -79,10 +84,11 @@ def gradients(fn: Callable[..., Any], args: Sequence[Any], seed: int
 
 
 def differ(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
-           dtypes: Sequence[torch.dtype]) -> str:
-    """'' if each gradient is within its dtype's tolerance of eager's, else what differs."""
+           dtypes: Sequence[torch.dtype], reduced: torch.dtype | None = None) -> str:
+    """'' if each gradient is within its dtype's tolerance of eager's (the `reduced` float
+    type's where the program reads one), else what differs."""
     for k, (g, w, dtype) in enumerate(zip(got, want, dtypes)):
-        rtol, atol = TOLERANCES[dtype]
+        rtol, atol = REDUCED[reduced] if reduced is not None else TOLERANCES[dtype]
         finite = w[w.isfinite()]
         scale = float(finite.abs().max()) if finite.numel() else 1.0
         try:
@@ -106,13 +112,16 @@ def check(eager: Callable[..., Any], script: Any, inputs: Sequence[Sequence[Any]
             raise
         except Exception as e:  # noqa: BLE001 - eager's own error: nothing to compare
             raise Skip(f"eager raised {type(e).__name__}") from e
+    kinds = {a.dtype for args in inputs for a in args if isinstance(a, torch.Tensor)}
+    reduced = torch.bfloat16 if torch.bfloat16 in kinds else \
+        torch.float16 if torch.float16 in kinds else None
     for call, k in enumerate(CALLS):
         want, dtypes = wants[k]
         try:
             got, _ = gradients(fused, inputs[k], seed)
         except Exception as e:  # noqa: BLE001 - eager differentiated it
             return "crash", call, f"{type(e).__name__}: {str(e)[:300]}"
-        message = differ(got, want, dtypes)
+        message = differ(got, want, dtypes, reduced)
         if message:
             for _ in range(2):  # TorchScript's executor optimizes after its profiling runs
                 try:
@@ -123,7 +132,7 @@ def check(eager: Callable[..., Any], script: Any, inputs: Sequence[Sequence[Any]
                 theirs, _ = gradients(script, inputs[k], seed)
             except Exception:  # noqa: BLE001
                 theirs = None
-            kind = "torchscript" if theirs is not None and not differ(got, theirs, dtypes) \
-                else "mismatch"
+            kind = "torchscript" if theirs is not None and not differ(
+                got, theirs, dtypes, reduced) else "mismatch"
             return kind, call, message
     return "", 0, ""
