@@ -19,7 +19,7 @@ op autodiff does not know (`hide`), and after it the node is itself again (`rest
 
     %y = aten::clamp(%x, %lo, %hi)
                  (hide)
-    %y = nncfuse::eager_gradient_too(%x, %lo, %hi, "aten::clamp")
+    %y = nncfuse::eager_gradient_3(%x, %lo, %hi, "aten::clamp")
                  (differentiable_graphs: not in one; restore)
     %y = aten::clamp(%x, %lo, %hi)
 
@@ -41,12 +41,8 @@ from ...tensorexpr.meta import all_nodes
 
 __all__ = ["hide", "restore"]
 
-#: the hiding ops (registered below) by the operands' pattern: (t)ensor, (o)ptional tensor,
-#: (s)calar; each takes the hidden op's kind last
-_HIDING = {"tt": "eager_gradient_tt", "tss": "eager_gradient_tss",
-           "too": "eager_gradient_too", "st": "eager_gradient_st"}
-_SCHEMAS = {"tt": "Tensor a, Tensor b", "tss": "Tensor a, Scalar b, Scalar c",
-            "too": "Tensor a, Tensor? b, Tensor? c", "st": "Scalar a, Tensor b"}
+#: the most operands of a hidden op (a hiding op per count, registered below)
+MOST_OPERANDS = 8
 
 #: kinds whose formula differs from eager's for any operands
 _ALWAYS = frozenset({"aten::max", "aten::min", "aten::maximum", "aten::minimum",
@@ -62,32 +58,16 @@ def _call_hidden(*args: Any) -> torch.Tensor:
     return getattr(torch.ops.aten, kind.split("::")[1])(*operands)
 
 
+def _hiding_op(n: int) -> str:
+    return f"eager_gradient_{n}"
+
+
 _library = torch.library.Library("nncfuse", "FRAGMENT")
-for _pattern, _name in _HIDING.items():
-    _library.define(f"{_name}({_SCHEMAS[_pattern]}, str kind) -> Tensor")
-    _library.impl(_name, _call_hidden, "CompositeExplicitAutograd")
-_HIDDEN = frozenset(f"nncfuse::{name}" for name in _HIDING.values())
-
-
-def _pattern(node: Any) -> str | None:
-    """The operands' pattern of `node` (`_HIDING`'s keys), or None."""
-    letters = ""
-    for v in node.inputs():
-        ty = v.type()
-        if isinstance(ty, torch._C.TensorType):
-            letters += "t"
-        elif isinstance(ty, torch._C.OptionalType) and isinstance(
-                ty.getElementType(), torch._C.TensorType):
-            letters += "o"
-        elif isinstance(ty, torch._C.NoneType):
-            letters += "o"
-        elif isinstance(ty, (torch._C.IntType, torch._C.FloatType, torch._C.NumberType)):
-            letters += "s"
-        else:
-            return None
-    if letters in ("ttt", "tto", "tot", "too"):
-        letters = "too"
-    return letters if letters in _HIDING else None
+for _n in range(1, MOST_OPERANDS + 1):
+    _operands = ", ".join(f"Any a{k}" for k in range(_n))
+    _library.define(f"{_hiding_op(_n)}({_operands}, str kind) -> Tensor")
+    _library.impl(_hiding_op(_n), _call_hidden, "CompositeExplicitAutograd")
+_HIDDEN = frozenset(f"nncfuse::{_hiding_op(n)}" for n in range(1, MOST_OPERANDS + 1))
 
 
 def _requires_grad(value: Any) -> bool:
@@ -97,8 +77,11 @@ def _requires_grad(value: Any) -> bool:
 
 def _differs(node: Any) -> bool:
     kind = node.kind()
+    if node.outputsSize() != 1 or not 1 <= node.inputsSize() <= MOST_OPERANDS:
+        return False
     if kind in ("aten::max", "aten::min"):  # only the binary form (not the reductions)
-        return _pattern(node) == "tt"
+        return node.inputsSize() == 2 and all(
+            isinstance(v.type(), torch._C.TensorType) for v in node.inputs())
     if kind in _ALWAYS:
         return True
     return any(k < node.inputsSize() and _requires_grad(node.inputsAt(k))
@@ -110,13 +93,10 @@ def hide(graph: torch._C.Graph) -> int:
     (`_differs`) by a hiding op that `restore` turns back; the count."""
     done = 0
     for node in [n for n in all_nodes(graph.block()) if _differs(n)]:
-        pattern = _pattern(node)
-        if pattern is None or node.outputsSize() != 1:
-            continue
         with graph.insert_point_guard(node):
             kind = graph.insertConstant(node.kind())
-            hidden = graph.insertNode(graph.create(f"nncfuse::{_HIDING[pattern]}",
-                                                   [*node.inputs(), kind], 1))
+            hidden = graph.insertNode(graph.create(
+                f"nncfuse::{_hiding_op(node.inputsSize())}", [*node.inputs(), kind], 1))
         hidden.output().setType(node.output().type())
         node.output().replaceAllUsesWith(hidden.output())
         node.destroy()
