@@ -24,9 +24,11 @@ op autodiff does not know (`hide`), and after it the node is itself again (`rest
     %y = aten::clamp(%x, %lo, %hi)
 
 Only where the difference can arise: clamp's and pow's when a tensor operand that the
-formula drops requires grad. (At a NaN input relu's, relu6's, hardswish's, hardshrink's and
-softshrink's gradients are 0 where eager passes the gradient on: those ops stay in the
-graphs, where their kernels fuse, for a difference that needs NaN activations.) The unfused
+formula drops requires grad. (relu's, relu6's, hardswish's, hardshrink's and softshrink's
+formulas multiply by their mask where eager selects: at a NaN input the gradient is 0 where
+eager passes it on, and an infinite gradient at a masked element NaN where eager's is 0.
+Those ops stay in the graphs, where their kernels fuse, for differences that need NaN or
+infinite values.) The unfused
 program runs without TorchScript's optimizing passes (`policy.program`), so its gradients
 are eager's.
 """
