@@ -18,9 +18,9 @@ output that requires grad is skipped.
 
 A difference where TorchScript's own executor (the script called after its profiling runs,
 which differentiates by TorchScript's formulas) gives nncfuse's gradients is counted as
-`torchscript`, not as nncfuse's mismatch: the gradients at NaN inputs of relu, relu6,
-hardswish, hardshrink and softshrink, which nncfuse's fused kernels keep
-(`jit/training/eager_gradients.py`).
+`torchscript`, not as nncfuse's mismatch: the relu family's gradients at NaN inputs and
+under infinite gradients, which nncfuse's fused kernels keep
+(`jit/training/eager_gradients.py`), and other formulas' NaN where eager's are finite.
 """
 
 from __future__ import annotations
