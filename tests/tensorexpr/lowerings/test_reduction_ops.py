@@ -223,6 +223,22 @@ def test_var_std(correction, use_llvm):
     close(lambda x: x.std(), x, use_llvm=use_llvm)
 
 
+@pytest.mark.parametrize("dtype", REDUCED, ids=str)
+def test_reduced_float_products_round_each_step_as_eagers(dtype):
+    """ATen multiplies `scalar_t`s: a float16 or bfloat16 product rounds at each step, so one
+    past the type's range is infinite and one below it 0, where a float32 accumulator holds
+    them (a float16 row of -3.19, 65504, -0., 1.: NaN, not 0; fuzz seed 100856). Along a
+    strided dim the order is eager's too, and the results are equal."""
+    big = torch.finfo(dtype).max
+    x = torch.tensor([[-3.19, big, -0.0, 1.0], [1e-3, 1e-3, 1e-3, 1e3], [2.0, 3.0, 0.5, 0.25]],
+                     dtype=dtype)
+    got = run_fused(lambda x: x.prod(-1) * 1.0, x, use_llvm=True)
+    torch.testing.assert_close(got, x.prod(-1) * 1.0, equal_nan=True, rtol=0, atol=0)
+    y = (torch.rand(64, 33) * 0.6 + 0.7).to(dtype)
+    got = run_fused(lambda y: y.prod(0) * 1.0, y, use_llvm=True)
+    torch.testing.assert_close(got, y.prod(0) * 1.0, rtol=0, atol=0)
+
+
 def test_var_of_rows_no_longer_than_the_correction_is_eagers_0_over_0():
     """A constant float32 row's variance is 0 over `N - correction`: NaN where that is 0, as
     eager's (two elements, correction 2; fuzz seed 62477), inf for a row that varies."""
