@@ -18,12 +18,15 @@ and with the dtypes equal.
 
 and each call's output, and the batch norms' statistics after it, are compared
 with eager's (`oracle.compare`), under the same `torch.manual_seed` (dropout's
-masks are eager's). Where a float32 call differs by more than `compare` allows, the module
-as it was before the call runs again in float64 (the same masks): the difference is
+masks are eager's). Where a call differs by more than `compare` (or, under autocast, its
+tolerance) allows, the module as it was before the call runs again in float64, without
+autocast (the same masks): the difference is
 rounding, not an error, if each tensor is at most `MULTIPLIER` times as far from float64's
 (root mean square) as eager's own, the rule PyTorch's benchmarks judge compilers by
 (`torch._dynamo.utils.same(fp64_ref=...)`). A batch norm in training mode over a few rows
-divides by a small variance and amplifies last-bit differences of what feeds it:
+divides by a small variance and amplifies last-bit differences of what feeds it (under
+bfloat16 autocast, a Linear's one-ulp differences become 0.06-0.19 after a batch norm over
+2 or 5 rows: seeds 61591, 120325, each as close to float64's as eager autocast's):
 
     Linear -> LayerNorm -> Dropout -> GELU -> Tanh -> BatchNorm1d, 5 rows
     float32 nncfuse against float32 eager: 4e-5 apart; each as far from float64's
@@ -179,7 +182,7 @@ def check(seed: int, jit: Callable[[nn.Module], Any],
         gots = (got, *(b for _, b in states))
         wants = (want, *(eager.get_buffer(n) for n, _ in states))
         message = (autocast if drifted else compare)(gots, wants)
-        if message and not drifted and isinstance(got, torch.Tensor) and rounding_explains(
+        if message and isinstance(got, torch.Tensor) and rounding_explains(
                 gots, wants, _float64(before, x, step, grad)):
             message = ""
         if message:
