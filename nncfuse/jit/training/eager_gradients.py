@@ -28,9 +28,8 @@ formula drops requires grad. (relu's, relu6's, hardswish's, hardshrink's and sof
 formulas multiply by their mask where eager selects: at a NaN input the gradient is 0 where
 eager passes it on, and an infinite gradient at a masked element NaN where eager's is 0.
 Those ops stay in the graphs, where their kernels fuse, for differences that need NaN or
-infinite values.) The unfused
-program runs without TorchScript's optimizing passes (`policy.program`), so its gradients
-are eager's.
+infinite values.) The unfused program runs without TorchScript's optimizing passes
+(`policy.program`), so its gradients are eager's.
 """
 
 from __future__ import annotations
