@@ -45,9 +45,9 @@ __all__ = ["hide", "restore"]
 #: the most operands of a hidden op (a hiding op per count, registered below)
 MOST_OPERANDS = 8
 
-#: kinds whose formula differs from eager's for any operands
-_ALWAYS = frozenset({"aten::max", "aten::min", "aten::maximum", "aten::minimum",
-                     "aten::hardtanh", "aten::threshold", "aten::softplus"})
+#: kinds whose formula differs from eager's for any operands (and the binary max and min)
+_ALWAYS = frozenset({"aten::maximum", "aten::minimum", "aten::hardtanh", "aten::threshold",
+                     "aten::softplus"})
 #: kinds whose formula drops the gradient of these tensor operands (by position)
 _DROPPED = {"aten::clamp": (1, 2), "aten::clamp_min": (1,), "aten::clamp_max": (1,),
             "aten::pow": (1,)}
