@@ -59,7 +59,7 @@ from .codegen.entry import (
 )
 from .codegen.llvm_codegen import compile_stmt, param_ctype
 from .codegen.llvm_jit import vector_bits
-from .external import ROUTINES
+from .external import site_routine
 from .graph_lowering import ComputedOutput, Lowered, lower_graph
 from .ir_eval import IREvaluator
 from .ir_verifier import IRError, verify
@@ -155,7 +155,7 @@ def _external_steps(lowered: Lowered, position: Mapping[Any, int]) -> tuple[Exte
             else ConstSource(a)
             for a in call.args
         )
-        steps.append(ExternalStep(position[call.buf], ROUTINES[call.fn], args))
+        steps.append(ExternalStep(position[call.buf], site_routine(call.fn), args))
     return tuple(steps)
 
 

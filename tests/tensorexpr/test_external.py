@@ -666,3 +666,49 @@ def test_weights_packed_under_inference_mode_too(through, dtype):
             torch.testing.assert_close(fused(x.view(-1, 64)[:4].bfloat16()),
                                        made(x.view(-1, 64)[:4].bfloat16()), rtol=0, atol=0)
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not onednn_dtype_ok(torch.bfloat16), reason="oneDNN takes no bfloat16 here")
+@pytest.mark.parametrize("fn", ["nnc_mkldnn_convolution_pointwise_reused",
+                                "nnc_mkldnn_linear_pointwise_reused"])
+def test_a_call_site_takes_its_packed_weight_at_once_until_the_weight_changes(fn, monkeypatch):
+    from nncfuse.tensorexpr import external
+
+    lookups = []
+    reused = external.reused_weight
+    monkeypatch.setattr(external, "reused_weight",
+                        lambda *a: lookups.append(1) or reused(*a))
+    conv = fn.startswith("nnc_mkldnn_convolution")
+    site = external.site_routine(fn)
+
+    def operands(x, w):
+        if conv:
+            return (x, w, None, (1, 1), (1, 1), (1, 1), 1, "none", (), None)
+        return (x, w, None, "none", (), None)
+
+    def expected(x, w):
+        return F.conv2d(x, w, None, 1, 1) if conv else F.linear(x, w)
+
+    def image(size):
+        x = torch.randn(1, 8, size, size).bfloat16()
+        return x.contiguous(memory_format=torch.channels_last) if conv else x.view(-1, 8)
+
+    w = torch.randn(16, 8, 3, 3).bfloat16() if conv else torch.randn(16, 8).bfloat16()
+    x = image(6)
+    for step in range(9):
+        if step == 4:
+            w.mul_(-2)  # (in place: a new version)
+        if step == 6:
+            w = w.clone()  # (another tensor, equal)
+        if step == 8 and conv:
+            x = image(5)  # (another input size: another packed form)
+        torch.testing.assert_close(site(*operands(x, w)), expected(x, w), rtol=2e-2, atol=2e-2)
+    # looked up: the first two calls (seen, then packed), the two after the write, the two
+    # for the new tensor, and a convolution's new input size; taken at once otherwise
+    assert len(lookups) == (7 if conv else 6)
+    packed = [v for t in external._packed.values() if t[0]() is w for v in t[1].values()]
+    assert len(packed) == 1
+    gone = __import__("weakref").ref(packed[0])
+    del w, packed
+    gc.collect()
+    assert gone() is None  # (the site keeps it weakly: it goes with the weight)
