@@ -35,6 +35,35 @@ def rms(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).square().mean().sqrt()) if a.numel() else 0.0
 
 
+def rounding_explains(got: tuple[Any, ...], want: tuple[Any, ...], exact: tuple[Any, ...],
+                      atol: float | None = None) -> bool:
+    """Whether each tensor of `got` is as close to float64 `exact` as eager's `want` is,
+    within `MULTIPLIER` (root mean square, plus `atol`, by default 1e-7 of `exact`'s largest
+    magnitude): dtypes and shapes as eager's, non-floating tensors equal, non-finite elements
+    where eager's are.
+
+        got 1.0000002, want 1.0000001, exact 1.00000015   -> True  (rounding)
+        got 1.001,     want 1.0000001, exact 1.00000015   -> False
+    """
+    for g, w, e in zip(got, want, exact, strict=True):
+        if not (g.dtype == w.dtype and g.shape == w.shape):
+            return False
+        if not g.is_floating_point():
+            if not torch.equal(g, w):
+                return False
+            continue
+        finite = w.isfinite()
+        if not (torch.equal(g.isfinite(), finite)
+                and torch.equal(g[~finite].isnan(), w[~finite].isnan())
+                and torch.equal(g[~finite & ~w.isnan()], w[~finite & ~w.isnan()])):
+            return False
+        g, w, e = g[finite], w[finite], e[finite]
+        slack = atol if atol is not None else 1e-7 * float(e.abs().max()) if e.numel() else 0.0
+        if rms(g, e) > MULTIPLIER * rms(w, e) + slack:
+            return False
+    return True
+
+
 #: (OpInfo name, variant) for every op nncfuse is meant to fuse.
 OPS: list[tuple[str, str]] = [
     *((n, "") for n in (

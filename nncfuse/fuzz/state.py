@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..testing import MULTIPLIER, rms
+from ..testing import rounding_explains
 
 _FEATURES = (4, 8, 16)
 
@@ -107,29 +107,6 @@ def _change(rng: random.Random, pair: tuple[nn.Module, nn.Module]) -> str:
                 setattr(eager.get_submodule(name), attr, value)
                 return f"{name}.{attr} = {value!r}"
     return "call"
-
-
-def rounding_explains(got: tuple[Any, ...], want: tuple[Any, ...],
-                      exact: tuple[Any, ...]) -> bool:
-    """Whether float32 `got` is as close to float64 `exact` as eager's `want` is, within
-    `MULTIPLIER` (per tensor, root mean square; non-finite elements where eager's are)."""
-    for g, w, e in zip(got, want, exact, strict=True):
-        if not (g.dtype == w.dtype and g.shape == w.shape):
-            return False
-        if not g.is_floating_point():
-            if not torch.equal(g, w):
-                return False
-            continue
-        finite = w.isfinite()
-        if not (torch.equal(g.isfinite(), finite)
-                and torch.equal(g[~finite].isnan(), w[~finite].isnan())
-                and torch.equal(g[~finite & ~w.isnan()], w[~finite & ~w.isnan()])):
-            return False
-        g, w, e = g[finite], w[finite], e[finite]
-        tiny = 1e-7 * float(e.abs().max()) if e.numel() else 0.0
-        if rms(g, e) > MULTIPLIER * rms(w, e) + tiny:
-            return False
-    return True
 
 
 def _float64(module: nn.Module, x: torch.Tensor, step: int, grad: bool) -> tuple[Any, ...]:

@@ -379,7 +379,7 @@ def test_the_autocast_check_sees_a_wrong_result_dtype():
 def test_the_state_checks_float64_rule_tells_rounding_from_error():
     """A float32 result as far from float64's as eager's is rounding; one a thousand times as
     far, or with a NaN where eager has none, is an error."""
-    from nncfuse.fuzz.state import rounding_explains
+    from nncfuse.testing import rounding_explains
 
     exact = torch.randn(64, dtype=torch.float64)
     want = exact.float()
