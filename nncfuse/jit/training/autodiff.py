@@ -738,8 +738,29 @@ def _specialized(df: torch._C.Graph, given: tuple[bool, ...],
     torch._C._jit_pass_dce(graph)
     torch._C._jit_pass_peephole(graph, False)
     torch._C._jit_pass_constant_propagation(graph)
+    _none_for_zeros(graph)
     torch._C._jit_pass_dce(graph)
     return graph
+
+
+def _none_for_zeros(graph: torch._C.Graph) -> None:
+    """Return None, in place, for each gradient that is an `AutogradZero` whatever the call
+    (of an input that reaches no differentiable output): an undefined tensor, which a
+    TorchScript function cannot return to Python. Autograd takes None as no gradient.
+
+        %t = prim::TupleConstruct(%z, %g)                   %t = prim::TupleConstruct(%none, %g)
+        return (%t)   with %z = prim::AutogradZero()  ==>   return (%t)
+    """
+    ret = graph.return_node()
+    packs = [v.node() for v in ret.inputs() if v.node().kind() == "prim::TupleConstruct"]
+    for node in [ret, *packs]:
+        zeros = [k for k, v in enumerate(node.inputs()) if v.node().kind() == "prim::AutogradZero"]
+        for k in zeros:
+            none = graph.insertConstant(None)
+            none.node().moveBefore(node)
+            node.replaceInput(k, none)
+        if zeros and node is not ret:
+            node.output().setType(torch._C.TupleType([v.type() for v in node.inputs()]))
 
 
 def _constant(graph: torch._C.Graph, value: Any, kind: Any) -> Any:

@@ -141,6 +141,29 @@ def test_unused_output_gives_none_as_eager():
                                    torch.autograd.grad(two(x, y), (x, y), seeds))
 
 
+def compared_only(x, y):
+    a = x * x
+    return a * a, (a - y * 2.0).lt(3)  # (y reaches no differentiable output)
+
+
+@pytest.mark.parametrize("x_size, y_size", [((3, 4), (3, 4)), ((), (1, 0, 1))],
+                         ids=["sized", "empty"])
+def test_an_input_that_reaches_no_differentiable_output_has_no_gradient(x_size, y_size):
+    """Its gradient in df is an undefined tensor whatever the call (`AutogradZero`), which a
+    TorchScript function cannot return to Python: it comes back as None, as eager's."""
+    fused = nncfuse.jit(compared_only, autograd="autodiff", min_group_size=1)
+    for _ in range(4):
+        x = torch.randn(x_size, dtype=torch.float64, requires_grad=True)
+        y = torch.randn(y_size, dtype=torch.float64, requires_grad=True)
+        (a, b), (ref, want_b) = fused(x, y), compared_only(x, y)
+        torch.testing.assert_close(b, want_b)
+        got = torch.autograd.grad(a.sum(), (x, y), allow_unused=True)
+        want = torch.autograd.grad(ref.sum(), (x, y), allow_unused=True)
+        assert got[1] is None and want[1] is None
+        torch.testing.assert_close(got[0], want[0])
+    assert _groups(fused)[1] > 0  # (the backward ran fused)
+
+
 def pair(x, y):
     h = (x * y).sin()
     return h * 2.0, (h.exp() + x) * y  # (one differentiable graph, two outputs)
