@@ -60,6 +60,7 @@ from .autodiff_views import DIFFERENTIABLE_GRAPH
 from .autograd import AutogradPlan, _frozen, eager_grads, versions
 from .backward_ops import decompose
 from .dropouts import DROPOUTS
+from .selected_gradients import select_masked_gradients
 
 _log = log.get_logger(__file__)
 _serial = itertools.count()
@@ -333,6 +334,7 @@ class _Entry:
                         graph = _specialized(self.df_graph, given, constants)
                         _typed(graph, [*vjps, *(v for k, v in enumerate(captured)
                                                 if first + k not in constants)])
+                        select_masked_gradients(graph)
                         self.left += decompose(graph)
                         fn = _compiled_once(self.shared, graph, self.options, "df",
                                             frozenset(constants))
