@@ -39,6 +39,7 @@ import torch
 
 from ...tensorexpr.meta import blocks_of, inputs_of, outputs_of
 from ..fuser.autocast_casts import differentiable_cast
+from ..fuser.inplace import in_place
 
 _REDUCED = (torch.bfloat16, torch.float16)
 #: ops whose job is to change the dtype: their formulas cast the gradient back
@@ -61,8 +62,9 @@ def _requires_grad(value: Any) -> bool:
 
 def _promote(graph: Any, node: Any) -> None:
     """Cast `node`'s promoted floating operands to its result dtype; raise where it mixes
-    floating dtypes in another way and one of them requires grad."""
-    if not node.kind().startswith("aten::") or node.kind() in _CASTS:
+    floating dtypes in another way and one of them requires grad. (Not an in-place op: it
+    would write the cast's copy, not its input; autodiff leaves it to eager autograd.)"""
+    if not node.kind().startswith("aten::") or node.kind() in _CASTS or in_place(node.kind()):
         return
     operands = [(k, v, _floating(v)) for k, v in enumerate(inputs_of(node))]
     operands = [(k, v, d) for k, v, d in operands if d is not None]

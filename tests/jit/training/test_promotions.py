@@ -64,3 +64,40 @@ def test_an_op_mixing_dtypes_otherwise_is_refused_where_grad_is_needed():
     # Nothing requires grad: nothing to refuse.
     graph = torch._C.parse_ir(str(_graph(body)).replace("requires_grad=1", "requires_grad=0"))
     explicit_promotions(graph)
+
+
+def test_an_in_place_op_is_left_alone():
+    # A float16 input written in place with a float32 0-dim value: eager writes the input
+    # (in its own dtype), which then requires grad. A cast's copy written instead would leave
+    # the input as it was.
+    graph = torch._C.parse_ir("""
+        graph(%x : Half(7, strides=[1], requires_grad=0, device=cpu),
+              %s : Float(requires_grad=1, device=cpu)):
+          %one : int = prim::Constant[value=1]()
+          %y : Half(7, strides=[1], requires_grad=1, device=cpu) = aten::add_(%x, %s, %one)
+          return (%y)""")
+    before = str(graph)
+    explicit_promotions(graph)
+    assert str(graph) == before
+
+
+def written_with_a_wider_value(x, s):
+    before = 3 - x
+    x.add_(s)
+    return before, x.sum(-1, keepdim=True)
+
+
+def test_an_input_written_in_place_under_autograd_is_written_as_eagers():
+    import nncfuse
+
+    fused = nncfuse.jit(written_with_a_wider_value, min_group_size=1)
+    for _ in range(4):
+        x0, s0 = torch.randn(7).half(), torch.randn(())
+        x, s = x0.clone(), s0.clone().requires_grad_()
+        got = fused(x, s)
+        xe, se = x0.clone(), s0.clone().requires_grad_()
+        want = written_with_a_wider_value(xe, se)
+        assert torch.equal(x, xe) and x.requires_grad and not torch.equal(x, x0)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(got[1].sum(), (x, s)),
+                                   torch.autograd.grad(want[1].sum(), (xe, se)))
