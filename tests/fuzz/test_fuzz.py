@@ -314,6 +314,15 @@ def test_data_movement_programs_match_eager(seed):
     assert outcome.status in ("ok", "skipped"), fuzz.report(case, outcome)
 
 
+@pytest.mark.parametrize("seed", [130088, 130183, 130573, 130817])
+def test_gradient_cases_the_fuzzer_found(seed):
+    """where's gradient at a NaN the condition drops (130088), an input that reaches no
+    differentiable output (130183), an input written in place with a wider value (130573), a
+    differentiable graph whose results no one reads (130817)."""
+    case, outcome = fuzz.check_seed(seed, ("grad",))
+    assert outcome.status == "ok", fuzz.report(case, outcome)
+
+
 def test_minimizer_takes_splits_apart_value_by_value():
     from nncfuse.fuzz import minimize
 

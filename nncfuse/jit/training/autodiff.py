@@ -440,7 +440,11 @@ def _register(entry: _Entry, inputs: list[Any], outputs: list[Any]) -> str:
     library = torch.library.Library("nncfuse", "FRAGMENT")
     library.define(f"{name}({args}) -> ({rets})")
     ref = weakref.ref(entry)
-    library.impl(name, lambda *inputs: ref()(*inputs), "CompositeImplicitAutograd")
+    if outputs:
+        library.impl(name, lambda *inputs: ref()(*inputs), "CompositeImplicitAutograd")
+    else:  # (a graph whose results no one reads: rewrites before autodiff dropped them)
+        library.impl(name, lambda *inputs: (ref()(*inputs), None)[1],
+                     "CompositeImplicitAutograd")
     weakref.finalize(entry, library._destroy).atexit = False  # (exit frees all)
     return f"nncfuse::{name}"
 
