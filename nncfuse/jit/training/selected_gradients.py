@@ -1,17 +1,21 @@
 """selected_gradients: a gradient TorchScript masks by multiplying is selected, as eager's.
 
-TorchScript's formula for `where(cond, a, b)` (`symbolic_script.cpp`) gives `a` the
-gradient times the condition as a number, and `b` times its negation. Eager's
-(`derivatives.yaml`) selects: `where(cond, grad, 0)`. The two agree but where the gradient
-is infinite or NaN at an element the condition drops: the product is NaN there (inf * 0),
-eager's 0. A `sqrt` after the `where`, at an element where both are 0, makes that gradient
-(0 / 0) in either backward. In a typed df graph, each such product becomes the select:
+TorchScript's formulas (`symbolic_script.cpp`) mask a gradient by multiplying it by a
+condition: `where(cond, a, b)` gives `a` the gradient times the condition as a number;
+relu's, relu6's and hardshrink's multiply by their masks (`result > 0`, ...). Eager's
+(`derivatives.yaml`) select: `where(cond, grad, 0)`, `threshold_backward`. The two agree
+but where the gradient is infinite or NaN at an element the mask drops: the product is NaN
+there (inf * 0), eager's 0. (A `sqrt` after the op, at an element where both are 0, makes
+that gradient: 0 / 0.) In a typed df graph, each such product becomes the select:
 
-    %m = aten::type_as(%cond, %g)                    (%cond: Bool, %g and the product of
-    %d = aten::mul(%g, %m)            ==>            one floating dtype)
-                                                     %d = aten::where(%cond, %g, 0.)
+    %m = aten::type_as(%cond, %x)                 (%cond: Bool; %x, %g and the product of
+    %d = aten::mul(%g, %m)            ==>          one floating dtype)
+                                                   %d = aten::where(%cond, %g, 0.)
+    %d = aten::mul(%g, %cond)         ==>          %d = aten::where(%cond, %g, 0.)
 
-(The selected zero is +0.0, eager's, where the product of a negative gradient is -0.0.)
+(The selected zero is +0.0, eager's, where the product of a negative gradient is -0.0.
+Where the mask itself differs from eager's, it still does: relu's `result > 0` is false at
+a NaN input, whose gradient eager's `threshold_backward` passes on.)
 """
 
 from __future__ import annotations
@@ -31,21 +35,19 @@ def _dtype(value: Any) -> torch.dtype | None:
 
 
 def _mask_of(product: Any) -> tuple[Any, Any] | None:
-    """(gradient, Bool condition) of `mul(g, type_as(cond, g))`, in either order, whose
-    operands and result have one floating dtype; else None."""
+    """(gradient, Bool condition) of `mul(g, cond)` or `mul(g, type_as(cond, x))`, in either
+    order, whose floating operands and result have one dtype; else None."""
     if product.kind() != "aten::mul" or product.inputsSize() != 2:
         return None
     for k in (0, 1):
         g, m = product.inputsAt(k), product.inputsAt(1 - k)
-        cast = m.node()
-        if cast.kind() != "aten::type_as" or cast.inputsAt(1) is not g \
-                and cast.inputsAt(1).unique() != g.unique():
-            continue
-        cond = cast.inputsAt(0)
         dtype = _dtype(g)
-        if _dtype(cond) == torch.bool and dtype is not None and dtype.is_floating_point \
-                and _dtype(product.output()) == dtype:
-            return g, cond
+        if dtype is None or not dtype.is_floating_point or _dtype(product.output()) != dtype:
+            continue
+        if m.node().kind() == "aten::type_as" and _dtype(m) == dtype:
+            m = m.node().inputsAt(0)
+        if _dtype(m) == torch.bool:
+            return g, m
     return None
 
 

@@ -60,3 +60,32 @@ def test_the_rewrite_selects_a_bool_mask_and_leaves_a_float_one():
     kept = _graph("Float")  # (a mask of numbers, dropout's: eager multiplies too)
     assert select_masked_gradients(kept) == 0
     assert "aten::mul" in str(kept)
+
+
+def inverse_relu(x):
+    return 1.0 / torch.relu(x)
+
+
+def inverse_relu6(x):
+    return 1.0 / torch.nn.functional.relu6(x)
+
+
+def inverse_hardshrink(x):
+    return 1.0 / torch.nn.functional.hardshrink(x, 0.5)
+
+
+@pytest.mark.parametrize("fn", [inverse_relu, inverse_relu6, inverse_hardshrink],
+                         ids=lambda f: f.__name__)
+def test_an_infinite_gradient_at_an_element_a_mask_drops_is_zero(fn):
+    # 1 / act(x) where act(x) is 0: the gradient reaching act is -inf there; eager's backward
+    # (threshold_backward, hardtanh_backward, hardshrink_backward) gives 0, not -inf * 0.
+    fused = nncfuse.jit(fn, autograd="autodiff", min_group_size=1)
+    x0 = torch.tensor([-1.0, 0.0, 0.25, 2.0, 7.0, -0.0])
+    for _ in range(4):
+        x = x0.clone().requires_grad_()
+        got = torch.autograd.grad(fused(x).sum(), x)[0]
+        xe = x0.clone().requires_grad_()
+        want = torch.autograd.grad(fn(xe).sum(), xe)[0]
+        torch.testing.assert_close(got, want, equal_nan=True)
+    assert not want.isnan().any()
+    assert _groups(fused)[1] > 0
