@@ -8,9 +8,9 @@ non-trivial dimensions, and values within `torch.testing.assert_close`'s
 defaults (NaN where eager has NaN). `sweep` does that over many samples and
 counts.
 
-Where a result differs from eager's beyond a fixed tolerance, the fuzzer's state check and
-the benchmarks judge it against float64 eager instead (`rms`, `MULTIPLIER`): as close as
-eager's own result in the same precision, within `MULTIPLIER` times, is rounding.
+Where a result differs from eager's beyond a fixed tolerance, the fuzzer's state check, the
+tests and the benchmarks judge it against float64 eager instead (`rounding_explains`): as
+close as eager's own result in the same precision, within `MULTIPLIER` times, is rounding.
 """
 
 from __future__ import annotations
