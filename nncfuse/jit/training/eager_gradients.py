@@ -25,13 +25,12 @@ op autodiff does not know (`hide`), and after it the node is itself again (`rest
 
 Only where the difference can arise: clamp's and pow's when a tensor operand that the
 formula drops requires grad. (relu's, relu6's, hardswish's, hardshrink's and softshrink's
-formulas multiply by their mask where eager selects. `selected_gradients.py` makes the
-Bool masks' products selects; what is left: at a NaN input the gradient is 0 where eager
-passes it on, and for hardswish and softshrink, whose masks are numbers, an infinite
-gradient at a masked element NaN where eager's is 0. Those ops stay in the graphs, where
-their kernels fuse, for differences that need NaN or infinite values.) The unfused program
-runs without TorchScript's optimizing passes (`policy.program`), so its gradients are
-eager's.
+formulas multiply by their mask where eager selects: at a NaN input the gradient is 0 where
+eager passes it on, and an infinite gradient at a masked element NaN where eager's is 0.
+Those ops stay in the graphs, where their kernels fuse, for differences that need NaN or
+infinite values; where's product, by a condition the forward captured, is a select:
+`selected_gradients.py`.) The unfused program runs without TorchScript's optimizing passes
+(`policy.program`), so its gradients are eager's.
 """
 
 from __future__ import annotations

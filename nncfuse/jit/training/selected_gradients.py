@@ -1,21 +1,23 @@
-"""selected_gradients: a gradient TorchScript masks by multiplying is selected, as eager's.
+"""selected_gradients: where's gradient selected, as eager's, not multiplied.
 
-TorchScript's formulas (`symbolic_script.cpp`) mask a gradient by multiplying it by a
-condition: `where(cond, a, b)` gives `a` the gradient times the condition as a number;
-relu's, relu6's and hardshrink's multiply by their masks (`result > 0`, ...). Eager's
-(`derivatives.yaml`) select: `where(cond, grad, 0)`, `threshold_backward`. The two agree
-but where the gradient is infinite or NaN at an element the mask drops: the product is NaN
-there (inf * 0), eager's 0. (A `sqrt` after the op, at an element where both are 0, makes
-that gradient: 0 / 0.) In a typed df graph, each such product becomes the select:
+TorchScript's formula for `where(cond, a, b)` (`symbolic_script.cpp`) gives `a` the
+gradient times the condition as a number, and `b` times its negation. Eager's
+(`derivatives.yaml`) selects: `where(cond, grad, 0)`. The two agree but where the gradient
+is infinite or NaN at an element the condition drops: the product is NaN there (inf * 0),
+eager's 0. (A `sqrt` after the `where`, at an element where both are 0, makes that
+gradient: 0 / 0.) In a typed df graph, each product of a gradient by a Bool value the
+forward captured (where's condition) becomes the select:
 
-    %m = aten::type_as(%cond, %x)                 (%cond: Bool; %x, %g and the product of
-    %d = aten::mul(%g, %m)            ==>          one floating dtype)
+    %m = aten::type_as(%cond, %x)                 (%cond: a df input, Bool; %x, %g and
+    %d = aten::mul(%g, %m)            ==>          the product of one floating dtype)
                                                    %d = aten::where(%cond, %g, 0.)
-    %d = aten::mul(%g, %cond)         ==>          %d = aten::where(%cond, %g, 0.)
+    %n = aten::bitwise_not(%cond)
+    %d = aten::mul(%g, type_as(%n, %x))   ==>      %d = aten::where(%cond, 0., %g)
 
-(The selected zero is +0.0, eager's, where the product of a negative gradient is -0.0.
-Where the mask itself differs from eager's, it still does: relu's `result > 0` is false at
-a NaN input, whose gradient eager's `threshold_backward` passes on.)
+(The selected zero is +0.0, eager's, where the product of a negative gradient is -0.0.)
+Not a mask df computes from a value (relu's `result > 0`, clamp's bounds): at a NaN input
+eager's formulas differ from op to op (relu's passes the gradient, clamp's gives 0), which
+the mask does not tell; those keep TorchScript's product.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ def _dtype(value: Any) -> torch.dtype | None:
     return typ.dtype() if isinstance(typ, torch._C.TensorType) else None
 
 
-def _mask_of(product: Any) -> tuple[Any, Any] | None:
-    """(gradient, Bool condition) of `mul(g, cond)` or `mul(g, type_as(cond, x))`, in either
-    order, whose floating operands and result have one dtype; else None."""
+def _mask_of(product: Any) -> tuple[Any, Any, bool] | None:
+    """(gradient, condition, negated) of `mul(g, m)` or `mul(g, type_as(m, x))`, in either
+    order, where `m` is `cond` or its negation and `cond` a Bool input of the graph, and the
+    floating operands and result have one dtype; else None."""
     if product.kind() != "aten::mul" or product.inputsSize() != 2:
         return None
     for k in (0, 1):
@@ -46,23 +49,30 @@ def _mask_of(product: Any) -> tuple[Any, Any] | None:
             continue
         if m.node().kind() == "aten::type_as" and _dtype(m) == dtype:
             m = m.node().inputsAt(0)
-        if _dtype(m) == torch.bool:
-            return g, m
+        negated = m.node().kind() in _NOTS
+        if negated:
+            m = m.node().inputsAt(0)
+        if _dtype(m) == torch.bool and m.node().kind() == "prim::Param":
+            return g, m, negated
     return None
 
 
+_NOTS = ("aten::bitwise_not", "aten::logical_not")
+
+
 def select_masked_gradients(graph: torch._C.Graph) -> int:
-    """Rewrite, in place, each product of a gradient by a Bool condition cast to it as a
-    select; the count."""
+    """Rewrite, in place, each product of a gradient by a captured Bool condition (or its
+    negation) as a select; the count."""
     count = 0
     for node in list(all_nodes(graph)):
         found = _mask_of(node)
         if found is None:
             continue
-        g, cond = found
+        g, cond, negated = found
         with graph.insert_point_guard(node):
             zero = graph.insertConstant(0.0)
-            select = graph.insertNode(graph.create("aten::where", [cond, g, zero], 1))
+            operands = [cond, zero, g] if negated else [cond, g, zero]
+            select = graph.insertNode(graph.create("aten::where", operands, 1))
         select.output().setType(node.output().type())
         node.output().replaceAllUsesWith(select.output())
         node.destroy()
