@@ -250,7 +250,7 @@ def _written_inputs(node: Any) -> set[int]:
     misses."""
     if not is_group(node):
         writes = node.kind().startswith("aten::") and in_place(node.kind()) and node.inputsSize()
-        return {chain_root(node.inputsAt(0)).unique()} if writes else set()
+        return {_root(node.inputsAt(0)).unique()} if writes else set()
     subgraph = node.g("Subgraph")
     outer = {v.unique(): o for v, o in zip(inputs_of(subgraph), inputs_of(node))}
     found = set()
@@ -298,7 +298,29 @@ def _read_roots(node: Any) -> set[int]:
     for v in list(values):
         if v.node().kind() == "prim::ListConstruct":
             values += inputs_of(v.node())
-    return {chain_root(v).unique() for v in values}
+    return {_root(v).unique() for v in values}
+
+
+def _root(value: Any) -> Any:
+    """`chain_root` through groups too: a group's output that is a view of one of its inputs
+    inside (a reshape the group took in, which `move_aliases_out` puts back outside it) is
+    traced on from that input.
+
+        %v = prim::TensorExprGroup(%x)  with  %v' = aten::reshape(%x', ...) returned
+        _root(%v) = _root(%x)
+    """
+    while True:
+        value = chain_root(value)
+        group = value.node()
+        if not is_group(group):
+            return value
+        sub = group.g("Subgraph")
+        k = next(i for i, o in enumerate(group.outputs()) if o.unique() == value.unique())
+        inner = chain_root(outputs_of(sub)[k])
+        params = [v.unique() for v in inputs_of(sub)]
+        if inner.unique() not in params:
+            return value
+        value = group.inputsAt(params.index(inner.unique()))
 
 
 def _feeds_external(consumer: Any, producer: Any) -> bool:

@@ -358,6 +358,18 @@ def test_a_read_of_the_old_value_and_a_reduction_of_the_new_in_one_group():
               use_llvm=use_llvm, groups=1)
 
 
+def test_a_read_through_a_view_a_group_took_in_does_not_move_past_the_write():
+    def f(x0, x2):  # from fuzz seed 141937: the sum reads x0 through v0 before sigmoid_
+        v0 = x0.reshape(-1)  # (taken into hardswish's group, then moved back out of it)
+        v2 = v0.sum(-1, keepdim=True)
+        v6 = torch.asin(torch.nn.functional.hardswish(v0))
+        v7 = torch.pow(-1.5, x2)
+        v9 = torch.sign(x0.sigmoid_())
+        return v6, v7, v9, torch.sqrt(v2.to(torch.int16))
+
+    check(f, torch.tensor(-59.25), torch.tensor(0.5), groups=None)
+
+
 def test_a_copy_of_another_dtype_and_shape_is_read_as_the_input():
     def f(x0, x1):  # from fuzz seed 700081: later readers must see x0's dtype and shape
         x0.copy_(x1)
