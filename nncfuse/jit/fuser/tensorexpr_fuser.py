@@ -281,13 +281,16 @@ def _crosses_write_back(producer: Any, consumer: Any) -> bool:
     between is `_move_together`'s choice). A read through a view of the input, or of a list
     that holds it (cat, stack), counts."""
     written = _written_inputs(producer) | _written_inputs(consumer)
-    read = _read_roots(producer) | _read_roots(consumer)
+    read = None  # (the two's read roots: only where a node between writes)
     node = consumer.prev()
     while node != producer and node.kind() != "prim::Param":
         if written and _read_roots(node) & written:  # (AOTAutograd's graphs write nothing)
             return True
-        if _written_inputs(node) & read:
-            return True
+        between = _written_inputs(node)
+        if between:
+            read = _read_roots(producer) | _read_roots(consumer) if read is None else read
+            if between & read:
+                return True
         node = node.prev()
     return False
 
