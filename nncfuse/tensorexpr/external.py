@@ -99,25 +99,12 @@ def aten_op(kind: str, overload: str = "default",
     return call
 
 
-def _linear_pointwise(x, w, b, attr, scalars, algorithm):  # noqa: ANN001, ANN202
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, attr, list(scalars), algorithm)
-
-
-def _linear_binary(x, other, w, b, attr):  # noqa: ANN001, ANN202
-    return torch.ops.mkldnn._linear_pointwise.binary(x, other, w, b, attr)
-
-
-def _conv_pointwise(x, w, b, padding, stride, dilation, groups, attr, scalars, algorithm):  # noqa: ANN001, ANN202, E501
-    return torch.ops.mkldnn._convolution_pointwise(
-        x, w, b, list(padding), list(stride), list(dilation), groups, attr, list(scalars),
-        algorithm)
-
-
-def _conv_binary(x, other, w, b, padding, stride, dilation, groups, binary_attr, alpha,  # noqa: ANN001, ANN202, E501
-                 unary_attr, unary_scalars, unary_algorithm):
-    return torch.ops.mkldnn._convolution_pointwise.binary(
-        x, other, w, b, list(padding), list(stride), list(dilation), groups, binary_attr, alpha,
-        unary_attr, list(unary_scalars), unary_algorithm)
+#: oneDNN's fused routines, called with the node's operands (sequences of ints and scalars
+#: as tuples): the overloads themselves, no Python between
+_linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
+_linear_binary = torch.ops.mkldnn._linear_pointwise.binary
+_conv_pointwise = torch.ops.mkldnn._convolution_pointwise.default
+_conv_binary = torch.ops.mkldnn._convolution_pointwise.binary
 
 
 #: id(weight) -> (a weak reference to it, {key: its packed form}); one form per weight
@@ -232,35 +219,30 @@ def _conv_unpacked(conv: Callable[..., torch.Tensor], x: torch.Tensor, others: t
     return nchw.contiguous(memory_format=torch.channels_last)
 
 
-_CONV_POINTWISE = torch.ops.mkldnn._convolution_pointwise.default
-_CONV_BINARY = torch.ops.mkldnn._convolution_pointwise.binary
-_LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
-_LINEAR_BINARY = torch.ops.mkldnn._linear_pointwise.binary
-
-
 def _conv_pointwise_call(packed, x, w, *rest):  # noqa: ANN001, ANN002, ANN202
     if packed is None:
         return _conv_unpacked(_conv_pointwise, x, (), w, *rest)
-    return _CONV_POINTWISE(x, packed, *rest)
+    return _conv_pointwise(x, packed, *rest)
 
 
 def _conv_binary_call(packed, x, other, w, *rest):  # noqa: ANN001, ANN002, ANN202
     if packed is None:
         return _conv_unpacked(_conv_binary, x, (other,), w, *rest)
-    return _CONV_BINARY(x, other, packed, *rest)
+    return _conv_binary(x, other, packed, *rest)
 
 
 def _linear_pointwise_call(packed, x, w, *rest):  # noqa: ANN001, ANN002, ANN202
-    return _LINEAR_POINTWISE(x, w if packed is None else packed, *rest)
+    return _linear_pointwise(x, w if packed is None else packed, *rest)
 
 
 def _linear_binary_call(packed, x, other, w, *rest):  # noqa: ANN001, ANN002, ANN202
-    return _LINEAR_BINARY(x, other, w if packed is None else packed, *rest)
+    return _linear_binary(x, other, w if packed is None else packed, *rest)
 
 
 def _conv_packing(x: torch.Tensor, w: torch.Tensor, padding: Any, stride: Any, dilation: Any,
-                  groups: int) -> torch.Tensor | None:
-    """`reused_weight` of a convolution's weight, for this geometry."""
+                  groups: int, *post: Any) -> torch.Tensor | None:
+    """`reused_weight` of a convolution's weight, for this geometry (`post`: the post-ops'
+    operands, which the packed form does not depend on)."""
     geometry = _conv_geometry(x, padding, stride, dilation, groups)
     return reused_weight(w, geometry, partial(_pack_conv, geometry))
 
@@ -269,38 +251,39 @@ def _conv_packing(x: torch.Tensor, w: torch.Tensor, padding: Any, stride: Any, d
 # bfloat16, 1 thread, 1024 -> 2816, packed for 1, 32 or 128 rows, each ran 1, 32 and 128 rows
 # at the same speed (99-106, 839-846, 3585-3741 us), so a decode's and a prefill's calls
 # share one form (the row count in the key made them repack each other in turn).
-def _linear_packing(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
-    """`reused_weight` of a linear's weight (`x` gives the row count to pack for)."""
+def _linear_packing(x: torch.Tensor, w: torch.Tensor, *post: Any) -> torch.Tensor | None:
+    """`reused_weight` of a linear's weight (`x` gives the row count to pack for; the packed
+    form does not depend on `post`, the post-ops' operands)."""
     return reused_weight(w, ("onednn",), partial(_pack_linear, _rows(x)))
 
 
 @dataclass(frozen=True)
 class _Reusing:
-    """A `_reused` routine: its operands' weight is at `weight`; `packing(x, w, *geometry)`
-    gives the weight's packed form or None (`geometry`: the operands after the bias, up to
-    `ends`); `call(packed, *operands)` computes. `by_size`: the packed form depends on the
-    first operand's sizes too."""
+    """A `_reused` routine: its operands' weight is at `weight`, the bias after it;
+    `packing(x, w, *rest)` (`rest`: the operands after the bias) gives the weight's packed
+    form or None; `call(packed, *operands)` computes. `by_size`: the packed form depends on
+    the first operand's sizes too."""
 
     weight: int
-    ends: int
     packing: Callable[..., torch.Tensor | None]
     call: Callable[..., torch.Tensor]
     by_size: bool
 
+    def packed(self, args: tuple[Any, ...]) -> torch.Tensor | None:
+        return self.packing(args[0], args[self.weight], *args[self.weight + 2:])
+
     def __call__(self, *args: Any) -> torch.Tensor:
-        w = args[self.weight]
-        packed = self.packing(args[0], w, *args[self.weight + 2:self.ends])
-        return self.call(packed, *args)
+        return self.call(self.packed(args), *args)
 
 
 _REUSING = {
-    "nnc_mkldnn_convolution_pointwise_reused": _Reusing(1, 7, _conv_packing,
-                                                        _conv_pointwise_call, by_size=True),
-    "nnc_mkldnn_convolution_pointwise_binary_reused": _Reusing(2, 8, _conv_packing,
+    "nnc_mkldnn_convolution_pointwise_reused": _Reusing(1, _conv_packing, _conv_pointwise_call,
+                                                        by_size=True),
+    "nnc_mkldnn_convolution_pointwise_binary_reused": _Reusing(2, _conv_packing,
                                                                _conv_binary_call, by_size=True),
-    "nnc_mkldnn_linear_pointwise_reused": _Reusing(1, 1, _linear_packing,
-                                                   _linear_pointwise_call, by_size=False),
-    "nnc_mkldnn_linear_pointwise_binary_reused": _Reusing(2, 2, _linear_packing,
+    "nnc_mkldnn_linear_pointwise_reused": _Reusing(1, _linear_packing, _linear_pointwise_call,
+                                                   by_size=False),
+    "nnc_mkldnn_linear_pointwise_binary_reused": _Reusing(2, _linear_packing,
                                                           _linear_binary_call, by_size=False),
 }
 
@@ -334,7 +317,7 @@ class ReusedSite:
             packed = last[2]()
             if packed is not None:
                 return routine.call(packed, *args)
-        packed = routine.packing(args[0], w, *args[routine.weight + 2:routine.ends])
+        packed = routine.packed(args)
         if packed is not None:
             self._last = (weakref.ref(w), seen, weakref.ref(packed))
         return routine.call(packed, *args)
