@@ -110,6 +110,20 @@ def all_nodes(block: Any) -> Any:
             yield from all_nodes(inner)
 
 
+def replace_by(graph: torch._C.Graph, node: Any, kind: str, operands: list[Any]) -> Any:
+    """Put a `kind` node of `operands` in place of the one-output `node` (before it, typed as
+    its output, read by its readers), remove `node`, and return the new node.
+
+        %y = aten::mul(%g, %m)   ->   %y.1 = aten::where(%c, %g, %zero)
+    """
+    with graph.insert_point_guard(node):
+        new = graph.insertNode(graph.create(kind, operands, 1))
+    new.output().setType(node.output().type())
+    node.output().replaceAllUsesWith(new.output())
+    node.destroy()
+    return new
+
+
 def outputs_of(owner: Any) -> list[Any]:
     """The outputs of a graph's node, of a graph or of a block, in order (see `inputs_of`)."""
     if isinstance(owner, torch._C.Node):

@@ -37,7 +37,7 @@ import torch
 
 from ... import log
 from ...tensorexpr.lowerings import reusable_gemm
-from ...tensorexpr.meta import TensorMeta, constant
+from ...tensorexpr.meta import TensorMeta, constant, replace_by
 from . import cast_cache
 
 _log = log.get_logger(__file__)
@@ -119,10 +119,7 @@ def gemms_as_linears(graph: torch._C.Graph) -> int:
                 t = graph.insertNode(graph.create("aten::t", [w], 1))
                 t.output().setType(_transpose_type(w))
                 w = t.output()
-            linear = graph.insertNode(graph.create("aten::linear", [x, w, bias], 1))
-        linear.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(linear.output())
-        node.destroy()
+        replace_by(graph, node, "aten::linear", [x, w, bias])
         count += 1
     if count:
         torch._C._jit_pass_dce(graph)

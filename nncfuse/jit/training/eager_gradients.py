@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ...tensorexpr.meta import all_nodes
+from ...tensorexpr.meta import all_nodes, replace_by
 
 __all__ = ["hide", "restore"]
 
@@ -97,11 +97,8 @@ def hide(graph: torch._C.Graph) -> int:
     for node in [n for n in all_nodes(graph.block()) if _differs(n)]:
         with graph.insert_point_guard(node):
             kind = graph.insertConstant(node.kind())
-            hidden = graph.insertNode(graph.create(
-                f"nncfuse::{_hiding_op(node.inputsSize())}", [*node.inputs(), kind], 1))
-        hidden.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(hidden.output())
-        node.destroy()
+        replace_by(graph, node, f"nncfuse::{_hiding_op(node.inputsSize())}",
+                   [*node.inputs(), kind])
         done += 1
     return done
 
@@ -111,11 +108,7 @@ def restore(graph: torch._C.Graph) -> int:
     done = 0
     for node in [n for n in all_nodes(graph.block()) if n.kind() in _HIDDEN]:
         *operands, kind = node.inputs()
-        with graph.insert_point_guard(node):
-            op = graph.insertNode(graph.create(kind.toIValue(), operands, 1))
-        op.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(op.output())
-        node.destroy()
+        replace_by(graph, node, kind.toIValue(), operands)
         if not kind.uses():
             kind.node().destroy()
         done += 1

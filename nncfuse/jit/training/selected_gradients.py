@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ...tensorexpr.meta import all_nodes
+from ...tensorexpr.meta import all_nodes, replace_by
 
 __all__ = ["select_masked_gradients"]
 
@@ -71,11 +71,7 @@ def select_masked_gradients(graph: torch._C.Graph) -> int:
         g, cond, negated = found
         with graph.insert_point_guard(node):
             zero = graph.insertConstant(0.0)
-            operands = [cond, zero, g] if negated else [cond, g, zero]
-            select = graph.insertNode(graph.create("aten::where", operands, 1))
-        select.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(select.output())
-        node.destroy()
+        replace_by(graph, node, "aten::where", [cond, zero, g] if negated else [cond, g, zero])
         count += 1
     if count:
         torch._C._jit_pass_dce(graph)
